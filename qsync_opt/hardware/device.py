@@ -1,0 +1,106 @@
+"""DeviceSpec: what the planner needs to know about one accelerator, and the catalog of known ones.
+
+Catalog entries (catalog.yaml) and inline custom devices in a spec go through the same
+validation, so a custom device can never be less complete than a catalog one.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..precision import PEAK_KEY, PRECISIONS
+
+PeakKey = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4"]
+
+
+class DeviceSpec(BaseModel):
+    """One accelerator model: capacity, bandwidth and dense peak throughput per precision."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    name: str
+    """Catalog key, e.g. 'T4' or 'A100-80GB'."""
+    kind: Literal["gpu", "cpu"] = "gpu"
+    memory_gb: float = Field(gt=0)
+    """Device memory in GB (10^9 bytes)."""
+    bandwidth_gbs: float = Field(gt=0)
+    """Peak memory bandwidth in GB/s."""
+    peak_tflops: dict[PeakKey, float]
+    """Dense peak throughput in TFLOP/s (TOP/s for int). A missing key means the format has no fast path."""
+    efficiency: dict[PeakKey, float] = Field(default_factory=dict)
+    """Achieved fraction of peak for large GEMMs per precision (default 0.6)."""
+    bandwidth_efficiency: float = Field(default=0.8, gt=0, le=1)
+    """Achieved fraction of peak memory bandwidth for streaming kernels."""
+    launch_overhead_us: float = Field(default=5.0, ge=0)
+    """Typical per-kernel launch overhead in microseconds."""
+    sm: int | None = None
+    """CUDA compute capability as an integer (75 = sm_75); None for CPUs."""
+    source: str = ""
+    """Where the numbers come from (datasheet title/URL or 'measured on ...')."""
+
+    @field_validator("peak_tflops")
+    @classmethod
+    def _needs_fp32(cls, v: dict[str, float]) -> dict[str, float]:
+        if "fp32" not in v:
+            raise ValueError("peak_tflops must include fp32 (every device runs fp32)")
+        bad = {k: x for k, x in v.items() if x <= 0}
+        if bad:
+            raise ValueError(f"peak_tflops values must be > 0, got {bad}; omit a format to mark it unsupported")
+        return v
+
+    @field_validator("efficiency")
+    @classmethod
+    def _efficiency_range(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: x for k, x in v.items() if not 0 < x <= 1}
+        if bad:
+            raise ValueError(f"efficiency values must be in (0, 1], got {bad}")
+        return v
+
+    @model_validator(mode="after")
+    def _efficiency_keys_known(self) -> "DeviceSpec":
+        extra = set(self.efficiency) - set(self.peak_tflops)
+        if extra:
+            raise ValueError(f"efficiency given for formats without peak_tflops: {sorted(extra)}")
+        return self
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gb * 1e9
+
+    def supports(self, precision: str) -> bool:
+        return PEAK_KEY[precision] in self.peak_tflops
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        """Precisions this device runs natively, highest first."""
+        return tuple(p for p in PRECISIONS if self.supports(p))
+
+    def peak_flops(self, precision: str) -> float:
+        return self.peak_tflops[PEAK_KEY[precision]] * 1e12
+
+    def achieved_flops(self, precision: str) -> float:
+        key = PEAK_KEY[precision]
+        return self.peak_tflops[key] * 1e12 * self.efficiency.get(key, 0.6)
+
+
+@lru_cache(maxsize=1)
+def catalog() -> dict[str, DeviceSpec]:
+    """The built-in devices, keyed by name (case-sensitive; `find_device` is forgiving)."""
+    text = resources.files("qsync_opt.hardware").joinpath("catalog.yaml").read_text()
+    raw = yaml.safe_load(text) or {}
+    return {name: DeviceSpec(name=name, **entry) for name, entry in raw["devices"].items()}
+
+
+def find_device(name: str) -> DeviceSpec:
+    """Catalog lookup that ignores case and '-'/'_'; a miss lists the known names."""
+    cat = catalog()
+    norm = {k.lower().replace("_", "-"): k for k in cat}
+    key = norm.get(name.lower().replace("_", "-"))
+    if key is None:
+        raise KeyError(f"unknown device {name!r}; known: {', '.join(cat)}")
+    return cat[key]

@@ -1,0 +1,144 @@
+"""Plan: the planner's answer, keyed by operator FQN, with every predicted figure beside it.
+
+A plan is what a scheduler stores and what the runtime applies: per device group, a map
+FQN -> precision (in the style of torchao's FqnToConfig), the local batch, and the
+predicted time and memory that justify it, plus how it was solved and from which spec.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import SpecError
+from .io import atomic_write_text
+from .precision import PrecisionName
+
+FORMAT_VERSION = 1
+
+_CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class GroupPlan(BaseModel):
+    model_config = _CONFIG
+
+    device: str
+    count: int
+    local_batch: int
+    precisions: dict[str, PrecisionName]
+    """Operator FQN -> precision, in graph order."""
+    compute_ms: float
+    """Forward + backward + casts + optimizer, per iteration."""
+    comm_exposed_ms: float
+    """Part of the gradient all-reduce not hidden behind backward."""
+    iteration_ms: float
+    """compute_ms + comm_exposed_ms: this group's synchronous step time."""
+    time_bound_ms: float | None = None
+    peak_memory_bytes: float
+    memory_capacity_bytes: float
+    indicator: float
+    """Σ ω over this group's operators at their precisions (unweighted)."""
+    cost_source: Literal["roofline", "measured"] = "roofline"
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for p in self.precisions.values():
+            out[p] = out.get(p, 0) + 1
+        return out
+
+
+class SolverReport(BaseModel):
+    model_config = _CONFIG
+
+    backend: str
+    status: Literal["optimal", "feasible", "infeasible", "error", "heuristic"]
+    """As reported by the solver itself; 'heuristic' for greedy/uniform policies."""
+    objective: float
+    best_bound: float | None = None
+    gap: float | None = None
+    wall_s: float
+    refine_rounds: int = 0
+    notes: list[str] = Field(default_factory=list)
+
+
+class Baseline(BaseModel):
+    model_config = _CONFIG
+
+    iteration_ms: float
+    """Synchronous iteration time (slowest group)."""
+    indicator: float
+    """Share-weighted indicator sum."""
+    peak_memory_bytes: dict[str, float]
+    feasible: bool
+
+
+class Provenance(BaseModel):
+    model_config = _CONFIG
+
+    spec_digest: str
+    versions: dict[str, str]
+    created: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+class Plan(BaseModel):
+    model_config = _CONFIG
+
+    format_version: int = FORMAT_VERSION
+    job: str
+    model: str
+    objective: Literal["accuracy_degradation", "iteration_time"]
+    groups: dict[str, GroupPlan]
+    iteration_ms: float
+    """Predicted synchronous iteration time: the slowest group's."""
+    indicator: float
+    """Σ_g share_g · indicator_g: the accuracy-degradation estimate that was minimised."""
+    solver: SolverReport
+    baselines: dict[str, Baseline] = Field(default_factory=dict)
+    provenance: Provenance
+
+    # --- views ---------------------------------------------------------------------------
+    def to_fqn_config(self, group: str) -> dict[str, str]:
+        """Plain FQN -> precision map for one group (torchao FqnToConfig style)."""
+        return dict(self.group(group).precisions)
+
+    def group(self, name: str) -> GroupPlan:
+        if name not in self.groups:
+            raise SpecError(f"plan has no group {name!r}; groups: {', '.join(self.groups)}")
+        return self.groups[name]
+
+    # --- files ---------------------------------------------------------------------------
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def save(self, path: "str | Path") -> Path:
+        """Write JSON or YAML (by suffix) atomically."""
+        path = Path(path)
+        text = self.to_yaml() if path.suffix in (".yaml", ".yml") else self.to_json()
+        return atomic_write_text(path, text)
+
+    @classmethod
+    def load(cls, path: "str | Path") -> "Plan":
+        path = Path(path)
+        if not path.exists():
+            raise SpecError(f"plan file {str(path)!r} does not exist")
+        text = path.read_text()
+        data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+        return cls.from_dict(data, origin=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict, origin: str = "<plan>") -> "Plan":
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise SpecError(f"{origin}: plan format_version {version!r} is not supported (expected {FORMAT_VERSION})")
+        try:
+            return cls.model_validate(data)
+        except Exception as e:  # pydantic.ValidationError: keep the field paths, drop the traceback
+            raise SpecError(f"{origin}: invalid plan: {e}") from None

@@ -1,0 +1,414 @@
+"""The job spec: what a user or a scheduler declares, validated before any work starts.
+
+`load_spec` accepts a path, a YAML string or a dict. Every error names the field path, the
+bad value, the YAML line where it stands and what would be accepted; unknown keys are
+errors, so a typo never passes silently.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import SpecError
+from .hardware.device import DeviceSpec, catalog, find_device
+from .precision import PrecisionName
+
+_CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True)
+
+#: Interconnect presets: (bandwidth in GB/s per direction, latency in microseconds).
+INTERCONNECTS: dict[str, tuple[float, float]] = {
+    "pcie3": (16.0, 10.0),
+    "pcie4": (32.0, 8.0),
+    "nvlink-v100": (300.0, 5.0),
+    "nvlink-a100": (600.0, 5.0),
+    "nvlink-h100": (900.0, 5.0),
+    "ethernet-10g": (1.25, 50.0),
+    "ethernet-25g": (3.125, 30.0),
+    "ethernet-100g": (12.5, 20.0),
+    "infiniband-hdr": (25.0, 5.0),
+    "loopback": (5.0, 20.0),
+}
+
+
+class _Model(BaseModel):
+    model_config = _CONFIG
+
+
+class Interconnect(_Model):
+    """Link between device groups; the slowest link bounds a ring all-reduce."""
+
+    bandwidth_gbs: float = Field(gt=0)
+    """Bandwidth per direction in GB/s."""
+    latency_us: float = Field(default=10.0, ge=0)
+    """One-hop latency in microseconds."""
+
+
+class DeviceGroup(_Model):
+    """Identical devices that get one shared plan."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+    """Group name used in the plan, e.g. 't4'."""
+    device: Union[str, DeviceSpec]
+    """A catalog device name (see `qsync-opt devices`) or an inline custom device."""
+    count: int = Field(default=1, ge=1)
+    """Number of devices (data-parallel ranks) in this group."""
+    memory_gb: float | None = Field(default=None, gt=0)
+    """Override the usable memory per device (e.g. what the scheduler leaves free)."""
+    precisions: list[PrecisionName] | None = None
+    """Precisions this group may use; default: every format the device runs natively."""
+    local_batch: int | None = Field(default=None, ge=1)
+    """Per-device batch; default: the global batch split evenly over all devices."""
+    role: Literal["auto", "training", "inference"] = "auto"
+    """'training' groups set the synchronisation bound at their own precision; 'auto' decides by speed."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment for this group's ranks (CPU emulation, e.g. ONEDNN_MAX_CPU_ISA)."""
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, v):
+        if isinstance(v, str):
+            try:
+                find_device(v)
+            except KeyError:
+                near = difflib.get_close_matches(v, list(catalog()), n=3, cutoff=0.4)
+                hint = f" Did you mean {', '.join(near)}?" if near else ""
+                raise ValueError(
+                    f"unknown device {v!r}.{hint} Known: {', '.join(catalog())}; or give an inline device"
+                ) from None
+        return v
+
+    @property
+    def device_spec(self) -> DeviceSpec:
+        spec = self.device if isinstance(self.device, DeviceSpec) else find_device(self.device)
+        if self.memory_gb is not None:
+            spec = spec.model_copy(update={"memory_gb": self.memory_gb})
+        return spec
+
+    @property
+    def allowed_precisions(self) -> tuple[str, ...]:
+        dev = self.device_spec.precisions
+        return tuple(p for p in dev if self.precisions is None or p in self.precisions)
+
+    @field_validator("precisions")
+    @classmethod
+    def _precisions_supported(cls, v, info):
+        if v is None or "device" not in info.data:
+            return v
+        if not v:
+            raise ValueError("must not be empty; omit the field to allow every supported format")
+        d = info.data["device"]
+        dev = d if isinstance(d, DeviceSpec) else find_device(d)
+        bad = [p for p in v if not dev.supports(p)]
+        if bad:
+            raise ValueError(f"{bad} not supported by device {dev.name}; it supports {list(dev.precisions)}")
+        return v
+
+
+class Cluster(_Model):
+    groups: list[DeviceGroup] = Field(min_length=1)
+    """Device groups; ranks are numbered group by group in this order."""
+    interconnect: Union[str, Interconnect] = "pcie4"
+    """A preset name or {bandwidth_gbs, latency_us}."""
+
+    @field_validator("interconnect")
+    @classmethod
+    def _known_link(cls, v):
+        if isinstance(v, str) and v not in INTERCONNECTS:
+            raise ValueError(f"unknown interconnect preset {v!r}; presets: {', '.join(INTERCONNECTS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "Cluster":
+        names = [g.name for g in self.groups]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"group names must be unique, repeated: {dup}")
+        return self
+
+    @property
+    def link(self) -> Interconnect:
+        if isinstance(self.interconnect, Interconnect):
+            return self.interconnect
+        bw, lat = INTERCONNECTS[self.interconnect]
+        return Interconnect(bandwidth_gbs=bw, latency_us=lat)
+
+    @property
+    def world_size(self) -> int:
+        return sum(g.count for g in self.groups)
+
+    def group_of_rank(self, rank: int) -> DeviceGroup:
+        for g in self.groups:
+            if rank < g.count:
+                return g
+            rank -= g.count
+        raise IndexError(f"rank out of range for world size {self.world_size}")
+
+
+class ModelSpec(_Model):
+    """Which network to plan: a zoo name, or a factory in the user's own code."""
+
+    name: str | None = None
+    """Zoo model, e.g. 'resnet50' (see `qsync-opt models`)."""
+    import_: str | None = Field(default=None, alias="import")
+    """'pkg.module:factory' returning an nn.Module; needs input_shape."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the zoo builder or the factory."""
+    input_shape: list[int] | None = None
+    """Per-sample input shape for an imported model, e.g. [3, 32, 32]."""
+    input_dtype: Literal["float32", "int64"] = "float32"
+    leaf_modules: list[str] = Field(default_factory=list)
+    """Module FQNs or class names that tracing must treat as opaque."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelSpec":
+        if (self.name is None) == (self.import_ is None):
+            raise ValueError("give exactly one of model.name (a zoo model) or model.import ('pkg.module:factory')")
+        if self.import_ is not None and self.input_shape is None:
+            raise ValueError("an imported model needs model.input_shape (per-sample, e.g. [3, 32, 32])")
+        if self.import_ is not None and ":" not in self.import_:
+            raise ValueError(f"model.import must look like 'pkg.module:factory', got {self.import_!r}")
+        return self
+
+
+class TrainingSpec(_Model):
+    global_batch: int = Field(ge=1)
+    """Samples per synchronous iteration, summed over all devices."""
+    optimizer: Literal["sgd", "momentum", "adam", "adamw"] = "adamw"
+    """Decides optimizer-state memory (0, 1 or 2 FP32 copies of the weights)."""
+    lr: float = Field(default=1e-3, gt=0)
+    seq_len: int | None = Field(default=None, ge=1)
+    """Sequence length for transformer models (default: the zoo model's)."""
+    steps: int = Field(default=20, ge=1)
+    """Training steps for `qsync-opt train`."""
+    batch_split: Literal["fixed", "auto"] = "fixed"
+    """'auto' lets the planner choose each group's local batch jointly with precision."""
+    seed: int = 0
+
+
+class Objective(_Model):
+    minimize: Literal["accuracy_degradation", "iteration_time"] = "accuracy_degradation"
+    max_iteration_time: Union[Literal["auto"], float] = "auto"
+    """Bound in ms; 'auto' = the training groups' own time at their own precision (QSync)."""
+    max_accuracy_degradation: float | None = Field(default=None, ge=0)
+    """Budget on the indicator sum, for minimize: iteration_time."""
+
+    @field_validator("max_iteration_time")
+    @classmethod
+    def _positive(cls, v):
+        if v != "auto" and v <= 0:
+            raise ValueError("max_iteration_time must be 'auto' or a positive number of milliseconds")
+        return v
+
+
+class SolverSpec(_Model):
+    backend: str = "default"
+    """cbc, highs, cpsat, scip, greedy, uniform, or 'default' (chosen from measurements)."""
+    time_limit_s: float = Field(default=60.0, gt=0)
+    rel_gap: float = Field(default=1e-4, ge=0, lt=1)
+    threads: int = Field(default=1, ge=1)
+    seed: int = 0
+    refine_rounds: int = Field(default=3, ge=0)
+    """Replayer-driven re-solves when the linear model misses a bound."""
+
+
+class RuntimeSpec(_Model):
+    kernels: Literal["auto", "templated", "torch"] = "auto"
+    """'auto' uses the templated kernels when they build, else PyTorch; 'templated' insists."""
+    weight_granularity: Literal["per_tensor", "per_channel"] = "per_tensor"
+    """INT8/INT4 weight scales."""
+    backward_precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    """Precision of the backward pass of quantized operators."""
+    rounding: Literal["nearest", "stochastic"] = "nearest"
+
+
+class ServingSpec(_Model):
+    """LLM serving on a pipeline (LLM-PQ); filled by the serving planner."""
+
+    prompt_len: int = Field(ge=1)
+    gen_tokens: int = Field(ge=1)
+    global_batch: int = Field(ge=1)
+
+
+class JobSpec(_Model):
+    """A whole job: cluster, model, workload, objective and solver settings."""
+
+    kind: Literal["training", "serving"] = "training"
+    name: str = "job"
+    cluster: Cluster
+    model: ModelSpec
+    training: TrainingSpec | None = None
+    serving: ServingSpec | None = None
+    objective: Objective = Field(default_factory=Objective)
+    solver: SolverSpec = Field(default_factory=SolverSpec)
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+
+    @model_validator(mode="after")
+    def _workload_matches_kind(self) -> "JobSpec":
+        if self.kind == "training" and self.training is None:
+            raise ValueError("kind: training needs a 'training' section (at least global_batch)")
+        if self.kind == "serving" and self.serving is None:
+            raise ValueError("kind: serving needs a 'serving' section (prompt_len, gen_tokens, global_batch)")
+        if self.objective.minimize == "iteration_time" and self.objective.max_accuracy_degradation is None:
+            raise ValueError("objective.minimize: iteration_time needs objective.max_accuracy_degradation")
+        if self.training is not None:
+            explicit = [g for g in self.cluster.groups if g.local_batch is not None]
+            if len(explicit) == len(self.cluster.groups):
+                total = sum(g.local_batch * g.count for g in self.cluster.groups)
+                if total != self.training.global_batch:
+                    raise ValueError(
+                        f"local batches sum to {total} over all devices but training.global_batch is "
+                        f"{self.training.global_batch}; make them agree or leave local_batch unset"
+                    )
+        return self
+
+    def local_batches(self) -> dict[str, int]:
+        """Per-device batch per group: explicit ones kept, the rest of the global batch split evenly."""
+        assert self.training is not None
+        fixed = {g.name: g.local_batch for g in self.cluster.groups if g.local_batch is not None}
+        rest = [g for g in self.cluster.groups if g.local_batch is None]
+        left = self.training.global_batch - sum(fixed[g.name] * g.count for g in self.cluster.groups if g.name in fixed)
+        devices = sum(g.count for g in rest)
+        if rest and (left < devices):
+            raise SpecError(f"cluster.groups: only {left} samples of the global batch are left for {devices} devices")
+        out = dict(fixed)
+        for g in rest:
+            out[g.name] = max(1, left // devices) if devices else 0
+        return out
+
+    def digest(self) -> str:
+        """Stable hash of the spec's content, recorded in plans for provenance."""
+        blob = json.dumps(self.model_dump(mode="json", by_alias=True), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True, exclude_defaults=True), sort_keys=False)
+
+
+# --------------------------------------------------------------------------------- loading
+def load_spec(source: "str | Path | dict | JobSpec", **overrides: Any) -> JobSpec:
+    """Parse and validate a spec from a path, a YAML string or a dict.
+
+    `overrides` use dotted paths, e.g. `load_spec(p, **{"solver.backend": "cbc"})`.
+    """
+    if isinstance(source, JobSpec):
+        data, text, origin = source.model_dump(mode="json", by_alias=True), None, "<JobSpec>"
+    elif isinstance(source, dict):
+        data, text, origin = source, None, "<dict>"
+    else:
+        text, origin = _read_text(source)
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise SpecError(f"{origin}: not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise SpecError(f"{origin}: the spec must be a mapping (key: value), got {type(data).__name__}")
+    data = _apply_overrides(data, overrides)
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(_format_errors(e, text, origin)) from None
+
+
+def _read_text(source: "str | Path") -> tuple[str, str]:
+    if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and source.endswith((".yaml", ".yml", ".json"))):
+        path = Path(source)
+        if not path.exists():
+            raise SpecError(f"spec file {str(path)!r} does not exist; check the path (try examples/cpu_tiny.yaml)")
+        return path.read_text(), str(path)
+    return str(source), "<string>"
+
+
+def _apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
+    if not overrides:
+        return data
+    data = json.loads(json.dumps(data))  # deep copy of plain data
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return data
+
+
+def _format_errors(err: ValidationError, text: str | None, origin: str) -> str:
+    lines = [f"{origin}: invalid job spec ({err.error_count()} problem{'s' * (err.error_count() > 1)}):"]
+    for e in err.errors():
+        loc = [p for p in e["loc"] if not _is_union_tag(p)]
+        path = ".".join(str(p) for p in loc) or "(top level)"
+        line = _line_of(text, loc) if text else None
+        where = f" (line {line})" if line else ""
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = f"unknown field {str(loc[-1])!r}" + _suggest_field(loc)
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        got = "" if e["type"] in ("missing",) else f"; got {_short(e.get('input'))}"
+        lines.append(f"  - {path}{where}: {msg}{got}")
+    return "\n".join(lines)
+
+
+def _is_union_tag(p) -> bool:
+    return isinstance(p, str) and (p in ("str", "DeviceSpec", "Interconnect", "float") or p.startswith(("literal[", "function-")))
+
+
+def _suggest_field(loc) -> str:
+    model = JobSpec
+    for p in loc[:-1]:
+        if isinstance(p, int):
+            continue
+        field = model.model_fields.get(str(p))
+        ann = getattr(field, "annotation", None)
+        nested = _model_in(ann)
+        if nested is None:
+            return ""
+        model = nested
+    names = [f.alias or n for n, f in model.model_fields.items()]
+    near = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.5)
+    return (f"; did you mean {near[0]!r}?" if near else "") + f" Allowed: {', '.join(names)}"
+
+
+def _model_in(ann):
+    from typing import get_args
+
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for a in get_args(ann):
+        m = _model_in(a)
+        if m is not None:
+            return m
+    return None
+
+
+def _short(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def _line_of(text: str, loc: list) -> int | None:
+    """Line (1-based) of the deepest YAML node on `loc` that exists in the document."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line = node.start_mark.line + 1 if node is not None else None
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next((v for k, v in node.value if k.value == str(key)), None)
+            keynode = next((k for k, v in node.value if k.value == str(key)), None)
+            if match is None:
+                break
+            line, node = keynode.start_mark.line + 1, match
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
