@@ -11,6 +11,7 @@ The planner only needs relative cost and memory, so the rules are analytic and s
 - norms and softmax: about 5·numel(out) forward, 2x backward.
 - pooling: numel(out)·window (window = kernel area; adaptive/global: numel(in)); a windowed
   pool keeps its input for backward, an adaptive one nothing.
+- fused attention (F.scaled_dot_product_attention, not selectable): 4·numel(q)·S, 2x back.
 - opaque leaf modules: 2·params·rows (rows = numel(first input) / its last dim), or
   numel(out) when parameter-free; backward 2x.
 
@@ -156,7 +157,12 @@ def op_cost(
         return OpCost(fwd, fwd, 4 * first_in if window else 0)
     if kind == "dropout":
         return OpCost(out, out, out)  # bool mask
-    if kind == "leaf" or kind == "sdpa":
+    if kind == "sdpa" and input_shapes:  # fused attention: QK^T and PV products
+        q = input_shapes[0]
+        k = input_shapes[1] if len(input_shapes) > 1 else q
+        fwd = 4 * _numel(q) * (k[-2] if len(k) > 1 else 1)
+        return OpCost(fwd, 2 * fwd, 4 * (sum(ins[:3]) + out))
+    if kind == "leaf":
         rows = first_in // input_shapes[0][-1] if input_shapes and input_shapes[0] else 1
         fwd = 2 * param_count * rows if param_count else out
         return OpCost(fwd, 2 * fwd, 4 * first_in)
