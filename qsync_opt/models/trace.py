@@ -204,7 +204,8 @@ def _build(gm: fx.GraphModule, values: dict, model_name: str, batch_size: int) -
     nodes = list(gm.graph.nodes)
     act: dict[str, bool] = {}  # an activation: from a model input or an op, not a constant
     kept_src: dict[str, tuple[str, ...]] = {}  # kept ops whose output reaches this node
-    sel_src: dict[str, tuple[str, ...]] = {}  # selectable ops reaching it via non-selectable ops
+    # selectable ops reaching a node via non-selectable ops -> residual merges crossed on the way
+    sel_src: dict[str, dict[str, int]] = {}
     param_src: dict[str, tuple[str, ...]] = {}  # get_attr parameters reaching it via dropped nodes
     names: dict[str, str] = {}  # fx node name -> OpNode name
     used: set[str] = set()
@@ -229,7 +230,7 @@ def _build(gm: fx.GraphModule, values: dict, model_name: str, batch_size: int) -
         act[n.name] = act[n.name] or (op is not None and is_tensor)  # an op's output is an activation
         if op is None:  # dropped: pass data-flow through
             kept_src[n.name] = union(kept_src.get(u.name, ()) for u in data_in)
-            sel_src[n.name] = union(sel_src.get(u.name, ()) for u in data_in)
+            sel_src[n.name] = _merge_sources(sel_src, data_in, act, merge=False)
             own = (n.target,) if n.op == "get_attr" and kind_v[0] == "param" else ()
             param_src[n.name] = union([own, *(param_src.get(u.name, ()) for u in data_in)])
             continue
@@ -251,7 +252,7 @@ def _build(gm: fx.GraphModule, values: dict, model_name: str, batch_size: int) -
                     sel_edges[key] = sel_edges.get(key, 0) + _numel_of(values, u)
         ops.append(node)
         kept_src[n.name] = (n.name,)
-        sel_src[n.name] = (n.name,) if selectable else union(sel_src.get(u.name, ()) for u in data_in)
+        sel_src[n.name] = {n.name: 0} if selectable else _merge_sources(sel_src, data_in, act, merge=True)
         param_src[n.name] = ()
     return OpGraph(
         model=model_name,
@@ -262,6 +263,25 @@ def _build(gm: fx.GraphModule, values: dict, model_name: str, batch_size: int) -
         edge_numel=sel_edges,
         depth=(max(depth.values()) + 1) if depth else 0,
     )
+
+
+MAX_MERGES = 1
+"""Residual merges a cast edge may cross. A residual stream joins every layer to every later
+one; counting a cast on each such pair would charge the same tensor conversion many times.
+Crossing one merge keeps the real producer -> consumer pairs (conv3 -> next block's conv1,
+an attention output projection -> the next layer's QKV) and drops the long-range ones."""
+
+
+def _merge_sources(sel_src, data_in, act, merge: bool) -> dict[str, int]:
+    """Selectable sources reaching a node; an op joining two activations counts as a merge."""
+    joins = merge and sum(1 for u in data_in if act.get(u.name)) >= 2
+    out: dict[str, int] = {}
+    for u in data_in:
+        for a, m in sel_src.get(u.name, {}).items():
+            m += joins
+            if m <= MAX_MERGES and m < out.get(a, MAX_MERGES + 1):
+                out[a] = m
+    return out
 
 
 def _classify(gm, n: fx.Node, values, act, data_in):
