@@ -1,0 +1,134 @@
+"""Build-and-load: rendered files in a directory -> a compiled artefact, or KernelBuildError.
+
+CPU: torch.utils.cpp_extension.load (ninja) into a shared library that registers torch ops.
+CUDA: nvcc -c per architecture (a compile check, or -shared for the ctypes harness), and a
+syntax-only compile of the torch binding against this torch's headers.
+Nothing here decides *whether* to build; registry.py does, under a lock.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import torch
+
+from qsync_opt.errors import KernelBuildError
+from qsync_opt.kernels.cache import write_if_changed
+from qsync_opt.kernels.render import Rendered
+
+
+def cxx() -> str:
+    """The C++ compiler torch.utils.cpp_extension uses."""
+    return os.environ.get("CXX", "c++")
+
+
+def cpu_flags(march: str) -> list[str]:
+    # -ffp-contract=off: the epilogue must round after the multiply, as torch's reference does.
+    # -fno-trapping-math lets floor() vectorise (values unchanged; torch itself is built with it).
+    return ["-O3", f"-march={march}", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fopenmp",
+            "-DNDEBUG"]
+
+
+CPU_LDFLAGS = ["-fopenmp"]  # resolves to the libgomp.so.1 torch has already loaded
+
+
+def nvcc_flags(arch: str) -> list[str]:
+    return ["-O3", "-std=c++17", f"-arch={arch}", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC"]
+
+
+def write_sources(rendered: Rendered, directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    for fname, text in rendered.files.items():
+        write_if_changed(directory / fname, text)
+    return [directory / rendered.main]
+
+
+def _with_ninja_on_path() -> dict:
+    """os.environ with the running interpreter's bin dir (where the venv's ninja is) on PATH."""
+    env = dict(os.environ)
+    bindir = str(Path(sys.executable).parent)
+    if shutil.which("ninja") is None and bindir not in env.get("PATH", "").split(os.pathsep):
+        env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def build_cpu(rendered: Rendered, directory: Path, module: str, flags: list[str]) -> Path:
+    """Compile `rendered` in `directory` as shared library `module`.so and load it into torch.ops."""
+    from torch.utils import cpp_extension
+
+    sources = write_sources(rendered, directory)
+    saved = os.environ.get("PATH")
+    os.environ["PATH"] = _with_ninja_on_path()["PATH"]
+    try:
+        path = cpp_extension.load(name=module, sources=[str(s) for s in sources], extra_cflags=flags,
+                                  extra_ldflags=CPU_LDFLAGS, extra_include_paths=[str(directory)],
+                                  build_directory=str(directory), is_python_module=False, verbose=False)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        raise KernelBuildError(f"building CPU kernel module {module} failed (sources in {directory}):\n{e}") from e
+    finally:
+        if saved is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = saved
+    return Path(path)
+
+
+def load_library(path: Path) -> None:
+    """Load a built CPU module (registers its ops under torch.ops.<namespace>)."""
+    try:
+        torch.ops.load_library(str(path))
+    except (OSError, RuntimeError) as e:
+        raise KernelBuildError(f"loading {path} failed: {e}; delete its cache directory to rebuild") from e
+
+
+def _run(cmd: list[str], what: str, timeout: int = 900) -> None:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError as e:
+        raise KernelBuildError(f"{what}: compiler not found ({cmd[0]}); install it or put it on PATH") from e
+    except subprocess.TimeoutExpired as e:
+        raise KernelBuildError(f"{what}: compiler timed out after {timeout}s: {' '.join(cmd)}") from e
+    if proc.returncode != 0:
+        raise KernelBuildError(f"{what} failed (exit {proc.returncode}):\n$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+
+
+def nvcc() -> str | None:
+    """Path of nvcc ($CUDA_HOME/bin, then PATH), or None."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and (Path(home) / "bin" / "nvcc").exists():
+        return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc")
+
+
+def nvcc_supported_archs() -> tuple[str, ...]:
+    """Real architectures this nvcc can target, as 'sm_XX' (from --list-gpu-arch)."""
+    exe = nvcc()
+    if exe is None:
+        return ()
+    out = subprocess.run([exe, "--list-gpu-arch"], capture_output=True, text=True).stdout.split()
+    return tuple(a.replace("compute_", "sm_") for a in out if a.startswith("compute_"))
+
+
+def compile_cuda(source: Path, out: Path, arch: str, shared: bool = False) -> Path:
+    """nvcc -c (object) or -shared (library for the ctypes harness) for one architecture."""
+    exe = nvcc()
+    if exe is None:
+        raise KernelBuildError("nvcc not found; set CUDA_HOME or put nvcc on PATH")
+    mode = ["-shared"] if shared else ["-c"]
+    _run([exe, *nvcc_flags(arch), *mode, "-I", str(source.parent), str(source), "-o", str(out)],
+         f"nvcc {arch} {source.name}")
+    return out
+
+
+def syntax_check_binding(source: Path) -> None:
+    """Compile-check the torch binding against this torch's headers (no CUDA needed: streams are ints)."""
+    from torch.utils import cpp_extension
+
+    incs = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
+    _run([cxx(), "-std=c++20", "-fsyntax-only", *[f"-I{i}" for i in incs], str(source)],
+         f"binding check {source.name}")

@@ -1,0 +1,194 @@
+"""The kernel ops the runtime calls: quantize, dequantize, int8 linear, fp8 round trip.
+
+impl="templated" runs the rendered C++ kernels (CPU tensors; built once and cached) and raises
+KernelBuildError if they do not build; impl="torch" is the pure-PyTorch path in reference.py;
+impl="auto" takes the templated kernels when they build, load and cover the input, else torch.
+Bad arguments raise SpecError naming the argument, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from qsync_opt.errors import KernelBuildError, SpecError
+from qsync_opt.kernels import reference
+from qsync_opt.kernels.dtypes import FP8, TORCH_DTYPE, name_of
+
+Impl = Literal["auto", "templated", "torch"]
+IMPLS = ("auto", "templated", "torch")
+#: Largest K for which an int32 accumulator of int8 products cannot overflow (K * 128 * 128 < 2**31).
+MAX_K = 2**31 // (128 * 128) - 1
+
+_state_lock = threading.Lock()
+_auto_failure: KernelBuildError | None = None
+
+
+def _module(impl: str):
+    """The default CPU module for impl templated/auto, or None when the torch path must run."""
+    global _auto_failure
+    if impl not in IMPLS:
+        raise SpecError(f"impl: unknown value {impl!r}; use one of {', '.join(IMPLS)}")
+    if impl == "torch":
+        return None
+    from qsync_opt.kernels.registry import get_cpu_module
+
+    if impl == "templated":
+        return get_cpu_module()
+    with _state_lock:
+        if _auto_failure is not None:
+            return None
+        try:
+            return get_cpu_module()
+        except KernelBuildError as e:
+            _auto_failure = e
+            warnings.warn(f"qsync_opt.kernels: templated CPU kernels unavailable, using the torch path:\n{e}",
+                          RuntimeWarning, stacklevel=3)
+            return None
+
+
+def _templated_or_none(impl: str, ok: bool, why: str):
+    """Module to use, or None; impl='templated' on an input it cannot take is an error, not a fallback."""
+    if not ok:
+        if impl == "templated":
+            raise SpecError(f"impl='templated': {why}; pass impl='auto' or impl='torch' for this input")
+        if impl not in IMPLS:
+            raise SpecError(f"impl: unknown value {impl!r}; use one of {', '.join(IMPLS)}")
+        return None
+    return _module(impl)
+
+
+def _covers(mod, impl: str, field: str, name: str, have: tuple) -> bool:
+    if mod is None:
+        return False
+    if name in have:
+        return True
+    if impl == "templated":
+        raise SpecError(f"{field}: {name} is not instantiated in the CPU kernel build ({', '.join(have)}); "
+                        "use impl='auto' or impl='torch'")
+    return False
+
+
+def available(impl: str = "templated") -> bool:
+    """Whether `impl` can run here (for 'templated'/'auto': whether the CPU kernels build and load)."""
+    if impl == "torch":
+        return True
+    try:
+        return _module("templated") is not None
+    except KernelBuildError:
+        return False
+
+
+def _norm_axis(axis, x: Tensor) -> int | None:
+    if axis is None:
+        return None
+    if not isinstance(axis, int) or isinstance(axis, bool) or not -x.dim() <= axis < max(x.dim(), 1):
+        raise SpecError(f"axis: {axis!r} is not an axis of a {x.dim()}-d tensor; use None or -{x.dim()}..{x.dim() - 1}")
+    return axis % x.dim()
+
+
+def _check_scale(scale: Tensor, expected: int, field: str = "scale") -> Tensor:
+    if not isinstance(scale, Tensor) or scale.numel() != expected:
+        got = tuple(scale.shape) if isinstance(scale, Tensor) else type(scale).__name__
+        raise SpecError(f"{field}: got {got}, need a tensor of {expected} element(s) (one per channel, or one for per-tensor)")
+    s = scale.float().reshape(() if expected == 1 else (expected,))
+    if not bool(torch.all(torch.isfinite(s) & (s > 0))):
+        raise SpecError(f"{field}: holds non-positive or non-finite values ({s.min().item()}); scales must be > 0")
+    return s
+
+
+def quantize_symmetric(x: Tensor, *, bits: int = 8, axis: int | None = None, scale: Tensor | None = None,
+                       stochastic: bool = False, generator: torch.Generator | None = None,
+                       impl: Impl = "auto") -> tuple[Tensor, Tensor]:
+    """Symmetric quantization: scale = amax/qmax (qmax = 2**(bits-1)-1: 127 for int8, 7 for int4),
+    computed per tensor (axis=None) or per slice along `axis` (per-output-channel weights), unless `scale` is given.
+    Returns (q int8 tensor with values clamped to [-qmax, qmax], scale float32 tensor (shape [] or [x.shape[axis]])).
+    Round to nearest-even by default; stochastic rounding if asked. amax==0 -> scale 1 (no div by zero).
+    The templated and torch paths draw different noise for stochastic rounding; each is reproducible
+    with `generator` (or with torch.manual_seed when generator is None)."""
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise SpecError(f"x: expected a floating tensor, got {getattr(x, 'dtype', type(x).__name__)}; "
+                        "quantize float activations or weights")
+    if not isinstance(bits, int) or not 2 <= bits <= 8:
+        raise SpecError(f"bits: {bits!r} is not supported; use an int in 2..8 (8 for int8, 4 for int4)")
+    axis = _norm_axis(axis, x)
+    channels = 1 if axis is None else x.shape[axis]
+    if scale is not None:
+        scale = _check_scale(scale, channels)
+    ok = x.device.type == "cpu" and x.dtype in TORCH_DTYPE.values() and x.numel() > 0
+    mod = _templated_or_none(impl, ok, f"needs a non-empty CPU tensor of {'/'.join(TORCH_DTYPE)}, "
+                                       f"got {x.dtype} on {x.device} with {x.numel()} elements")
+    if _covers(mod, impl, "x.dtype", name_of(x.dtype), mod.spec.in_dtypes if mod else ()):
+        seed = int(torch.randint(0, 2**62, (), generator=generator)) if stochastic else 0
+        return mod.ops.quantize(x, scale, reference.qmax_of(bits), axis, bool(stochastic), seed)
+    return reference.quantize(x, bits=bits, axis=axis, scale=scale, stochastic=stochastic, generator=generator)
+
+
+def dequantize(q: Tensor, scale: Tensor, *, axis: int | None = None, dtype=torch.float32) -> Tensor:
+    """x ≈ q * scale (broadcast along `axis` for per-channel scales), returned in `dtype`."""
+    if not isinstance(q, Tensor) or q.dtype != torch.int8:
+        raise SpecError(f"q: expected an int8 tensor, got {getattr(q, 'dtype', type(q).__name__)}; pass quantize_symmetric's q")
+    axis = _norm_axis(axis, q)
+    s = _check_scale(scale, 1 if axis is None else q.shape[axis])
+    return reference.dequantize(q, s, axis=axis, dtype=dtype)
+
+
+def _check_linear(xq, sx, wq, sw, bias, out_dtype):
+    for field, t in (("xq", xq), ("wq", wq)):
+        if not isinstance(t, Tensor) or t.dtype != torch.int8 or t.dim() != 2:
+            raise SpecError(f"{field}: expected a 2-d int8 tensor, got "
+                            f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}; "
+                            "quantize first and flatten leading dims to (rows, features)")
+    (m, k), (n, kw) = xq.shape, wq.shape
+    if k != kw:
+        raise SpecError(f"wq: shape {(n, kw)} does not match xq's K={k}; wq must be (out_features, {k})")
+    if k > MAX_K:
+        raise SpecError(f"xq: K={k} exceeds {MAX_K}, where the int32 accumulator could overflow; split K")
+    if xq.device != wq.device:
+        raise SpecError(f"wq: on {wq.device} but xq on {xq.device}; move both to one device")
+    sx = _check_scale(sx, 1, "sx")
+    sw = _check_scale(sw, 1 if sw is not None and sw.numel() == 1 else n, "sw")
+    if bias is not None and (not isinstance(bias, Tensor) or bias.numel() != n):
+        raise SpecError(f"bias: expected {n} values, got {tuple(getattr(bias, 'shape', ()))}; pass None or shape ({n},)")
+    if out_dtype not in TORCH_DTYPE.values():
+        raise SpecError(f"out_dtype: {out_dtype} not supported; use torch.float32 or torch.bfloat16 (fp16: torch path)")
+    return sx.to(xq.device), sw.to(xq.device)
+
+
+def int8_linear(xq: Tensor, sx: Tensor, wq: Tensor, sw: Tensor, bias: Tensor | None, *,
+                out_dtype=torch.float32, impl: Impl = "auto") -> Tensor:
+    """y = (xq @ wq.T) * sx * sw (+ bias). xq: int8 (M, K) [callers flatten leading dims], wq: int8 (N, K),
+    sx: scalar per-tensor scale, sw: scalar or per-output-channel (N,). int32 accumulation (exact), fused
+    dequantising epilogue (int32 → fp32/bf16 with scales and bias), computed as
+    (float(acc) * (sx * sw)) + bias in fp32 and rounded once to out_dtype. Used for int8 and int4
+    (int4 values are int8 tensors clamped to ±7 — same GEMM, bit-exact)."""
+    sx, sw = _check_linear(xq, sx, wq, sw, bias, out_dtype)
+    ok = xq.device.type == "cpu" and out_dtype in (torch.float32, torch.bfloat16) and xq.shape[0] > 0
+    mod = _templated_or_none(impl, ok, f"needs CPU tensors, M > 0 and out_dtype fp32/bf16, got {xq.device}, "
+                                       f"M={xq.shape[0]}, {out_dtype}")
+    if _covers(mod, impl, "out_dtype", name_of(out_dtype), mod.spec.out_dtypes if mod else ()):
+        return mod.ops.int8_linear(xq, sx, wq, sw, bias, out_dtype)
+    return reference.int8_linear(xq, sx, wq, sw, bias, out_dtype)
+
+
+def fp8_roundtrip(x: Tensor, fmt: Literal["e4m3", "e5m2"], *, scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Exact emulation of an fp8 cast: scale to the format's max (amax/448 for e4m3, /57344 for e5m2) unless given,
+    cast to torch.float8_e4m3fn / float8_e5m2 and back; returns (x_roundtripped_float32 (already multiplied back by scale), scale).
+    Values beyond the format's range after scaling saturate to ±max (as fp8 training recipes do)."""
+    if fmt not in FP8:
+        raise SpecError(f"fmt: unknown fp8 format {fmt!r}; use one of {', '.join(FP8)}")
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise SpecError(f"x: expected a floating tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    if scale is not None:
+        if not isinstance(scale, Tensor):
+            raise SpecError(f"scale: expected a tensor, got {type(scale).__name__}")
+        try:
+            torch.broadcast_shapes(scale.shape, x.shape)
+        except RuntimeError:
+            raise SpecError(f"scale: shape {tuple(scale.shape)} does not broadcast to x {tuple(x.shape)}") from None
+        _check_scale(scale.reshape(-1), scale.numel())
+    return reference.fp8_roundtrip(x, fmt, scale)

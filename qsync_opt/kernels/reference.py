@@ -1,0 +1,103 @@
+"""Pure-PyTorch implementations of every kernel op: the impl='torch' path and the reference.
+
+Each function fixes the arithmetic order the templated kernels must reproduce bit for bit:
+quantize is clamp(round_half_even(x.float() / scale)); the epilogue is
+(float(acc) * (sx * sw)) + bias in fp32, then one rounding to the output dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qsync_opt.kernels.dtypes import FP8
+
+
+def qmax_of(bits: int) -> int:
+    return 2 ** (bits - 1) - 1
+
+
+def channel_shape(x: torch.Tensor, axis: int | None) -> list[int]:
+    """Shape that broadcasts a per-channel vector along `axis` of x (all ones for per tensor)."""
+    shape = [1] * x.dim()
+    if axis is not None:
+        shape[axis] = x.shape[axis]
+    return shape
+
+
+def absmax(x: torch.Tensor, axis: int | None) -> torch.Tensor:
+    """max |x| in fp32: a scalar tensor, or one value per slice along `axis`."""
+    if x.numel() == 0:
+        return torch.zeros(() if axis is None else (x.shape[axis],), dtype=torch.float32, device=x.device)
+    if axis is None:
+        return x.abs().amax().float()
+    dims = [d for d in range(x.dim()) if d != axis]
+    return (x.abs().amax(dim=dims) if dims else x.abs()).float()
+
+
+def scale_from_amax(amax: torch.Tensor, qmax: float) -> torch.Tensor:
+    s = amax / qmax
+    return torch.where(s == 0, torch.ones_like(s), s)
+
+
+def quantize(x: torch.Tensor, *, bits: int, axis: int | None, scale: torch.Tensor | None, stochastic: bool,
+             generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    qmax = qmax_of(bits)
+    if scale is None:
+        scale = scale_from_amax(absmax(x, axis), qmax)
+    v = x.float() / scale.reshape(channel_shape(x, axis))
+    if stochastic:
+        v = torch.floor(v + torch.rand(x.shape, generator=generator, dtype=torch.float32, device=x.device))
+    else:
+        v = torch.round(v)  # round half to even
+    return v.clamp_(-qmax, qmax).to(torch.int8), scale
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, *, axis: int | None, dtype: torch.dtype) -> torch.Tensor:
+    return (q.float() * scale.float().reshape(channel_shape(q, axis))).to(dtype)
+
+
+def _pad_to(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (0, cols - t.shape[1], 0, rows - t.shape[0]))
+
+
+def int_mm_exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(M, K) int8 @ (N, K)^T int8 -> (M, N) int32, exact.
+
+    torch._int_mm on CPU accepts any shape here (oneDNN). CUDA's needs M > 16 and K, N multiples of
+    8: the operands are zero-padded (exact) and the result sliced. If _int_mm is missing or refuses,
+    a float64 matmul is used: every product and partial sum is an integer below 2**53, so it is exact.
+    """
+    m, k = a.shape
+    n = b.shape[0]
+    if a.is_cuda:
+        mp, kp, np_ = max(m, 17), -(-k // 8) * 8, -(-n // 8) * 8
+        if (mp, kp, np_) != (m, k, n):
+            return torch._int_mm(_pad_to(a, mp, kp), _pad_to(b, np_, kp).t())[:m, :n]
+    try:
+        return torch._int_mm(a, b.t())
+    except (RuntimeError, AttributeError):
+        return (a.double() @ b.double().t()).to(torch.int32)
+
+
+def epilogue(acc: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor, bias: torch.Tensor | None,
+             out_dtype: torch.dtype) -> torch.Tensor:
+    s = sx.float().reshape(()) * sw.float().reshape(-1)
+    y = acc.float() * s
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(out_dtype)
+
+
+def int8_linear(xq, sx, wq, sw, bias, out_dtype) -> torch.Tensor:
+    return epilogue(int_mm_exact(xq, wq), sx, sw, bias, out_dtype)
+
+
+def fp8_roundtrip(x: torch.Tensor, fmt: str, scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale into range, saturate to the format's largest finite value, cast, cast back, unscale."""
+    info = FP8[fmt]
+    xf = x.float()
+    if scale is None:
+        scale = scale_from_amax(absmax(xf, None), info["max"])
+    s = scale.float()
+    y = (xf / s).clamp_(-info["max"], info["max"]).to(info["torch"]).float() * s
+    return y, s

@@ -1,0 +1,118 @@
+"""The public cached getters: spec -> loaded CPU module, or compile-checked CUDA artefacts.
+
+Lookup order: this process's memo, then the on-disk marker, then (under the directory's file
+lock, after checking the marker again) a build. Render, build and cache stay in their own modules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from qsync_opt.kernels import build
+from qsync_opt.kernels.cache import (cache_key, cache_root, compiler_version, entry_dir, file_lock, read_marker,
+                                     toolchain, write_marker)
+from qsync_opt.kernels.render import render_cpu, render_cuda
+from qsync_opt.kernels.spec import CpuSpec, CudaSpec
+
+_MEMO: dict[str, object] = {}
+_MEMO_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class CpuModule:
+    """A loaded CPU kernel module; its ops are torch.ops.<namespace>.<op>."""
+
+    spec: CpuSpec
+    namespace: str
+    path: Path
+    key: str
+    built: bool
+    """True only for the call that compiled it; False for a cache hit (memory or disk)."""
+
+    @property
+    def ops(self):
+        return getattr(torch.ops, self.namespace)
+
+
+@dataclass(frozen=True)
+class CudaArtefacts:
+    """Rendered CUDA sources and what was compiled from them in `directory`."""
+
+    spec: CudaSpec
+    directory: Path
+    source: Path
+    binding: Path
+    output: Path
+    key: str
+    built: bool
+
+
+def _lookup_or_build(directory: Path, key: str, build_fn) -> tuple[dict, bool]:
+    marker = read_marker(directory, key)
+    if marker is not None:
+        return marker, False
+    with file_lock(directory):
+        marker = read_marker(directory, key)  # another process may have finished it while we waited
+        if marker is not None:
+            return marker, False
+        marker = {"key": key, **build_fn()}
+        write_marker(directory, marker)
+        return marker, True
+
+
+def get_cpu_module(spec: CpuSpec | None = None, *, cache_dir=None) -> CpuModule:
+    """Render, build (once per content and toolchain) and load the CPU ops of `spec`."""
+    spec = spec or CpuSpec()
+    rendered = render_cpu(spec)
+    flags = build.cpu_flags(spec.march)
+    tc = toolchain("cpu", flags, build.cxx())
+    key = cache_key(rendered.digest(), tc)
+    directory = entry_dir(cache_root(cache_dir), spec.name, key)
+    with _MEMO_LOCK:
+        hit = _MEMO.get(str(directory))
+        if hit is not None:
+            return dataclasses.replace(hit, built=False)
+        loaded_by_build = []
+
+        def do_build() -> dict:
+            path = build.build_cpu(rendered, directory, f"{spec.name}_{key[:12]}", flags)
+            loaded_by_build.append(path)
+            return {"artefact": path.name, "namespace": rendered.namespace, "toolchain": tc, "spec": repr(spec)}
+
+        marker, built = _lookup_or_build(directory, key, do_build)
+        path = directory / marker["artefact"]
+        if not loaded_by_build:
+            build.load_library(path)
+        mod = CpuModule(spec=spec, namespace=marker["namespace"], path=path, key=key, built=built)
+        _MEMO[str(directory)] = mod
+        return mod
+
+
+def compile_cuda(spec: CudaSpec, *, cache_dir=None, shared: bool = False, check_binding: bool = True) -> CudaArtefacts:
+    """nvcc-compile `spec`'s kernels for its arch (an object, or a shared library for the ctypes
+    harness) and syntax-check its torch binding; cached like the CPU build."""
+    rendered = render_cuda(spec)
+    flags = build.nvcc_flags(spec.arch) + (["-shared"] if shared else ["-c"]) + (["binding"] if check_binding else [])
+    tc = toolchain(spec.arch, flags, build.nvcc() or "nvcc")
+    if check_binding:
+        tc["cxx"] = compiler_version(build.cxx())
+    key = cache_key(rendered.digest(), tc)
+    directory = entry_dir(cache_root(cache_dir), spec.name + ("_so" if shared else ""), key)
+    out_name = f"{spec.name}.so" if shared else f"{spec.name}.o"
+
+    def do_build() -> dict:
+        (source,) = build.write_sources(rendered, directory)
+        build.compile_cuda(source, directory / out_name, spec.arch, shared=shared)
+        if check_binding:
+            build.syntax_check_binding(directory / rendered.binding)
+        return {"artefact": out_name, "namespace": rendered.namespace, "toolchain": tc, "spec": repr(spec)}
+
+    marker, built = _lookup_or_build(directory, key, do_build)
+    return CudaArtefacts(spec=spec, directory=directory, source=directory / rendered.main,
+                         binding=directory / rendered.binding, output=directory / marker["artefact"], key=key,
+                         built=built)
