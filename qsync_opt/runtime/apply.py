@@ -1,0 +1,186 @@
+"""apply_plan / strip: swap a model's selectable modules for quantized ones by FQN, and back.
+
+Every plan entry is checked before anything is touched, and all problems are reported in one
+error: unknown FQNs with near matches, FQNs of functional ops (which have no module to swap),
+and modules of a type the runtime cannot swap. An fp32 entry leaves (or restores) the plain
+module, so an all-fp32 plan costs nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..errors import RuntimeSetupError
+from ..plan import GroupPlan, Plan
+from ..precision import PRECISIONS
+from .qmodules import SWAPPABLE, QuantizedModule
+from .recipe import Recipe
+
+_FUNCTIONAL = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)*_\d+$")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One plan entry as applied (or, with dry_run, as it would be)."""
+
+    fqn: str
+    old_type: str
+    old_precision: str
+    new_precision: str
+    new_type: str
+    note: str = ""
+
+
+def base_type(module: nn.Module) -> type:
+    """The plain class of a module, looking through a quantized wrapper."""
+    return module._qsync_original if isinstance(module, QuantizedModule) else type(module)
+
+
+def precision_of(module: nn.Module) -> str:
+    return module.recipe.precision if isinstance(module, QuantizedModule) else "fp32"
+
+
+def selectable_modules(module: nn.Module) -> dict[str, nn.Module]:
+    """FQN -> module for every module the runtime can swap, in registration order."""
+    return {n: m for n, m in module.named_modules(remove_duplicate=False) if base_type(m) in SWAPPABLE}
+
+
+def current_precisions(module: nn.Module) -> dict[str, str]:
+    """FQN -> precision each selectable module runs at now."""
+    return {n: precision_of(m) for n, m in selectable_modules(module).items()}
+
+
+def resolve_mapping(plan_or_mapping, group: str | None) -> dict[str, str]:
+    """A plain FQN -> precision map from a Plan (+ group), a GroupPlan, or a mapping."""
+    if isinstance(plan_or_mapping, Plan):
+        if group is None:
+            if len(plan_or_mapping.groups) != 1:
+                raise RuntimeSetupError(
+                    f"group=None but the plan has {len(plan_or_mapping.groups)} groups "
+                    f"({', '.join(plan_or_mapping.groups)}); pass group=<one of them>")
+            group = next(iter(plan_or_mapping.groups))
+        if group not in plan_or_mapping.groups:
+            near = difflib.get_close_matches(group, list(plan_or_mapping.groups), n=3)
+            raise RuntimeSetupError(
+                f"group={group!r} is not in the plan; groups: {', '.join(plan_or_mapping.groups)}"
+                + (f" (did you mean {', '.join(near)}?)" if near else ""))
+        return dict(plan_or_mapping.groups[group].precisions)
+    if isinstance(plan_or_mapping, GroupPlan):
+        return dict(plan_or_mapping.precisions)
+    if isinstance(plan_or_mapping, Mapping):
+        return {str(k): v for k, v in plan_or_mapping.items()}
+    raise RuntimeSetupError(
+        f"plan_or_mapping has type {type(plan_or_mapping).__name__}; pass a Plan, a GroupPlan or a dict FQN -> precision")
+
+
+def _problems(module: nn.Module, mapping: dict[str, str], strict: bool) -> list[str]:
+    named = dict(module.named_modules(remove_duplicate=False))
+    selectable = selectable_modules(module)
+    supported = ", ".join(t.__name__ for t in SWAPPABLE)
+    out = []
+    for fqn, prec in mapping.items():
+        if prec not in PRECISIONS:
+            out.append(f"{fqn or '<root>'}: precision {prec!r} is unknown; use one of {', '.join(PRECISIONS)}")
+        if fqn in named:
+            kind = base_type(named[fqn])
+            if kind not in SWAPPABLE:
+                out.append(f"{fqn or '<root>'}: module type {kind.__name__} cannot be swapped; supported types: {supported}")
+            continue
+        parent = fqn.rpartition(".")[0]
+        if _FUNCTIONAL.match(fqn.rpartition(".")[2]) and parent in named:
+            out.append(
+                f"{fqn}: names a functional op, not a module; only module ops can be swapped — route the "
+                f"product through qsync_opt.models.layers.MatMul (a module) so it gets an FQN, or drop the entry")
+            continue
+        near = difflib.get_close_matches(fqn, list(selectable), n=3, cutoff=0.5)
+        hint = f"; near matches: {', '.join(near)}" if near else f"; selectable modules include: {', '.join(list(selectable)[:5])}"
+        out.append(f"{fqn}: no such module in {type(module).__name__}{hint}")
+    if strict:
+        missing = [n for n in selectable if n not in mapping]
+        if missing:
+            out.append(f"strict=True and the plan has no entry for {len(missing)} selectable module(s): "
+                       f"{', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}; add them or pass strict=False")
+    return out
+
+
+_OPTIONS = {
+    "kernels": ("auto", "templated", "torch"),
+    "weight_granularity": ("per_tensor", "per_channel"),
+    "backward_precision": ("bf16", "fp16", "fp32"),
+    "rounding": ("nearest", "stochastic"),
+}
+
+
+def _check_options(**given):
+    for name, value in given.items():
+        if value not in _OPTIONS[name]:
+            raise RuntimeSetupError(f"{name}={value!r} is not accepted; use one of {', '.join(_OPTIONS[name])}")
+
+
+def apply_plan(
+    module: nn.Module,
+    plan_or_mapping,
+    group: str | None = None,
+    *,
+    dry_run: bool = False,
+    kernels: str = "auto",
+    weight_granularity: str = "per_tensor",
+    backward_precision: str = "bf16",
+    rounding: str = "nearest",
+    strict: bool = False,
+):
+    """Swap the modules named by the plan, in place; return the module (the new one if the root itself was swapped).
+
+    With dry_run=True nothing is modified and the list of `Change`s is returned instead.
+    Modules absent from the plan are left as they are (unless strict=True, which is an error).
+    """
+    _check_options(kernels=kernels, weight_granularity=weight_granularity,
+                   backward_precision=backward_precision, rounding=rounding)
+    mapping = resolve_mapping(plan_or_mapping, group)
+    problems = _problems(module, mapping, strict)
+    if problems:
+        raise RuntimeSetupError(f"cannot apply plan to {type(module).__name__} ({len(problems)} problem"
+                                f"{'s' * (len(problems) > 1)}):\n  - " + "\n  - ".join(problems))
+    named = dict(module.named_modules(remove_duplicate=False))
+    on_cuda = any(p.is_cuda for p in module.parameters())
+    changes, swaps = [], []
+    for fqn, prec in mapping.items():
+        old = named[fqn]
+        plain_cls = base_type(old)
+        if prec == "fp32":
+            new_cls = plain_cls
+        else:
+            new_cls = SWAPPABLE[plain_cls]
+            recipe = Recipe(prec, backward_precision, weight_granularity, rounding, kernels)
+        note = "tf32 runs as plain fp32 on CPU tensors" if prec == "tf32" and not on_cuda else ""
+        changes.append(Change(fqn, type(old).__name__, precision_of(old), prec, new_cls.__name__, note))
+        swaps.append((fqn, old, None if prec == "fp32" else recipe))
+    if dry_run:
+        return changes
+    for fqn, old, recipe in swaps:
+        plain = old.to_float() if isinstance(old, QuantizedModule) else old
+        new = plain if recipe is None else SWAPPABLE[type(plain)].from_float(plain, recipe)
+        if new is old:
+            continue
+        if fqn == "":
+            module = new
+            continue
+        parent_name, _, child = fqn.rpartition(".")
+        setattr(module.get_submodule(parent_name), child, new)
+    return module
+
+
+def strip(module: nn.Module) -> nn.Module:
+    """Restore every quantized module to its plain class with the same parameters; returns the module."""
+    if isinstance(module, QuantizedModule):
+        module = module.to_float()
+    for fqn, sub in list(module.named_modules(remove_duplicate=False)):
+        if isinstance(sub, QuantizedModule) and fqn:
+            parent_name, _, child = fqn.rpartition(".")
+            setattr(module.get_submodule(parent_name), child, sub.to_float())
+    return module

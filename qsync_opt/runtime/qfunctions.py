@@ -1,0 +1,194 @@
+"""The autograd Function behind every quantized GEMM-shaped operator (linear, conv, matmul).
+
+One Function, three operator shapes. Forward by precision:
+  tf32        fp32 tensors, TF32 tensor-core math scoped to the op (CUDA); plain fp32 on CPU.
+  bf16, fp16  input and weight cast to the format (timed `qsync::cast` steps), the op runs in
+              that dtype, the output is cast back to fp32. Backward runs in the same dtype.
+  fp8_*       input and weight round-tripped through fp8 (kernels.ops.fp8_roundtrip), then an
+              fp32 GEMM on the exact fp8 values: fp8 storage with fp32 accumulation.
+  int8, int4  QSync's scheme: symmetric scales (per-tensor activations; per-tensor or
+              per-output-channel weights), int8 x int8 -> int32 GEMM with the dequantising
+              epilogue fused (kernels.ops.int8_linear); int4 is ±7 through the same GEMM.
+Every operator returns fp32: one rule, and the cast back is a visible step of its own.
+
+Backward of fp8/int: the saved activation and weight are the codes and scales (8 bits per
+element); backward dequantises them to `recipe.backward` (bf16/fp16/fp32) and computes
+grad_input and grad_weight there; grad_weight is returned in fp32 and accumulated onto the
+fp32 master weight by autograd. The bias gradient is always summed in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels import ops as kops
+from .casts import Quantized, cast, quantize, scope, tf32_enabled
+from .recipe import Recipe
+
+
+class LinearOp:
+    """y = x @ w.T + b over the last dimension of x; w is (out, in)."""
+
+    per_channel = True
+
+    def weight_matrix(self, w):
+        return w
+
+    def float_forward(self, x, w, bias):
+        return F.linear(x, w, bias)
+
+    def int_forward(self, xq: Quantized, wq: Quantized, bias, impl):
+        k = xq.codes.shape[-1]
+        y = kops.int8_linear(xq.codes.reshape(-1, k), xq.scale, wq.codes, wq.scale, bias, out_dtype=torch.float32, impl=impl)
+        return y.reshape(*xq.codes.shape[:-1], wq.codes.shape[0])
+
+    def backward(self, gy, x, w, need_x, need_w):
+        gx = gy @ w if need_x else None
+        gw = gy.reshape(-1, gy.shape[-1]).t() @ x.reshape(-1, x.shape[-1]) if need_w else None
+        return gx, gw
+
+    def bias_grad(self, gy):
+        return gy.reshape(-1, gy.shape[-1]).sum(0)
+
+
+class ConvOp:
+    """N-d convolution (N = 1 or 2) with zero padding; other padding modes are applied before.
+
+    The integer forward is im2col (unfold of the int8 codes, exact as small floats) followed by
+    the int8 GEMM, one GEMM per group: bit-exact integer arithmetic, no layout tricks.
+    """
+
+    per_channel = True
+
+    def __init__(self, ndim: int, stride, padding, dilation, groups: int):
+        self.ndim, self.stride, self.padding, self.dilation, self.groups = ndim, tuple(stride), tuple(padding), tuple(dilation), groups
+
+    def weight_matrix(self, w):
+        return w.reshape(w.shape[0], -1)
+
+    def float_forward(self, x, w, bias):
+        conv = F.conv1d if self.ndim == 1 else F.conv2d
+        return conv(x, w, bias, self.stride, self.padding, self.dilation, self.groups)
+
+    def int_forward(self, xq: Quantized, wq: Quantized, bias, impl, kernel_size):
+        codes = xq.codes
+        k, s, p, d = tuple(kernel_size), self.stride, self.padding, self.dilation
+        if self.ndim == 1:
+            codes = codes.unsqueeze(2)
+            k, s, p, d = (1, *k), (1, *s), (0, *p), (1, *d)
+        n, c, h, wd = codes.shape
+        with scope("im2col"):
+            cols = F.unfold(codes.to(torch.float32), k, d, p, s)  # (n, c*kh*kw, L), small integers: exact
+            ho = (h + 2 * p[0] - d[0] * (k[0] - 1) - 1) // s[0] + 1
+            wo = (wd + 2 * p[1] - d[1] * (k[1] - 1) - 1) // s[1] + 1
+            cols = cols.transpose(1, 2).reshape(n * ho * wo, -1).to(torch.int8)
+        out_ch, per_group = wq.codes.shape[0] // self.groups, cols.shape[1] // self.groups
+        parts = []
+        for g in range(self.groups):
+            sw = wq.scale if wq.scale.numel() == 1 else wq.scale[g * out_ch:(g + 1) * out_ch]
+            b = None if bias is None else bias[g * out_ch:(g + 1) * out_ch]
+            parts.append(kops.int8_linear(
+                cols[:, g * per_group:(g + 1) * per_group].contiguous(), xq.scale,
+                wq.codes[g * out_ch:(g + 1) * out_ch], sw, b, out_dtype=torch.float32, impl=impl))
+        y = parts[0] if self.groups == 1 else torch.cat(parts, dim=1)
+        y = y.reshape(n, ho, wo, -1).permute(0, 3, 1, 2).contiguous()
+        return y.squeeze(2) if self.ndim == 1 else y
+
+    def backward(self, gy, x, w, need_x, need_w):
+        gx, gw, _ = torch.ops.aten.convolution_backward(
+            gy, x, w, None, list(self.stride), list(self.padding), list(self.dilation),
+            False, [0] * self.ndim, self.groups, [need_x, need_w, False])
+        return gx, gw
+
+    def bias_grad(self, gy):
+        return gy.sum(dim=[0, *range(2, gy.dim())])
+
+
+class MatMulOp:
+    """torch.matmul(a, b) for a (..., M, K) and b (..., K, N), batch dimensions broadcast.
+
+    Both operands are activations: per-tensor scales for both. The integer forward runs one
+    int8 GEMM per broadcast batch element.
+    """
+
+    per_channel = False
+
+    def weight_matrix(self, b):
+        return b
+
+    def float_forward(self, a, b, bias):
+        return torch.matmul(a, b)
+
+    def int_forward(self, aq: Quantized, bq: Quantized, bias, impl):
+        a, b = aq.codes, bq.codes
+        batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        a3 = a.expand(*batch, m, k).reshape(-1, m, k)
+        bt = b.transpose(-1, -2).expand(*batch, n, k).reshape(-1, n, k)
+        outs = [kops.int8_linear(a3[i].contiguous(), aq.scale, bt[i].contiguous(), bq.scale, None,
+                                 out_dtype=torch.float32, impl=impl) for i in range(a3.shape[0])]
+        return torch.stack(outs).reshape(*batch, m, n)
+
+    def backward(self, gy, a, b, need_a, need_b):
+        ga = (gy @ b.transpose(-1, -2)).sum_to_size(a.shape) if need_a else None
+        gb = (a.transpose(-1, -2) @ gy).sum_to_size(b.shape) if need_b else None
+        return ga, gb
+
+    def bias_grad(self, gy):  # pragma: no cover - matmul has no bias
+        raise NotImplementedError
+
+
+class QuantizedGemm(torch.autograd.Function):
+    """y = op(x, w) (+ bias) at `recipe.precision`; see the module docstring for each path."""
+
+    @staticmethod
+    def forward(ctx, x, w, bias, op, recipe: Recipe, kernel_size=None):
+        ctx.op, ctx.recipe = op, recipe
+        ctx.x_dtype, ctx.w_dtype, ctx.x_shape, ctx.w_shape = x.dtype, w.dtype, x.shape, w.shape
+        ctx.tf32 = recipe.path == "tf32" and x.is_cuda
+        if recipe.path in ("fp32", "tf32", "float"):
+            dt = recipe.compute_dtype
+            xc, wc = cast(x, dt), cast(w, dt)
+            with tf32_enabled(ctx.tf32):
+                y = op.float_forward(xc, wc, cast(bias, dt))
+            ctx.save_for_backward(xc, wc)
+            ctx.meta = None
+            return cast(y, torch.float32)
+
+        per_channel = op.per_channel and recipe.granularity == "per_channel"
+        xq = quantize(x, recipe)
+        wq = quantize(op.weight_matrix(w), recipe, per_channel=per_channel)
+        b32 = cast(bias, torch.float32)
+        if recipe.path == "int":
+            with scope(f"gemm[{recipe.precision}]"):
+                extra = (kernel_size,) if isinstance(op, ConvOp) else ()
+                y = op.int_forward(xq, wq, b32, recipe.kernels, *extra)
+        else:  # fp8: exact fp8 values, fp32 accumulation
+            with scope(f"gemm[{recipe.precision}]"):
+                y = op.float_forward(xq.dequantize().reshape(x.shape), wq.dequantize().reshape(w.shape), b32)
+        ctx.save_for_backward(xq.codes, xq.scale, wq.codes, wq.scale)
+        ctx.meta = (xq.axis, wq.axis, xq.fp8)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        op, recipe = ctx.op, ctx.recipe
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        bd = recipe.backward_dtype
+        if ctx.meta is None:
+            xb, wb = ctx.saved_tensors
+        else:
+            xc, xs, wc, ws = ctx.saved_tensors
+            x_axis, w_axis, fp8 = ctx.meta
+            # dequantise in fp32, then one rounding to the backward dtype
+            xb = cast(Quantized(xc, xs, x_axis, fp8).dequantize(), bd).reshape(ctx.x_shape)
+            wb = cast(Quantized(wc, ws, w_axis, fp8).dequantize(), bd).reshape(ctx.w_shape)
+        gx = gw = gb = None
+        if need_x or need_w:
+            with tf32_enabled(ctx.tf32), scope(f"backward[{recipe.precision}@{str(bd).removeprefix('torch.')}]"):
+                gx, gw = op.backward(cast(gy, bd), xb, wb, need_x, need_w)
+            gx, gw = cast(gx, ctx.x_dtype), cast(gw, ctx.w_dtype)
+        if need_b:
+            gb = op.bias_grad(cast(gy, torch.float32))
+        return gx, gw, gb, None, None, None
