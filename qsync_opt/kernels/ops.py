@@ -62,9 +62,11 @@ def _templated_or_none(impl: str, ok: bool, why: str):
     return _module(impl)
 
 
-def _covers(mod, impl: str, field: str, name: str, have: tuple) -> bool:
+def _covers(mod, impl: str, field: str, dtype: torch.dtype, have: str) -> bool:
+    """Whether the loaded module was instantiated for `dtype` (mod.spec.<have>)."""
     if mod is None:
         return False
+    name, have = name_of(dtype, field), getattr(mod.spec, have)
     if name in have:
         return True
     if impl == "templated":
@@ -122,7 +124,7 @@ def quantize_symmetric(x: Tensor, *, bits: int = 8, axis: int | None = None, sca
     ok = x.device.type == "cpu" and x.dtype in TORCH_DTYPE.values() and x.numel() > 0
     mod = _templated_or_none(impl, ok, f"needs a non-empty CPU tensor of {'/'.join(TORCH_DTYPE)}, "
                                        f"got {x.dtype} on {x.device} with {x.numel()} elements")
-    if _covers(mod, impl, "x.dtype", name_of(x.dtype), mod.spec.in_dtypes if mod else ()):
+    if _covers(mod, impl, "x.dtype", x.dtype, "in_dtypes"):
         seed = int(torch.randint(0, 2**62, (), generator=generator)) if stochastic else 0
         return mod.ops.quantize(x, scale, reference.qmax_of(bits), axis, bool(stochastic), seed)
     return reference.quantize(x, bits=bits, axis=axis, scale=scale, stochastic=stochastic, generator=generator)
@@ -170,7 +172,7 @@ def int8_linear(xq: Tensor, sx: Tensor, wq: Tensor, sw: Tensor, bias: Tensor | N
     ok = xq.device.type == "cpu" and out_dtype in (torch.float32, torch.bfloat16) and xq.shape[0] > 0
     mod = _templated_or_none(impl, ok, f"needs CPU tensors, M > 0 and out_dtype fp32/bf16, got {xq.device}, "
                                        f"M={xq.shape[0]}, {out_dtype}")
-    if _covers(mod, impl, "out_dtype", name_of(out_dtype), mod.spec.out_dtypes if mod else ()):
+    if _covers(mod, impl, "out_dtype", out_dtype, "out_dtypes"):
         return mod.ops.int8_linear(xq, sx, wq, sw, bias, out_dtype)
     return reference.int8_linear(xq, sx, wq, sw, bias, out_dtype)
 

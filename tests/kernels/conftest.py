@@ -1,0 +1,31 @@
+"""Shared fixtures: one CPU kernel build per session (the on-disk cache makes later sessions instant)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from qsync_opt.errors import KernelBuildError
+
+
+@pytest.fixture(scope="session")
+def cpu_module():
+    """The default CPU kernel module, built into the user cache ($QSYNC_OPT_CACHE or ~/.cache)."""
+    from qsync_opt.kernels import build
+    from qsync_opt.kernels.registry import get_cpu_module
+
+    if shutil.which(build.cxx()) is None:
+        pytest.skip(f"no C++ compiler ({build.cxx()}) on PATH: the templated CPU kernels cannot build here")
+    try:
+        return get_cpu_module()
+    except KernelBuildError as e:  # a real failure: show the compiler output
+        pytest.fail(str(e))
+
+
+@pytest.fixture(params=["templated", "torch"])
+def impl(request):
+    """Each test that takes `impl` runs on both paths; the templated one needs the session build."""
+    if request.param == "templated":
+        request.getfixturevalue("cpu_module")
+    return request.param
