@@ -18,10 +18,13 @@ Bytes of a selectable op at precision p (see casts.py for activation formats):
             `weight_cast_ms`, part of the op's total.
 Embedding reads int64 indices and gathers only the rows it outputs.
 
-Non-selectable ops (norms, activations, adds, pools) are kept at fp32 and costed as
-memory-bound kernels (with their FLOPs as a roofline floor). In a real runtime they follow
-their inputs' precision; holding them fixed is a simplification that keeps them out of the
-integer program (documented in DESIGN's "Operators, not layers").
+Non-selectable ops (norms, activations, adds, pools) are memory-bound kernels (their FLOPs a
+roofline floor) whose element size is that of the format they run in; which format that is,
+is decided in followers.py (the format of the selectable op they follow, or fp32).
+
+`boundary` says where precision changes: 'edge' (QSync: activations travel in their
+producer's format, casts on edges) or 'fp32' (this project's runtime: each op casts its fp32
+input in and its output back, so those casts are in the op's own cost).
 """
 
 from __future__ import annotations

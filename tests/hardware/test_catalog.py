@@ -86,3 +86,13 @@ def test_find_device_is_forgiving_and_lists_names_on_a_miss():
     assert find_device("h100_sxm").name == "H100-SXM"
     with pytest.raises(KeyError, match="T4"):
         find_device("T5")
+
+
+def test_measured_local_cpu_is_a_valid_device():
+    from qsync_opt.hardware.local import measure_local
+
+    d = measure_local(n=256)
+    assert d.kind == "cpu" and d.memory_gb > 0 and d.bandwidth_gbs > 0
+    assert "fp32" in d.precisions and d.launch_overhead_us >= 1.0
+    assert set(d.efficiency) == set(d.peak_tflops)
+    assert "measured" in d.source

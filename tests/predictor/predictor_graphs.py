@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import math
 
-import torch
 from torch import nn
 
 from qsync_opt.models.graph import OpGraph, OpNode
-from qsync_opt.spec import load_spec
 
 
 def linear(name, batch, fin, fout, depth, bias=True) -> OpNode:
