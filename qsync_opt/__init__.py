@@ -1,3 +1,20 @@
-"""qsync-opt: mixed-precision plans for clusters of unlike accelerators."""
+"""qsync-opt: mixed-precision plans for clusters of unlike accelerators.
+
+    import qsync_opt
+    plan = qsync_opt.solve("examples/hybrid_v100_t4_resnet50.yaml")
+    plan.to_fqn_config("t4")    # {'conv1': 'fp16', 'layer1.0.conv1': 'int8', ...}
+"""
+
+from .errors import InfeasibleError, QSyncError, SpecError
+from .plan import Plan
+from .spec import JobSpec, load_spec
 
 __version__ = "0.1.0"
+__all__ = ["solve", "load_spec", "JobSpec", "Plan", "QSyncError", "SpecError", "InfeasibleError", "__version__"]
+
+
+def solve(spec_or_path, **overrides) -> Plan:
+    """Plan a job spec (path, YAML text, dict or JobSpec); see `qsync_opt.pipeline.solve`."""
+    from .pipeline import solve as _solve
+
+    return _solve(spec_or_path, **overrides)

@@ -75,6 +75,7 @@ class Baseline(BaseModel):
     """Share-weighted indicator sum."""
     peak_memory_bytes: dict[str, float]
     feasible: bool
+    """Meets every time and memory bound of the instance."""
 
 
 class Provenance(BaseModel):

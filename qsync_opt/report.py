@@ -35,7 +35,7 @@ def plan_table(plan: Plan) -> Table:
 
 def baseline_table(plan: Plan) -> Table:
     t = Table(title="plan vs baselines", title_justify="left")
-    for col in ("policy", "iteration ms", "indicator", "fits memory"):
+    for col in ("policy", "iteration ms", "indicator", "meets bounds"):
         t.add_column(col, justify="left" if col == "policy" else "right")
     t.add_row("[bold]this plan[/bold]", f"{plan.iteration_ms:.1f}", f"{plan.indicator:.4g}", "yes")
     for name, b in plan.baselines.items():

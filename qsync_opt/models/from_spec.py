@@ -1,0 +1,55 @@
+"""The spec's model section -> a module and inputs that fit it.
+
+One place decides how `model.name` / `model.import` / `model.kwargs` / `training.seq_len`
+become an nn.Module and example inputs, so the planner traces exactly what the runtime trains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ..errors import SpecError
+from ..spec import JobSpec
+from .zoo import build_model, get_entry, load_factory
+
+InputMaker = Callable[[int, "torch.Generator | None"], tuple[torch.Tensor, ...]]
+
+
+def build_from_spec(spec: JobSpec) -> nn.Module:
+    """The spec's model with random weights (seed torch first for reproducibility)."""
+    if spec.model.name is not None:
+        return build_model(spec.model.name, **spec.model.kwargs)
+    factory = load_factory(spec.model.import_)
+    try:
+        module = factory(**spec.model.kwargs)
+    except TypeError as e:
+        raise SpecError(f"model.kwargs: {spec.model.kwargs!r} do not fit {spec.model.import_!r}: {e}") from e
+    if not isinstance(module, nn.Module):
+        raise SpecError(f"model.import: {spec.model.import_!r} returned a {type(module).__name__}, not an nn.Module")
+    return module
+
+
+def input_maker(spec: JobSpec) -> InputMaker:
+    """`make(batch, generator) -> forward args` for the spec's model."""
+    if spec.model.name is not None:
+        entry = get_entry(spec.model.name)
+        opts = {}
+        if spec.training and spec.training.seq_len and "seq_len" in entry.defaults:
+            opts["seq_len"] = spec.training.seq_len
+        for key in ("vocab_size",):  # keep token ids in range when kwargs resize the model
+            if key in spec.model.kwargs and key in entry.defaults:
+                opts[key] = spec.model.kwargs[key]
+        return lambda n, g=None: entry.example_inputs(n, generator=g, **opts)
+    shape = tuple(spec.model.input_shape)
+    if spec.model.input_dtype == "int64":
+        vocab = spec.model.kwargs.get("vocab_size")
+        if not isinstance(vocab, int):
+            raise SpecError(
+                f"model.kwargs.vocab_size: got {vocab!r}; an imported model with int64 inputs needs the "
+                "vocabulary size to draw token ids (add vocab_size to model.kwargs)"
+            )
+        return lambda n, g=None: (torch.randint(0, vocab, (n, *shape), generator=g),)
+    return lambda n, g=None: (torch.randn((n, *shape), generator=g),)

@@ -1,0 +1,250 @@
+"""spec -> model -> OpGraph -> indicator + costs -> integer program -> verified Plan.
+
+Each stage is a plain function over plain data (DESIGN.md); this module only wires them
+together, runs the replayer's verify-and-refine loop, and writes down what happened.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import InfeasibleError, SpecError
+from .models.from_spec import build_from_spec, input_maker
+from .models.graph import OpGraph
+from .models.trace import trace
+from .plan import Baseline, GroupPlan, Plan, Provenance, SolverReport
+from .precision import PRECISIONS
+from .predictor.context import Context
+from .predictor.indicator import weight_indicator
+from .predictor.instance_builder import baseline, build_instance
+from .predictor.replayer import replay
+from .predictor.sensitivity import Sensitivity
+from .solver.instance import Assignment, TrainingInstance, evaluate
+from .spec import JobSpec, load_spec
+
+TRACE_BATCH = 1
+"""Graphs are traced at batch 1 and rescaled per group (OpGraph.for_batch): cheap and exact for FLOPs."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a spec's model contributes before any device is considered."""
+
+    module: nn.Module
+    graph: OpGraph
+    sensitivity: Sensitivity
+    timings_s: dict[str, float]
+
+
+def prepare(spec: JobSpec) -> Prepared:
+    """Build the model, trace it and compute its indicator (the device-independent stages)."""
+    t0 = time.perf_counter()
+    torch.manual_seed(spec.training.seed if spec.training else 0)
+    module = build_from_spec(spec)
+    t1 = time.perf_counter()
+    inputs = input_maker(spec)(TRACE_BATCH, torch.Generator().manual_seed(0))
+    name = spec.model.name or spec.model.import_
+    graph = trace(module, inputs, model_name=name, leaf_modules=spec.model.leaf_modules)
+    t2 = time.perf_counter()
+    precisions = sorted({p for g in spec.cluster.groups for p in g.allowed_precisions}, key=PRECISIONS.index)
+    sensitivity = weight_indicator(module, graph, precisions)
+    t3 = time.perf_counter()
+    return Prepared(module, graph, sensitivity, {"build": t1 - t0, "trace": t2 - t1, "indicator": t3 - t2})
+
+
+def solve(spec_or_path: "str | Path | dict | JobSpec", *, export_problem: "str | Path | None" = None, **overrides: Any) -> Plan:
+    """Plan a job: the public entry point for users (a path) and schedulers (a JobSpec or dict).
+
+    `overrides` take dotted spec paths, e.g. `solve("job.yaml", **{"solver.backend": "cbc"})`;
+    plain keywords `backend`, `time_limit_s`, `rel_gap` are shorthands for the solver section.
+    """
+    for short in ("backend", "time_limit_s", "rel_gap", "threads", "seed"):
+        if short in overrides:
+            overrides[f"solver.{short}"] = overrides.pop(short)
+    spec = load_spec(spec_or_path, **overrides)
+    if spec.kind != "training":
+        raise SpecError("kind: 'serving' specs validate, but the serving planner (LLM-PQ) is not in this release; use kind: training")
+    prepared = prepare(spec)
+    return plan_training(spec, prepared, export_problem=export_problem)
+
+
+def plan_training(spec: JobSpec, prepared: Prepared, *, export_problem: "str | Path | None" = None) -> Plan:
+    from .solver.batching import choose_split
+
+    t0 = time.perf_counter()
+    notes: list[str] = []
+    if spec.training.batch_split == "auto":
+        split = choose_split(spec, prepared)
+        spec, local_batches, extra = split.spec, split.local_batches, split.baselines
+        notes.extend(split.notes)
+    else:
+        local_batches, extra = None, {}
+    instance, ctx = build_instance(
+        spec, prepared.graph, prepared.sensitivity, local_batches=local_batches, boundary=spec.runtime.boundary
+    )
+    if export_problem:
+        from .solver.export import save_problem
+        from .solver.training import compile_training
+
+        save_problem(compile_training(instance), export_problem)
+        notes.append(f"problem exported to {export_problem}")
+    result, instance, rounds = solve_and_refine(spec, instance, ctx)
+    notes.extend(result["notes"])
+    baselines = {**_baselines(instance, ctx), **extra}
+    return _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, time.perf_counter() - t0)
+
+
+def run_backend(spec: JobSpec, instance: TrainingInstance) -> dict:
+    """One solve with the spec's backend; a dict the plan writer understands."""
+    from .solver.solve import DEFAULT_BACKEND, diagnose, solve_instance
+    from .solver.uniform import uniform_policy
+
+    backend = DEFAULT_BACKEND if spec.solver.backend == "default" else spec.solver.backend
+    t0 = time.perf_counter()
+    if backend == "uniform":
+        try:
+            assignment = uniform_policy(instance)
+        except InfeasibleError as e:
+            raise InfeasibleError(str(e).splitlines()[0], diagnose(instance) or e.diagnosis) from None
+        ev = evaluate(instance, assignment)
+        return dict(assignment=assignment, backend="uniform", status="heuristic", objective=ev.objective(instance),
+                    bound=None, gap=None, wall_s=time.perf_counter() - t0, notes=[])
+    s = spec.solver
+    r = solve_instance(instance, backend=backend, time_limit_s=s.time_limit_s, rel_gap=s.rel_gap,
+                       threads=s.threads, seed=s.seed)
+    notes = []
+    if r.scaling:
+        notes.append(f"cpsat integer scaling: {r.scaling}")
+    if r.warm_start_used:
+        notes.append("warm-started from the greedy plan")
+    status = "heuristic" if r.backend == "greedy" else r.status
+    return dict(assignment=r.assignment, backend=r.backend, status=status, objective=r.objective,
+                bound=r.bound, gap=r.gap, wall_s=r.wall_s, notes=notes)
+
+
+def solve_and_refine(spec: JobSpec, instance: TrainingInstance, ctx: Context) -> tuple[dict, TrainingInstance, int]:
+    """Solve, let the replayer judge, and tighten a group's bound by what the linear model missed.
+
+    The instance charges each group the all-reduce exposure of its highest-precision plan; a
+    faster (lower-precision) backward hides less of the all-reduce, which only the replayer's
+    timeline sees. Each round lowers that group's bound by the violation and solves again.
+    """
+    result = run_backend(spec, instance)
+    rounds = 0
+    while rounds < spec.solver.refine_rounds:
+        timeline = replay(ctx, result["assignment"])
+        tightened = []
+        groups = []
+        for g in instance.groups:
+            t = timeline.groups[g.name].iteration_ms
+            if g.time_bound_ms is not None and t > g.time_bound_ms * (1 + 1e-6):
+                over = t - g.time_bound_ms
+                g = replace(g, time_bound_ms=g.time_bound_ms - over)
+                tightened.append(f"{g.name} by {over:.3f} ms")
+            groups.append(g)
+        if not tightened:
+            break
+        rounds += 1
+        instance = replace(instance, groups=tuple(groups))
+        result = run_backend(spec, instance)
+        result["notes"].append(f"refine round {rounds}: replayer tightened {', '.join(tightened)}")
+    return result, instance, rounds
+
+
+def _baselines(instance: TrainingInstance, ctx: Context) -> dict[str, Baseline]:
+    out = {}
+    for label, kind in (("all highest (fp32)", "highest"), ("uniform lowest", "lowest")):
+        a = baseline(instance, kind)
+        out[label] = _as_baseline(instance, ctx, a)
+    from .solver.greedy import greedy
+
+    g = greedy(instance)
+    if g.feasible:
+        out["greedy (QSync allocator)"] = _as_baseline(instance, ctx, g.assignment)
+    return out
+
+
+def _as_baseline(instance: TrainingInstance, ctx: Context, a: Assignment) -> Baseline:
+    tl = replay(ctx, a)
+    ev = evaluate(instance, a)
+    return Baseline(
+        iteration_ms=tl.iteration_ms,
+        indicator=ev.degradation,
+        peak_memory_bytes={n: t.peak_memory_bytes for n, t in tl.groups.items()},
+        feasible=ev.feasible,
+    )
+
+
+def _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, wall_s) -> Plan:
+    a = result["assignment"]
+    tl = replay(ctx, a)
+    ev = evaluate(instance, a)
+    groups = {}
+    for gc in ctx.groups:
+        t = tl.groups[gc.name]
+        ig = instance.group(gc.name)
+        groups[gc.name] = GroupPlan(
+            device=gc.device.name,
+            count=gc.count,
+            local_batch=gc.local_batch,
+            precisions={op: a[gc.name][op] for op in ig.allowed},
+            compute_ms=t.compute_ms,
+            comm_exposed_ms=t.comm_exposed_ms,
+            iteration_ms=t.iteration_ms,
+            time_bound_ms=ig.time_bound_ms,
+            peak_memory_bytes=t.peak_memory_bytes,
+            memory_capacity_bytes=gc.mem_capacity_bytes,
+            indicator=sum(instance.omega[op][p] for op, p in a[gc.name].items()),
+            cost_source=ctx.cost_source,
+        )
+    timings = ", ".join(f"{k} {v:.2f}s" for k, v in prepared.timings_s.items())
+    report = SolverReport(
+        backend=result["backend"], status=result["status"], objective=result["objective"],
+        best_bound=result["bound"], gap=result["gap"], wall_s=result["wall_s"], refine_rounds=rounds,
+        notes=[*ctx.notes, *notes, f"{timings}, plan {wall_s:.2f}s"],
+    )
+    return Plan(
+        job=spec.name,
+        model=prepared.graph.model,
+        objective=spec.objective.minimize,
+        groups=groups,
+        iteration_ms=tl.iteration_ms,
+        indicator=ev.degradation,
+        solver=report,
+        baselines=baselines,
+        provenance=Provenance(spec_digest=spec.digest(), versions=_versions()),
+    )
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("qsync-opt", "torch", "pulp", "highspy", "ortools", "pydantic"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def solve_saved_problem(path: str, overrides: dict, console) -> int:
+    """`qsync-opt solve --problem FILE`: re-solve an exported program without the model."""
+    from .solver.export import load_problem
+    from .solver.backends.base import SolveOptions
+    from .solver.solve import DEFAULT_BACKEND, solve_problem
+
+    problem = load_problem(path)
+    backend = overrides.get("solver.backend", "default")
+    backend = DEFAULT_BACKEND if backend == "default" else backend
+    opts = SolveOptions(time_limit_s=overrides.get("solver.time_limit_s", 60.0), rel_gap=overrides.get("solver.rel_gap", 1e-4))
+    r = solve_problem(problem, backend, opts)
+    gap = "" if r.gap is None else f", gap {r.gap:.3%}"
+    console.print(f"{path}: {r.backend} -> {r.status}, objective {r.objective:.9g}{gap}, {r.wall_s * 1000:.0f} ms")
+    return 0
