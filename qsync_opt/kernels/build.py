@@ -114,13 +114,18 @@ def nvcc_supported_archs() -> tuple[str, ...]:
     return tuple(a.replace("compute_", "sm_") for a in out if a.startswith("compute_"))
 
 
-def compile_cuda(source: Path, out: Path, arch: str, shared: bool = False) -> Path:
-    """nvcc -c (object) or -shared (library for the ctypes harness) for one architecture."""
+CUDA_MODES = {"cubin": ["-cubin"], "object": ["-c"], "shared": ["-shared"]}
+
+
+def compile_cuda(source: Path, out: Path, arch: str, mode: str = "object") -> Path:
+    """nvcc for one architecture: 'cubin' (device code only: the quickest full check of the kernels),
+    'object' (device and host code), or 'shared' (a library for the ctypes harness)."""
     exe = nvcc()
     if exe is None:
         raise KernelBuildError("nvcc not found; set CUDA_HOME or put nvcc on PATH")
-    mode = ["-shared"] if shared else ["-c"]
-    _run([exe, *nvcc_flags(arch), *mode, "-I", str(source.parent), str(source), "-o", str(out)],
+    if mode not in CUDA_MODES:
+        raise KernelBuildError(f"mode: {mode!r} is not an nvcc mode; use one of {', '.join(CUDA_MODES)}")
+    _run([exe, *nvcc_flags(arch), *CUDA_MODES[mode], "-I", str(source.parent), str(source), "-o", str(out)],
          f"nvcc {arch} {source.name}")
     return out
 

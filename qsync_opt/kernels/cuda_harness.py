@@ -63,7 +63,7 @@ class CudaKernels:
         if not torch.cuda.is_available():
             raise KernelBuildError("CudaKernels needs a CUDA device and a CUDA build of torch")
         self.spec = spec or CudaSpec(arch=arch_for_device())
-        self.artefacts = compile_cuda(self.spec, cache_dir=cache_dir, shared=True, check_binding=False)
+        self.artefacts = compile_cuda(self.spec, cache_dir=cache_dir, mode="shared", check_binding=False)
         self.lib = C.CDLL(str(self.artefacts.output))
         for name, args in _SIGS.items():
             if hasattr(self.lib, name):

@@ -68,11 +68,12 @@ def _lookup_or_build(directory: Path, key: str, build_fn) -> tuple[dict, bool]:
 def get_cpu_module(spec: CpuSpec | None = None, *, cache_dir=None) -> CpuModule:
     """Render, build (once per content and toolchain) and load the CPU ops of `spec`."""
     spec = spec or CpuSpec()
-    rendered = render_cpu(spec)
+    root = cache_root(cache_dir)
+    rendered = render_cpu(spec, salt=str(root.resolve()))
     flags = build.cpu_flags(spec.march)
     tc = toolchain("cpu", flags, build.cxx())
     key = cache_key(rendered.digest(), tc)
-    directory = entry_dir(cache_root(cache_dir), spec.name, key)
+    directory = entry_dir(root, spec.name, key)
     with _MEMO_LOCK:
         hit = _MEMO.get(str(directory))
         if hit is not None:
@@ -93,21 +94,21 @@ def get_cpu_module(spec: CpuSpec | None = None, *, cache_dir=None) -> CpuModule:
         return mod
 
 
-def compile_cuda(spec: CudaSpec, *, cache_dir=None, shared: bool = False, check_binding: bool = True) -> CudaArtefacts:
-    """nvcc-compile `spec`'s kernels for its arch (an object, or a shared library for the ctypes
-    harness) and syntax-check its torch binding; cached like the CPU build."""
+def compile_cuda(spec: CudaSpec, *, cache_dir=None, mode: str = "object", check_binding: bool = True) -> CudaArtefacts:
+    """nvcc-compile `spec`'s kernels for its arch (mode 'cubin', 'object' or 'shared'; see
+    build.compile_cuda) and syntax-check its torch binding; cached like the CPU build."""
     rendered = render_cuda(spec)
-    flags = build.nvcc_flags(spec.arch) + (["-shared"] if shared else ["-c"]) + (["binding"] if check_binding else [])
+    flags = build.nvcc_flags(spec.arch) + build.CUDA_MODES.get(mode, [mode]) + (["binding"] if check_binding else [])
     tc = toolchain(spec.arch, flags, build.nvcc() or "nvcc")
     if check_binding:
         tc["cxx"] = compiler_version(build.cxx())
     key = cache_key(rendered.digest(), tc)
-    directory = entry_dir(cache_root(cache_dir), spec.name + ("_so" if shared else ""), key)
-    out_name = f"{spec.name}.so" if shared else f"{spec.name}.o"
+    directory = entry_dir(cache_root(cache_dir), f"{spec.name}_{mode}", key)
+    out_name = f"{spec.name}.{ {'cubin': 'cubin', 'object': 'o', 'shared': 'so'}.get(mode, 'out') }"
 
     def do_build() -> dict:
         (source,) = build.write_sources(rendered, directory)
-        build.compile_cuda(source, directory / out_name, spec.arch, shared=shared)
+        build.compile_cuda(source, directory / out_name, spec.arch, mode=mode)
         if check_binding:
             build.syntax_check_binding(directory / rendered.binding)
         return {"artefact": out_name, "namespace": rendered.namespace, "toolchain": tc, "spec": repr(spec)}

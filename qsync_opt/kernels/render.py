@@ -53,15 +53,16 @@ def _headers(names) -> dict:
 
 
 def op_namespace(digest: str) -> str:
-    """torch.ops namespace of a module: unique per content, a valid identifier."""
+    """torch.ops namespace of a module: unique per content, a valid identifier. A process can load
+    one library per namespace, so the salt (the cache root) keeps two caches' builds apart."""
     return f"qsync_{digest[:16]}"
 
 
-def render_cpu(spec: CpuSpec) -> Rendered:
-    """The CPU extension's translation unit plus its headers."""
+def render_cpu(spec: CpuSpec, salt: str = "") -> Rendered:
+    """The CPU extension's translation unit plus its headers; `salt` goes into the op namespace only."""
     headers = _headers(CPU_HEADERS)
     # The namespace must be known inside the source, so it is derived from everything *but* itself.
-    pre = hashlib.sha256(repr(spec).encode() + "".join(headers.values()).encode()).hexdigest()
+    pre = hashlib.sha256(repr(spec).encode() + "".join(headers.values()).encode() + salt.encode()).hexdigest()
     ns = op_namespace(pre)
     text = _env().get_template("cpu_ops.cpp.j2").render(
         spec=spec, spec_repr=repr(spec), namespace=ns,
