@@ -1,0 +1,87 @@
+"""What every backend takes and returns, and the one place raw solver values become a result.
+
+A backend reports the status its solver reported (never PuLP's "Optimal" at a time limit);
+the objective is always recomputed here from the Problem's real coefficients, so a backend
+that solved a scaled or rounded copy cannot misstate what its plan is worth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from qsync_opt.solver.problem import Problem
+
+Status = Literal["optimal", "feasible", "infeasible", "unknown", "error"]
+"""optimal: proven within rel_gap; feasible: a plan, stopped at a limit (or a heuristic);
+infeasible: proven; unknown: stopped at a limit with no plan and no proof; error: solver failed."""
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    time_limit_s: float = 60.0
+    rel_gap: float = 1e-4
+    """Stop when (objective − bound) / |objective| ≤ rel_gap. 0 asks for a proven optimum."""
+    threads: int | None = None
+    """None: the solver's default."""
+    seed: int = 0
+    hint: dict[str, float] | None = None
+    """Complete values of the Problem's variables for a warm start (Problem.encode)."""
+    formulation: str = "mccormick"
+    """How products are linearised: 'mccormick' or 'marginal' (backends/linear.py)."""
+    msg: bool = False
+
+
+@dataclass
+class RawResult:
+    backend: str
+    status: Status
+    values: dict[str, float] | None = None
+    """Complete values of the Problem's variables (pairs and epigraph settled)."""
+    objective: float | None = None
+    """In the user's units, recomputed from the real coefficients."""
+    bound: float | None = None
+    """Solver's best bound, user's units (CP-SAT: the bound of its scaled model)."""
+    gap: float | None = None
+    wall_s: float = 0.0
+    warm_start_used: bool = False
+    scaling: dict | None = None
+    """CP-SAT only: scale bits and the largest rounding error of the objective and of any row."""
+    message: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    name: str
+
+    def available(self) -> bool: ...
+
+    def solve(self, problem: Problem, options: SolveOptions) -> RawResult: ...
+
+
+def result_from_values(
+    backend: str,
+    problem: Problem,
+    status: Status,
+    solver_values: dict[str, float] | None,
+    bound_raw: float | None,
+    wall_s: float,
+    **kw,
+) -> RawResult:
+    """Build a RawResult: pick the Problem's integer variables, settle the rest, recompute the objective.
+
+    `bound_raw` is in solver units without the objective constant (as solvers report it).
+    """
+    if status in ("optimal", "feasible") and solver_values is not None:
+        values = problem.complete({v: solver_values.get(v, 0.0) for v, var in problem.variables.items() if var.kind != "continuous"})
+        objective = problem.objective_value(values)
+    else:
+        values, objective = None, None
+    bound = None
+    if bound_raw is not None and math.isfinite(bound_raw):
+        bound = (bound_raw + problem.objective_constant) * problem.objective_unit
+    gap = kw.pop("gap", None)
+    if gap is None and objective is not None and bound is not None:
+        gap = max(0.0, objective - bound) / max(abs(objective), 1e-12)
+    return RawResult(backend, status, values, objective, bound, gap, wall_s, **kw)

@@ -1,0 +1,102 @@
+"""CBC through PuLP's bundled binary.
+
+PuLP maps a CBC run stopped on time *with* a plan to status "Optimal"; the solution status
+(`prob.sol_status`) tells the truth, and the CBC log gives the best bound, so both are read.
+Warm start: PuLP writes the greedy plan as a MIP start (warmStart=True + setInitialValue).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+
+from qsync_opt.solver.backends.base import RawResult, SolveOptions, result_from_values
+from qsync_opt.solver.backends.linear import linearize
+from qsync_opt.solver.backends.pulp_model import build_pulp, pulp_values
+from qsync_opt.solver.problem import Problem
+
+name = "cbc"
+
+
+def available() -> bool:
+    try:
+        import pulp
+
+        return bool(pulp.PULP_CBC_CMD(msg=False, _skip_v4_deprecation=True).available())
+    except Exception:
+        return False
+
+
+def solve(problem: Problem, options: SolveOptions) -> RawResult:
+    import pulp
+
+    t0 = time.perf_counter()
+    model = linearize(problem, options.formulation)
+    if model.violated_constants:
+        return RawResult(name, "infeasible", wall_s=time.perf_counter() - t0, message="; ".join(model.violated_constants))
+    prob, xs = build_pulp(model, "qsync_cbc")
+    warm = bool(options.hint)
+    if warm:
+        for v, val in model.hint(options.hint).items():
+            xs[v].setInitialValue(val, check=False)
+    fd, log_path = tempfile.mkstemp(suffix=".log", prefix="qsync_cbc_")
+    os.close(fd)
+    cbc_opts = [f"randomCbcSeed {max(1, options.seed)}", f"randomSeed {max(1, options.seed)}"]
+    solver = pulp.PULP_CBC_CMD(
+        msg=False,
+        timeLimit=options.time_limit_s,
+        gapRel=options.rel_gap,
+        threads=options.threads,
+        warmStart=warm,
+        logPath=log_path,
+        options=cbc_opts,
+        _skip_v4_deprecation=True,
+    )
+    try:
+        prob.solve(solver)
+        log = open(log_path, encoding="utf-8", errors="replace").read()
+    except pulp.PulpSolverError as e:
+        return RawResult(name, "error", wall_s=time.perf_counter() - t0, message=str(e))
+    finally:
+        os.unlink(log_path)
+    status = _status(prob.status, prob.sol_status, log)
+    bound = _bound(log, status, prob)
+    values = pulp_values(xs) if status in ("optimal", "feasible") else None
+    res = result_from_values(name, problem, status, values, bound, time.perf_counter() - t0, warm_start_used=warm)
+    res.extra["cbc_result"] = _result_line(log)
+    return res
+
+
+def _status(status: int, sol_status: int, log: str) -> str:
+    import pulp
+
+    if sol_status == pulp.LpSolutionOptimal:
+        return "optimal"
+    if sol_status == pulp.LpSolutionIntegerFeasible:
+        return "feasible"
+    if status == pulp.LpStatusInfeasible or sol_status == pulp.LpSolutionInfeasible:
+        return "infeasible"
+    if "Stopped on" in _result_line(log):
+        return "unknown"
+    return "error"
+
+
+def _result_line(log: str) -> str:
+    m = re.search(r"^Result - (.*)$", log, re.M)
+    return m.group(1).strip() if m else ""
+
+
+def _bound(log: str, status: str, prob) -> float | None:
+    """CBC's 'Lower bound:' line; a proven optimum is its own bound when the line is absent."""
+    m = re.search(r"^Lower bound:\s+(\S+)", log, re.M)
+    if m:
+        try:
+            return float(m.group(1))
+        except ValueError:
+            return None
+    if status == "optimal":
+        m = re.search(r"^Objective value:\s+(\S+)", log, re.M)
+        return float(m.group(1)) if m else None
+    return None

@@ -1,0 +1,217 @@
+"""OR-Tools CP-SAT on an integer-scaled copy of the model, with the rounding error reported.
+
+CP-SAT needs integer coefficients. Each row (in ≤ form) is multiplied by a power of two
+s_r that puts its largest coefficient just under 2**SCALE_BITS, then coefficients are
+rounded *up* and the right-hand side *down*. With non-negative variables this only
+tightens the row, so a plan CP-SAT accepts satisfies the real row: plans are always safe.
+The tightening is at most err_r = (Σ rounding of the terms that can be 1 together
++ rounding of the rhs) / s_r; `scaling["max_row_error_rel"]` reports the largest err_r
+relative to its row's largest coefficient (< (k + 1)·2**(1 − SCALE_BITS) for k active terms).
+
+Continuous variables (the epigraph T) become integers in units of 1/S, where S is the
+smallest scale of the rows they appear in (those rows then all use S). The objective is
+rounded to nearest; `scaling["objective_error"]` bounds, for any plan, how far its CP-SAT
+objective can be from its real one (objective rounding plus the row error carried by T).
+CP-SAT's answer is optimal for the tightened model; its real objective is recomputed from
+the real coefficients by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from qsync_opt.errors import SolverError
+from qsync_opt.solver.backends.base import RawResult, SolveOptions, result_from_values
+from qsync_opt.solver.backends.linear import LinearModel, linearize
+from qsync_opt.solver.problem import Problem
+
+name = "cpsat"
+SCALE_BITS = 24
+_BIG = 2**50
+
+
+def available() -> bool:
+    try:
+        from ortools.sat.python import cp_model  # noqa: F401
+
+        return True
+    except Exception:
+        return False
+
+
+def solve(problem: Problem, options: SolveOptions) -> RawResult:
+    from ortools.sat.python import cp_model
+
+    t0 = time.perf_counter()
+    lm = linearize(problem, options.formulation)
+    if lm.violated_constants:
+        return RawResult(name, "infeasible", wall_s=time.perf_counter() - t0, message="; ".join(lm.violated_constants))
+    sm = scale_model(lm)
+    m = cp_model.CpModel()
+    xs = {}
+    for v, var in lm.variables.items():
+        if v in sm.cont_scale:
+            xs[v] = m.new_int_var(math.ceil(var.lb * sm.S), sm.cont_ub[v], v)
+        elif var.kind == "integer":
+            xs[v] = m.new_int_var(int(math.ceil(var.lb)), int(min(var.ub, _BIG)), v)
+        else:  # binaries and linearised products (integral whenever their factors are)
+            xs[v] = m.new_bool_var(v) if var.ub > 0 else m.new_constant(0)
+    for oh in lm.onehots:
+        m.add_exactly_one(xs[v] for v in oh.variables)
+    for coeffs, sense, rhs in sm.rows:
+        expr = sum(a * xs[v] for v, a in coeffs.items())
+        m.add(expr <= rhs) if sense == "<=" else m.add(expr == rhs)
+    m.minimize(sum(a * xs[v] for v, a in sm.objective.items()))
+    warm = bool(options.hint)
+    if warm:
+        for v, val in sm.hint(lm.hint(options.hint)).items():
+            m.add_hint(xs[v], val)
+    solver = cp_model.CpSolver()
+    p = solver.parameters
+    p.max_time_in_seconds = float(options.time_limit_s)
+    p.relative_gap_limit = float(options.rel_gap)
+    p.random_seed = int(options.seed)
+    if options.threads:
+        p.num_workers = int(options.threads)
+    p.log_search_progress = bool(options.msg)
+    code = solver.solve(m)
+    status = {
+        cp_model.OPTIMAL: "optimal",
+        cp_model.FEASIBLE: "feasible",
+        cp_model.INFEASIBLE: "infeasible",
+        cp_model.UNKNOWN: "unknown",
+    }.get(code, "error")
+    values = bound = gap = None
+    if status in ("optimal", "feasible"):
+        values = {v: float(solver.value(x)) for v, x in xs.items()}
+        bound = solver.best_objective_bound / sm.s_obj
+        obj_s = solver.objective_value
+        gap = max(0.0, obj_s - solver.best_objective_bound) / max(abs(obj_s), 1.0)
+    scaling = {
+        "scale_bits": SCALE_BITS,
+        "objective_error": sm.objective_error * problem.objective_unit,
+        "max_row_error_rel": max(sm.row_error_rel.values(), default=0.0),
+        "worst_row": sm.worst_row,
+        "worst_row_error": sm.row_error.get(sm.worst_row, 0.0),
+    }
+    return result_from_values(
+        name, problem, status, values, bound, time.perf_counter() - t0,
+        gap=gap, warm_start_used=warm, scaling=scaling, message=solver.status_name(code),
+    )
+
+
+class ScaledModel:
+    """Integer rows/objective of a LinearModel plus the error bounds of the rounding."""
+
+    def __init__(self):
+        self.rows: list[tuple[dict[str, int], str, int]] = []
+        self.row_error: dict[str, float] = {}
+        """row -> how much tighter the integer row can be than the real one, in the row's units."""
+        self.row_error_rel: dict[str, float] = {}
+        """The same divided by the row's largest |coefficient| (unit-free)."""
+        self.objective: dict[str, int] = {}
+        self.s_obj = 1.0
+        self.S = 1.0
+        self.cont_scale: dict[str, float] = {}
+        self.cont_ub: dict[str, int] = {}
+        self.objective_error = 0.0
+
+    @property
+    def max_row_error(self) -> float:
+        return max(self.row_error.values(), default=0.0)
+
+    @property
+    def worst_row(self) -> str | None:
+        return max(self.row_error_rel, key=self.row_error_rel.get) if self.row_error_rel else None
+
+    def hint(self, values: dict[str, float]) -> dict[str, int]:
+        """Integer hint; each scaled continuous variable set to the least value its rows allow."""
+        out = {v: int(round(val)) for v, val in values.items() if v not in self.cont_scale}
+        for v in self.cont_scale:
+            need = 0
+            for coeffs, sense, rhs in self.rows:
+                a = coeffs.get(v, 0)
+                if a < 0 and sense == "<=":
+                    rest = sum(c * out.get(u, 0) for u, c in coeffs.items() if u != v)
+                    need = max(need, -((rhs - rest) // -a))  # ceil((rest - rhs) / -a) in integers
+            out[v] = min(max(need, 0), self.cont_ub[v])
+        return out
+
+
+def scale_model(lm: LinearModel) -> ScaledModel:
+    sm = ScaledModel()
+    for v, var in lm.variables.items():
+        if var.lb < 0:
+            raise SolverError(f"cpsat: variable {v!r} has a negative lower bound; conservative rounding needs ≥ 0")
+        if var.kind == "continuous" and v not in lm.products:
+            sm.cont_scale[v] = 1.0
+    group_of = {v: oh.name for oh in lm.onehots for v in oh.variables}
+    for y, (a, b) in lm.products.items():
+        group_of[y] = f"{group_of.get(a, a)}|{group_of.get(b, b)}"
+    le_rows = []
+    for c in lm.constraints:
+        if c.sense == "==":
+            if not all(float(a).is_integer() for a in c.coeffs.values()) or not float(c.rhs).is_integer():
+                raise SolverError(f"cpsat: equality {c.name!r} has non-integer coefficients; it cannot be scaled safely")
+            sm.rows.append(({v: int(a) for v, a in c.coeffs.items()}, "==", int(c.rhs)))
+            continue
+        sign = 1.0 if c.sense == "<=" else -1.0
+        le_rows.append((c.name, {v: sign * a for v, a in c.coeffs.items()}, sign * c.rhs))
+    cont_rows = {n for n, co, _ in le_rows if any(v in sm.cont_scale for v in co)}
+    sm.S = min((_scale(co.values()) for n, co, _ in le_rows if n in cont_rows), default=1.0)
+    for v in sm.cont_scale:
+        sm.cont_scale[v] = sm.S
+        sm.cont_ub[v] = min(_BIG, math.ceil(_cont_upper(lm, v, le_rows) * sm.S) + 1)
+    for row_name, coeffs, rhs in le_rows:
+        s = sm.S if row_name in cont_rows else _scale(coeffs.values())
+        ints, worst = {}, {}
+        for v, a in coeffs.items():
+            if v in sm.cont_scale:
+                ints[v] = math.ceil(a)
+                slack = (ints[v] - a) * sm.cont_ub[v] / s
+            else:
+                ints[v] = math.ceil(a * s)
+                slack = (ints[v] - a * s) * lm.variables[v].ub / s
+            key = group_of.get(v, v)
+            worst[key] = max(worst.get(key, 0.0), slack)
+        b = math.floor(rhs * s)
+        sm.rows.append((ints, "<=", b))
+        sm.row_error[row_name] = sum(worst.values()) + (rhs * s - b) / s
+        sm.row_error_rel[row_name] = sm.row_error[row_name] / max(abs(a) for a in coeffs.values())
+    obj_cont = [v for v in lm.objective if v in sm.cont_scale]
+    sm.s_obj = sm.S if obj_cont else _scale(lm.objective.values())
+    worst = {}
+    for v, a in lm.objective.items():
+        if v in sm.cont_scale:
+            sm.objective[v] = round(a)
+            err = abs(sm.objective[v] - a) * sm.cont_ub[v] / sm.s_obj
+            err += abs(a) * max((sm.row_error[n] for n, co, _ in le_rows if v in co), default=0.0)
+        else:
+            sm.objective[v] = round(a * sm.s_obj)
+            err = abs(sm.objective[v] - a * sm.s_obj) * lm.variables[v].ub / sm.s_obj
+        key = group_of.get(v, v)
+        worst[key] = max(worst.get(key, 0.0), err)
+    sm.objective_error = sum(worst.values())
+    return sm
+
+
+def _scale(coeffs) -> float:
+    m = max((abs(a) for a in coeffs), default=0.0)
+    return 1.0 if m == 0 else math.ldexp(1.0, SCALE_BITS - math.frexp(m)[1])
+
+
+def _cont_upper(lm: LinearModel, v: str, le_rows) -> float:
+    """The largest value any plan can force on `v` (its finite ub, else from its ≤ rows)."""
+    ub = lm.variables[v].ub
+    if math.isfinite(ub):
+        return ub
+    need = lm.variables[v].lb
+    for _, coeffs, rhs in le_rows:
+        a = coeffs.get(v, 0.0)
+        if a < 0:
+            most = sum(max(0.0, c) * lm.variables[u].ub for u, c in coeffs.items() if u != v)
+            need = max(need, (most - rhs) / -a)
+    if not math.isfinite(need):
+        raise SolverError(f"cpsat: continuous variable {v!r} has no finite upper bound; give one")
+    return need

@@ -1,0 +1,81 @@
+"""SCIP through OR-Tools' pywraplp.
+
+Status, best bound and hint come from pywraplp directly (FEASIBLE means stopped at a limit
+with a plan). Only the "SCIP" id is ever created here — never "HIGHS", whose second HiGHS
+build crashes a process that has already used highspy.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from qsync_opt.solver.backends.base import RawResult, SolveOptions, result_from_values
+from qsync_opt.solver.backends.linear import linearize
+from qsync_opt.solver.problem import Problem
+
+name = "scip"
+
+
+def available() -> bool:
+    try:
+        from ortools.linear_solver import pywraplp
+
+        return pywraplp.Solver.CreateSolver("SCIP") is not None
+    except Exception:
+        return False
+
+
+def solve(problem: Problem, options: SolveOptions) -> RawResult:
+    from ortools.linear_solver import pywraplp
+
+    t0 = time.perf_counter()
+    model = linearize(problem, options.formulation)
+    if model.violated_constants:
+        return RawResult(name, "infeasible", wall_s=time.perf_counter() - t0, message="; ".join(model.violated_constants))
+    s = pywraplp.Solver.CreateSolver("SCIP")
+    if s is None:
+        return RawResult(name, "error", message="OR-Tools was built without SCIP")
+    inf = s.infinity()
+    xs = {}
+    for v in model.variables.values():
+        lb = -inf if math.isinf(v.lb) else v.lb
+        ub = inf if math.isinf(v.ub) else v.ub
+        xs[v.name] = s.NumVar(lb, ub, v.name) if v.kind == "continuous" else s.IntVar(lb, ub, v.name)
+    for oh in model.onehots:
+        row = s.Constraint(1.0, 1.0, oh.name)
+        for v in oh.variables:
+            row.SetCoefficient(xs[v], 1.0)
+    for c in model.constraints:
+        lo = c.rhs if c.sense in (">=", "==") else -inf
+        hi = c.rhs if c.sense in ("<=", "==") else inf
+        row = s.Constraint(lo, hi, c.name)
+        for v, a in c.coeffs.items():
+            row.SetCoefficient(xs[v], a)
+    obj = s.Objective()
+    for v, a in model.objective.items():
+        obj.SetCoefficient(xs[v], a)
+    obj.SetMinimization()
+    s.SetTimeLimit(int(max(1, options.time_limit_s * 1000)))
+    if options.threads:
+        s.SetNumThreads(int(options.threads))
+    s.SetSolverSpecificParametersAsString(f"randomization/randomseedshift = {int(options.seed)}\n")
+    if options.msg:
+        s.EnableOutput()
+    warm = bool(options.hint)
+    if warm:
+        hint = model.hint(options.hint)
+        names = list(xs)
+        s.SetHint([xs[n] for n in names], [float(hint[n]) for n in names])
+    params = pywraplp.MPSolverParameters()
+    params.SetDoubleParam(params.RELATIVE_MIP_GAP, float(options.rel_gap))
+    code = s.Solve(params)
+    status = {
+        s.OPTIMAL: "optimal",
+        s.FEASIBLE: "feasible",
+        s.INFEASIBLE: "infeasible",
+        s.NOT_SOLVED: "unknown",
+    }.get(code, "error")
+    values = {n: x.solution_value() for n, x in xs.items()} if status in ("optimal", "feasible") else None
+    bound = obj.BestBound() if status in ("optimal", "feasible") else None
+    return result_from_values(name, problem, status, values, bound, time.perf_counter() - t0, warm_start_used=warm)

@@ -1,0 +1,177 @@
+"""solve_instance: TrainingInstance -> checked plan, or an infeasibility diagnosis.
+
+compile -> (greedy warm start) -> backend -> decode -> instance.evaluate. The reported
+objective is always evaluate's, computed from the instance alone; a backend plan that
+evaluate finds in breach of a bound is an error, never a result.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from qsync_opt.errors import InfeasibleError, SolverError
+from qsync_opt.solver.backends import EXACT, available, get_backend
+from qsync_opt.solver.backends.base import RawResult, SolveOptions, Status
+from qsync_opt.solver.greedy import greedy
+from qsync_opt.solver.instance import Assignment, Evaluation, TrainingInstance, evaluate
+from qsync_opt.solver.problem import Problem
+from qsync_opt.solver.training import compile_training
+
+DEFAULT_BACKEND = "highs"
+"""Fastest exact backend in the measurements of tests/solver/measure_backends.py (see its table)."""
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    assignment: Assignment
+    status: Status
+    objective: float
+    """instance.evaluate's objective of the plan (Problem objective for a bare Problem)."""
+    bound: float | None
+    gap: float | None
+    wall_s: float
+    backend: str
+    warm_start_used: bool
+    scaling: dict | None = None
+    """CP-SAT: scale bits, objective error bound, largest relative row error."""
+    evaluation: Evaluation | None = None
+    message: str = ""
+    problem_stats: dict = field(default_factory=dict)
+
+
+def solve_instance(
+    instance: TrainingInstance,
+    backend: str = DEFAULT_BACKEND,
+    time_limit_s: float = 60.0,
+    rel_gap: float = 1e-4,
+    threads: int | None = None,
+    seed: int = 0,
+    warm_start: bool = True,
+    formulation: str = "mccormick",
+) -> SolveResult:
+    """The best plan `backend` finds within the limits; InfeasibleError (with diagnosis) if none exists."""
+    problem = compile_training(instance)
+    opts = SolveOptions(time_limit_s=time_limit_s, rel_gap=rel_gap, threads=threads, seed=seed, formulation=formulation)
+    return solve_problem(problem, backend, opts, warm_start=warm_start)
+
+
+def solve_problem(problem: Problem, backend: str = DEFAULT_BACKEND, options: SolveOptions | None = None, warm_start: bool = True) -> SolveResult:
+    """Solve a compiled (or JSON-imported) Problem; evaluation needs `problem.source`."""
+    options = options or SolveOptions()
+    be = get_backend(backend)
+    if not be.available():
+        ok = [n for n, a in available().items() if a]
+        raise SolverError(f"backend {backend!r} is not available here; available: {', '.join(ok)}")
+    instance: TrainingInstance | None = problem.source
+    if warm_start and backend != "greedy" and instance is not None:
+        g = greedy(instance)
+        if g.feasible:
+            hint = problem.encode(g.assignment)
+            if not problem.violated(hint):
+                options = replace(options, hint=hint)
+    raw = be.solve(problem, options)
+    return _finish(problem, raw)
+
+
+def _finish(problem: Problem, raw: RawResult) -> SolveResult:
+    instance = problem.source
+    if raw.status == "infeasible":
+        diag = diagnose(instance) if instance is not None else []
+        if not diag and raw.message:
+            diag = [raw.message]
+        raise InfeasibleError(f"no plan satisfies the bounds ({raw.backend} proved it)", diag)
+    if raw.status in ("unknown", "error") or raw.values is None:
+        if raw.status == "unknown" and instance is not None:
+            diag = diagnose(instance)
+            if diag:
+                raise InfeasibleError(f"no plan satisfies the bounds ({raw.backend} found none)", diag)
+        raise SolverError(
+            f"backend {raw.backend}: no plan ({raw.status}: {raw.message or 'no message'}); "
+            "fix: raise time_limit_s, or try another backend"
+        )
+    assignment = problem.decode(raw.values)
+    ev, objective = None, raw.objective
+    if instance is not None:
+        ev = evaluate(instance, assignment)
+        if ev.violations:
+            raise SolverError(f"backend {raw.backend} returned a plan that breaks the instance: {'; '.join(ev.violations)}")
+        objective = ev.objective(instance)
+    return SolveResult(
+        assignment=assignment,
+        status=raw.status,
+        objective=objective,
+        bound=raw.bound,
+        gap=raw.gap,
+        wall_s=raw.wall_s,
+        backend=raw.backend,
+        warm_start_used=raw.warm_start_used,
+        scaling=raw.scaling,
+        evaluation=ev,
+        message=raw.message,
+        problem_stats=problem.stats(),
+    )
+
+
+# ---- diagnosis ------------------------------------------------------------------------------
+def diagnose(instance: TrainingInstance, time_limit_s: float = 60.0) -> list[str]:
+    """Why `instance` has no plan: per group, which bound, the best achievable value, the shortfall.
+
+    Memory is separable (its least value takes each op's lowest-memory precision); the least
+    time, with casts, comes from an exact auxiliary solve of that group alone. An empty list
+    means none of these checks fails.
+    """
+    lines: list[str] = []
+    for g in instance.groups:
+        low = {op: min(ps, key=lambda p: g.mem_bytes[op][p]) for op, ps in g.allowed.items()}
+        min_mem = g.fixed_mem_bytes + sum(g.mem_bytes[op][p] for op, p in low.items())
+        if min_mem > g.mem_capacity_bytes * (1 + 1e-9):
+            at = f"at {next(iter(set(low.values())))} everywhere" if len(set(low.values())) == 1 else "at each op's lowest-memory precision"
+            lines.append(
+                f"{g.name}: memory needs ≥ {_gib(min_mem)} {at}, capacity {_gib(g.mem_capacity_bytes)} "
+                f"(short by {_gib(min_mem - g.mem_capacity_bytes)})"
+            )
+            continue
+        if g.time_bound_ms is None:
+            continue
+        alone = replace(g, time_bound_ms=None, mem_capacity_bytes=math.inf)
+        t_free = _least_time(instance, alone, time_limit_s)
+        if t_free is not None and t_free > g.time_bound_ms * (1 + 1e-9):
+            lines.append(
+                f"{g.name}: time needs ≥ {t_free:.4g} ms even at the fastest plan (casts included), "
+                f"bound {g.time_bound_ms:.4g} ms (over by {t_free - g.time_bound_ms:.4g} ms)"
+            )
+            continue
+        if math.isfinite(g.mem_capacity_bytes):
+            t_mem = _least_time(instance, replace(g, time_bound_ms=None), time_limit_s)
+            if t_mem is None or t_mem > g.time_bound_ms * (1 + 1e-9):
+                least = "no plan fits" if t_mem is None else f"the least time is {t_mem:.4g} ms"
+                lines.append(
+                    f"{g.name}: time and memory cannot both hold: within memory capacity "
+                    f"{_gib(g.mem_capacity_bytes)} {least}, bound {g.time_bound_ms:.4g} ms"
+                )
+    if not lines and instance.max_degradation is not None:
+        relaxed = replace(instance, objective="accuracy_degradation", max_degradation=None)
+        raw = _exact(compile_training(relaxed), time_limit_s)
+        if raw.status in ("optimal", "feasible") and raw.objective > instance.max_degradation * (1 + 1e-9):
+            lines.append(
+                f"indicator budget: the least share-weighted indicator within the time and memory bounds is "
+                f"{raw.objective:.6g}, budget {instance.max_degradation:.6g} (over by {raw.objective - instance.max_degradation:.3g})"
+            )
+    return lines
+
+
+def _least_time(instance: TrainingInstance, g, time_limit_s: float) -> float | None:
+    sub = TrainingInstance(groups=(g,), omega=instance.omega, objective="iteration_time")
+    raw = _exact(compile_training(sub), time_limit_s)
+    return raw.objective if raw.status in ("optimal", "feasible") else None
+
+
+def _exact(problem: Problem, time_limit_s: float) -> RawResult:
+    ok = available()
+    name = DEFAULT_BACKEND if ok.get(DEFAULT_BACKEND) and DEFAULT_BACKEND in EXACT else next(n for n in EXACT if ok[n])
+    return get_backend(name).solve(problem, SolveOptions(time_limit_s=time_limit_s, rel_gap=0.0))
+
+
+def _gib(b: float) -> str:
+    return "∞" if math.isinf(b) else f"{b / 2**30:.3g} GiB"
