@@ -138,3 +138,19 @@ def test_failed_build_raises_with_the_compiler_output(tmp_path):
         build.build_cpu(broken, tmp_path / "broken", "qsync_broken_module", build.cpu_flags("native"))
     text = str(err.value)
     assert "undeclared_qsync_symbol" in text and "error" in text and "qsync_broken_module" in text
+
+
+def test_ops_raise_for_templated_and_fall_back_for_auto_when_the_build_fails(tmp_path, monkeypatch):
+    from qsync_opt.kernels import ops
+
+    monkeypatch.setenv("QSYNC_OPT_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setattr(registry, "_MEMO", {})
+    monkeypatch.setattr(ops, "_auto_failure", None)
+    x = torch.randn(30, 4)
+    with pytest.raises(KernelBuildError, match="building CPU kernel module"):
+        ops.quantize_symmetric(x, impl="templated")
+    assert not ops.available("templated") and ops.available("torch")
+    with pytest.warns(RuntimeWarning, match="using the torch path"):
+        q, s = ops.quantize_symmetric(x)  # auto: falls back, once, with the compiler's complaint
+    assert torch.equal(q, ops.quantize_symmetric(x, impl="torch")[0])

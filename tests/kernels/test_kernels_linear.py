@@ -43,6 +43,14 @@ def test_bit_exact_against_integer_reference(impl, m, k, n, with_bias, per_chann
     assert torch.equal(y, integer_reference(xq, sx, wq, sw, bias, out_dtype))
 
 
+def test_non_contiguous_operands(impl):
+    xq, sx, wq, sw, bias = random_operands(64, 40, 30)
+    xt, wt = xq.T.contiguous().T, wq.T.contiguous().T  # same values, transposed strides
+    assert not xt.is_contiguous()
+    y = ops.int8_linear(xt, sx, wt, sw, bias, impl=impl)
+    assert torch.equal(y, integer_reference(xq, sx, wq, sw, bias, torch.float32))
+
+
 def test_int4_values_use_the_same_gemm_bit_exactly(impl):
     x, w = torch.randn(64, 96), torch.randn(48, 96)
     xq, sx = ops.quantize_symmetric(x, bits=4, impl=impl)
