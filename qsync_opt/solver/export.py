@@ -85,6 +85,23 @@ def read_json(path: str) -> Problem:
     return problem_from_dict(data)
 
 
+def save_problem(problem: Problem, path: str, formulation: str = "mccormick") -> None:
+    """Write `problem` in the format its suffix names: .json (re-solvable), .mps or .lp."""
+    ext = os.path.splitext(path)[1].lower()
+    writers = {".json": lambda: write_json(problem, path), ".mps": lambda: write_mps(problem, path, formulation),
+               ".lp": lambda: write_lp(problem, path, formulation)}
+    if ext not in writers:
+        raise SpecError(f"problem file {path!r}: suffix {ext or '(none)'!r} unknown; use .json, .mps or .lp")
+    writers[ext]()
+
+
+def load_problem(path: str) -> Problem:
+    """Read a problem written by save_problem as JSON (MPS/LP lose the decode map: not readable back)."""
+    if os.path.splitext(path)[1].lower() != ".json":
+        raise SpecError(f"problem file {path!r}: only .json problems can be solved again; export with a .json suffix")
+    return read_json(path)
+
+
 # ---- TrainingInstance <-> plain data ------------------------------------------------------
 def instance_to_dict(inst: TrainingInstance) -> dict[str, Any]:
     return {
@@ -151,7 +168,7 @@ def _pulp_in_user_units(problem: Problem, formulation: str):
     terms = [(xs[v], c) for v, c in model.objective.items()]
     const = model.objective_constant * problem.objective_unit
     if const:  # PuLP's writers drop objective constants: carry it on a variable fixed at 1
-        terms.append((pulp.LpVariable("objective_constant", lowBound=1, upBound=1), const))
+        terms.append((prob.add_variable("objective_constant", lowBound=1, upBound=1), const))
     prob.setObjective(pulp.LpAffineExpression(terms))
     return prob
 

@@ -86,10 +86,8 @@ def _finish(problem: Problem, raw: RawResult) -> SolveResult:
             diag = diagnose(instance)
             if diag:
                 raise InfeasibleError(f"no plan satisfies the bounds ({raw.backend} found none)", diag)
-        raise SolverError(
-            f"backend {raw.backend}: no plan ({raw.status}: {raw.message or 'no message'}); "
-            "fix: raise time_limit_s, or try another backend"
-        )
+        fix = "use an exact backend such as 'highs'" if raw.backend == "greedy" else "raise time_limit_s, or try another backend"
+        raise SolverError(f"backend {raw.backend}: no plan ({raw.status}: {raw.message or 'no message'}); fix: {fix}")
     assignment = problem.decode(raw.values)
     ev, objective = None, raw.objective
     if instance is not None:

@@ -62,6 +62,9 @@ def _run(problem: Problem, model, options: SolveOptions, hint, t0: float) -> Raw
                     cols[v.index] = float(hint.get(v.name, 0.0))
                 sol.col_value = cols
                 lp.solverModel.setSolution(sol)
+            # HiGHS keeps one process-wide thread pool; a run asking for another thread count
+            # than the pool's fails with "Not Set" unless the pool is reset first.
+            highspy.Highs.resetGlobalScheduler(True)
             lp.solverModel.run()
 
     params = {"random_seed": int(options.seed), "mip_abs_gap": 1e-9}

@@ -19,7 +19,7 @@ def build_pulp(model: LinearModel, name: str = "qsync"):
     for v in model.variables.values():
         ub = None if math.isinf(v.ub) else v.ub
         lb = None if math.isinf(v.lb) else v.lb
-        xs[v.name] = pulp.LpVariable(v.name, lowBound=lb, upBound=ub, cat=cat[v.kind])
+        xs[v.name] = prob.add_variable(v.name, lowBound=lb, upBound=ub, cat=cat[v.kind])
     prob.setObjective(pulp.LpAffineExpression([(xs[v], c) for v, c in model.objective.items()]))
     for oh in model.onehots:
         expr = pulp.LpAffineExpression([(xs[v], 1.0) for v in oh.variables])
