@@ -102,16 +102,17 @@ class CudaKernels:
     def _gemm(self, name, a, b, k, sx, sw, bias):
         from qsync_opt.kernels.dtypes import TORCH_DTYPE
 
-        c = torch.empty(a.shape[0], b.shape[0], dtype=TORCH_DTYPE[self.spec.out_dtype], device=a.device)
-        sw = sw.float().contiguous().reshape(-1)
+        dev = a.device
+        c = torch.empty(a.shape[0], b.shape[0], dtype=TORCH_DTYPE[self.spec.out_dtype], device=dev)
+        sx = sx.to(dev, torch.float32).reshape(1).contiguous()  # locals keep every buffer alive over the call
+        sw = sw.to(dev, torch.float32).reshape(-1).contiguous()
         if self.spec.granularity == "channel" and sw.numel() == 1:
             sw = sw.expand(b.shape[0]).contiguous()
         if self.spec.granularity == "tensor" and sw.numel() != 1:
             raise SpecError(f"sw: {sw.numel()} scales, but {self.spec.name} was rendered for per-tensor weight "
                             "scales; render a CudaSpec with granularity='channel'")
-        bias = None if bias is None else bias.float().contiguous()
-        self._call(name, _ptr(a), _ptr(b), _ptr(c), a.shape[0], b.shape[0], k, _ptr(sx.float().reshape(1)), _ptr(sw),
-                   _ptr(bias))
+        bias = None if bias is None else bias.to(dev, torch.float32).contiguous()
+        self._call(name, _ptr(a), _ptr(b), _ptr(c), a.shape[0], b.shape[0], k, _ptr(sx), _ptr(sw), _ptr(bias))
         return c
 
     def int8_linear(self, xq, sx, wq, sw, bias=None):

@@ -19,7 +19,7 @@ from qsync_opt.kernels.cache import (cache_key, cache_root, compiler_version, en
 from qsync_opt.kernels.render import render_cpu, render_cuda
 from qsync_opt.kernels.spec import CpuSpec, CudaSpec
 
-_MEMO: dict[str, object] = {}
+_MEMO: dict = {}  # entry directory -> CpuModule, and (spec, root, compiler) -> CpuModule (skips rendering)
 _MEMO_LOCK = threading.Lock()
 
 
@@ -69,6 +69,10 @@ def get_cpu_module(spec: CpuSpec | None = None, *, cache_dir=None) -> CpuModule:
     """Render, build (once per content and toolchain) and load the CPU ops of `spec`."""
     spec = spec or CpuSpec()
     root = cache_root(cache_dir)
+    quick = (spec, str(root), build.cxx())
+    hit = _MEMO.get(quick)
+    if hit is not None:  # the per-call fast path: no rendering, no hashing (stored with built=False)
+        return hit
     rendered = render_cpu(spec, salt=str(root.resolve()))
     flags = build.cpu_flags(spec.march)
     tc = toolchain("cpu", flags, build.cxx())
@@ -77,7 +81,8 @@ def get_cpu_module(spec: CpuSpec | None = None, *, cache_dir=None) -> CpuModule:
     with _MEMO_LOCK:
         hit = _MEMO.get(str(directory))
         if hit is not None:
-            return dataclasses.replace(hit, built=False)
+            _MEMO[quick] = hit
+            return hit
         loaded_by_build = []
 
         def do_build() -> dict:
@@ -90,7 +95,7 @@ def get_cpu_module(spec: CpuSpec | None = None, *, cache_dir=None) -> CpuModule:
         if not loaded_by_build:
             build.load_library(path)
         mod = CpuModule(spec=spec, namespace=marker["namespace"], path=path, key=key, built=built)
-        _MEMO[str(directory)] = mod
+        _MEMO[str(directory)] = _MEMO[quick] = dataclasses.replace(mod, built=False)
         return mod
 
 
