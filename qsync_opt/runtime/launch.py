@@ -217,11 +217,15 @@ def launch(spec_path, plan_path=None, *, nproc: int | None = None, steps: int | 
     """`qsync-opt train`: run the job and print a summary; returns the exit code (0 = every rank succeeded)."""
     result = run_job(spec_path, plan_path, nproc=nproc, steps=steps, checkpoint_dir=checkpoint_dir,
                      checkpoint_every=checkpoint_every, resume=resume, threads=threads)
-    if result.ok and result.losses:
-        print(f"trained {result.steps_done} steps: loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}, "
-              f"{result.samples_per_s:.0f} samples/s; per-rank mean step ms "
-              + ", ".join(f"{r}: {ms:.1f}" for r, ms in result.step_ms.items())
-              + f"; metrics in {result.metrics_dir}")
+    if result.ok:
+        if result.losses:
+            print(f"trained {result.steps_done} steps: loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}, "
+                  f"{result.samples_per_s:.0f} samples/s; per-rank mean step ms "
+                  + ", ".join(f"{r}: {ms:.1f}" for r, ms in result.step_ms.items())
+                  + f"; metrics in {result.metrics_dir}")
+        if result.stopped:
+            print(f"stopped on a signal after step {result.steps_done}"
+                  + (f"; continue with resume=True (--resume) and checkpoint_dir={checkpoint_dir}" if checkpoint_dir else ""))
         return 0
     bad = {r: rc for r, rc in enumerate(result.returncodes) if rc != 0}
     print(f"training failed: exit codes by rank {bad}; logs above, metrics in {result.metrics_dir}", file=sys.stderr)

@@ -97,7 +97,8 @@ class _StopFlag:
 def run_worker(cfg: WorkerConfig) -> int:
     """Train this rank (RANK/WORLD_SIZE/MASTER_* from the environment); 0 on completion or clean stop."""
     stop = _StopFlag()
-    torch.set_num_threads(cfg.threads)
+    # a group's env may set its own OMP_NUM_THREADS (fewer threads = a slower device); it wins
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", cfg.threads)))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     use_cuda = torch.cuda.is_available() and os.environ.get("QSYNC_DEVICE", "auto") != "cpu"
     dist.init_process_group("nccl" if use_cuda else "gloo")

@@ -26,7 +26,8 @@ MIXED = {"fast": {"conv1": "bf16", "conv2": "int8", "conv3": "fp32", "fc": "fp8_
 
 
 def test_mixed_plan_trains_20_steps_on_two_ranks_with_their_own_environments(tmp_path):
-    spec = write_spec(tmp_path / "spec.yaml", batches=(20, 12), env1={"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"})
+    env1 = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16", "OMP_NUM_THREADS": "2"}
+    spec = write_spec(tmp_path / "spec.yaml", batches=(20, 12), env1=env1)
     result = run_job(spec, make_plan(spec, MIXED), threads=1, metrics_dir=str(tmp_path / "m"), timeout_s=180)
     assert result.ok, result.returncodes
     assert result.steps_done == 20 and len(result.losses) == 20
@@ -37,7 +38,7 @@ def test_mixed_plan_trains_20_steps_on_two_ranks_with_their_own_environments(tmp
     starts = {r: next(x for x in _events(result, r) if x["event"] == "start") for r in (0, 1)}
     assert starts[0]["group"] == "fast" and starts[0]["local_batch"] == 20 and starts[0]["threads"] == 1
     assert starts[1]["precisions"] == {"int8": 2, "int4": 1, "bf16": 1}
-    assert starts[1]["env"] == {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}
+    assert starts[1]["env"] == env1 and starts[1]["threads"] == 2, "the group's env reaches its rank"
     assert all(ms > 0 for ms in result.step_ms.values()) and result.samples_per_s > 0
 
 
