@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -79,7 +79,6 @@ class WorkerConfig:
     resume: bool = False
     metrics_dir: str | None = None
     threads: int = 1
-    extra: dict = field(default_factory=dict)
 
 
 class _StopFlag:
