@@ -52,8 +52,7 @@ def prepare(spec: JobSpec) -> Prepared:
     name = spec.model.name or spec.model.import_
     graph = trace(module, inputs, model_name=name, leaf_modules=spec.model.leaf_modules)
     t2 = time.perf_counter()
-    precisions = sorted({p for g in spec.cluster.groups for p in g.allowed_precisions}, key=PRECISIONS.index)
-    sensitivity = weight_indicator(module, graph, precisions)
+    sensitivity = weight_indicator(module, graph, PRECISIONS)  # every format: one indicator serves any cluster
     t3 = time.perf_counter()
     return Prepared(module, graph, sensitivity, {"build": t1 - t0, "trace": t2 - t1, "indicator": t3 - t2})
 

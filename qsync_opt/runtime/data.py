@@ -13,28 +13,16 @@ an exact tie of teacher logits.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from ..errors import RuntimeSetupError
+from ..models.from_spec import build_from_spec as build_model
+from ..models.from_spec import input_maker
 from ..spec import JobSpec
 
 CHUNK = 64
 _TEACHER_SEED_OFFSET = 1_000_003
-
-
-def build_model(spec: JobSpec) -> nn.Module:
-    """The spec's model with random weights (seeded by the caller)."""
-    if spec.model.name is not None:
-        from ..models.zoo import build_model as zoo_build
-
-        return zoo_build(spec.model.name, **spec.model.kwargs)
-    from ..models.zoo import load_factory
-
-    return load_factory(spec.model.import_)(**spec.model.kwargs)
 
 
 def shard(local_batches: list[int], rank: int) -> tuple[int, int]:
@@ -48,7 +36,7 @@ class SyntheticTask:
     def __init__(self, spec: JobSpec, *, cache_chunks: int = 8):
         self.spec = spec
         self.seed = spec.training.seed if spec.training else 0
-        self._make_inputs = _input_maker(spec)
+        self._make_inputs = input_maker(spec)
         state = torch.random.get_rng_state()
         torch.manual_seed(self.seed + _TEACHER_SEED_OFFSET)
         try:
@@ -101,21 +89,3 @@ def _zoo_entry(spec: JobSpec):
     from ..models.zoo import get_entry
 
     return get_entry(spec.model.name)
-
-
-def _input_maker(spec: JobSpec) -> Callable[[int, torch.Generator], tuple[torch.Tensor, ...]]:
-    if spec.model.name is not None:
-        entry = _zoo_entry(spec)
-        opts = {}
-        if spec.training and spec.training.seq_len and "seq_len" in entry.defaults:
-            opts["seq_len"] = spec.training.seq_len
-        return lambda n, g: entry.example_inputs(n, generator=g, **opts)
-    shape = tuple(spec.model.input_shape)
-    if spec.model.input_dtype == "int64":
-        vocab = spec.model.kwargs.get("vocab_size")
-        if not isinstance(vocab, int):
-            raise RuntimeSetupError(
-                f"model.kwargs.vocab_size: got {vocab!r}; an imported model with int64 inputs needs the "
-                "vocabulary size to draw token ids (add vocab_size to model.kwargs)")
-        return lambda n, g: (torch.randint(0, vocab, (n, *shape), generator=g),)
-    return lambda n, g: (torch.randn((n, *shape), generator=g),)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from rt_jobs import write_spec
 
-from qsync_opt.errors import RuntimeSetupError
+from qsync_opt.errors import SpecError
 from qsync_opt.runtime.data import CHUNK, SyntheticTask, shard
 from qsync_opt.spec import load_spec
 
@@ -41,5 +41,5 @@ def test_imported_token_model_needs_a_vocabulary(tmp_path):
     spec = load_spec({"cluster": {"groups": [{"name": "a", "device": "cpu-local"}]},
                       "model": {"import": "torch.nn:Identity", "input_shape": [8], "input_dtype": "int64"},
                       "training": {"global_batch": 4}})
-    with pytest.raises(RuntimeSetupError, match=r"model.kwargs.vocab_size: got None"):
+    with pytest.raises(SpecError, match=r"model.kwargs.vocab_size: got None"):
         SyntheticTask(spec)
