@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <optional>
@@ -70,6 +71,57 @@ std::vector<typename Elem<T>::Bits> absmax_channels(const T* x, const Layout& l)
   return acc;
 }
 
+// Quantize one contiguous range with one scale (nearest-even or stochastic; `first` = RNG counter).
+template <typename T>
+inline void quantize_range(const T* x, int8_t* q, int64_t n, const float* s, float qmax, bool stochastic,
+                           uint64_t seed, int64_t first) {
+  if (stochastic) quantize_stochastic<T, false>(x, q, n, s, qmax, seed, first);
+  else quantize_rne(x, q, n, s[0], qmax);
+}
+
+// Per-tensor absmax + quantize in ONE parallel region: each thread scans its chunk, a barrier,
+// one thread turns the maximum into the scale, then each thread quantizes the chunk it just read
+// (still warm in its cache). One fork/join instead of two; the result does not depend on the split.
+template <typename T, int64_t kGrain>
+float quantize_tensor_fused(const T* x, int8_t* q, int64_t n, float qmax, bool stochastic, uint64_t seed) {
+  using Bits = typename Elem<T>::Bits;
+  if (n < 2 * kGrain || omp_get_max_threads() == 1 || at::in_parallel_region()) {
+    const float s = scale_from_amax(Elem<T>::from_bits(absmax_bits(x, n)), qmax);
+    quantize_range(x, q, n, &s, qmax, stochastic, seed, 0);
+    return s;
+  }
+  std::vector<Bits> partial(static_cast<size_t>(omp_get_max_threads()), Bits{0});
+  float s = 1.0f;
+#pragma omp parallel
+  {
+    const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t chunk = (n + nt - 1) / nt, b = std::min(n, tid * chunk), e = std::min(n, b + chunk);
+    partial[tid] = absmax_bits(x + b, e - b);
+#pragma omp barrier
+#pragma omp single
+    {
+      Bits m = 0;
+      for (int64_t t = 0; t < nt; ++t) m = std::max(m, partial[t]);
+      s = scale_from_amax(Elem<T>::from_bits(m), qmax);
+    }  // implicit barrier: everyone sees s
+    quantize_range(x + b, q + b, e - b, &s, qmax, stochastic, seed, b);
+  }
+  return s;
+}
+
+// Per-channel absmax + quantize when each channel is one contiguous row (axis 0 of a weight):
+// row by row, so the second read of a row comes from L1/L2. Writes one scale per row.
+template <typename T, int64_t kGrain>
+void quantize_rows_fused(const T* x, int8_t* q, float* scale, int64_t rows, int64_t n, float qmax, bool stochastic,
+                         uint64_t seed) {
+  at::parallel_for(0, rows, rows_per_task(kGrain, n), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      scale[r] = scale_from_amax(Elem<T>::from_bits(absmax_bits(x + r * n, n)), qmax);
+      quantize_range(x + r * n, q + r * n, n, scale + r, qmax, stochastic, seed, r * n);
+    }
+  });
+}
+
 template <class Cfg>
 at::Tensor absmax(const at::Tensor& x_in, std::optional<int64_t> axis) {
   TORCH_CHECK(x_in.device().is_cpu(), "absmax: expected a CPU tensor");
@@ -100,23 +152,29 @@ std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& x_in, const std::o
   dispatch(typename Cfg::InTypes{}, x.scalar_type(), "quantize", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* xp = x.const_data_ptr<T>();
+    const uint64_t useed = static_cast<uint64_t>(seed);
+    int8_t* qp = q.data_ptr<int8_t>();
     if (scale_in.has_value()) {
       scale = scale_in->to(at::kFloat).contiguous();
       TORCH_CHECK(scale.numel() == l.channels, "quantize: scale has ", scale.numel(), " elements, expected ", l.channels);
+    } else if (!axis.has_value()) {
+      const float s = quantize_tensor_fused<T, Cfg::kGrain>(xp, qp, l.inner, qmax, stochastic, useed);
+      scale = at::full({}, s, x.options().dtype(at::kFloat));
+      return;
+    } else if (l.outer == 1 && l.inner > 1) {
+      scale = at::empty({l.channels}, x.options().dtype(at::kFloat));
+      quantize_rows_fused<T, Cfg::kGrain>(xp, qp, scale.data_ptr<float>(), l.channels, l.inner, qmax, stochastic, useed);
+      return;
     } else {
-      scale = axis.has_value() ? at::empty({l.channels}, x.options().dtype(at::kFloat))
-                               : at::empty({}, x.options().dtype(at::kFloat));
+      scale = at::empty({l.channels}, x.options().dtype(at::kFloat));
       const auto bits = absmax_channels<T, Cfg::kGrain>(xp, l);
       float* sp = scale.data_ptr<float>();
       for (int64_t c = 0; c < l.channels; ++c) sp[c] = scale_from_amax(Elem<T>::from_bits(bits[c]), qmax);
     }
     const float* s = scale.const_data_ptr<float>();
-    int8_t* qp = q.data_ptr<int8_t>();
-    const uint64_t useed = static_cast<uint64_t>(seed);
     if (l.outer == 1 && l.channels == 1) {
       at::parallel_for(0, l.inner, Cfg::kGrain, [&](int64_t b, int64_t e) {
-        if (stochastic) quantize_stochastic<T, false>(xp + b, qp + b, e - b, s, qmax, useed, b);
-        else quantize_rne(xp + b, qp + b, e - b, s[0], qmax);
+        quantize_range(xp + b, qp + b, e - b, s, qmax, stochastic, useed, b);
       });
     } else if (l.inner == 1) {
       const int64_t C = l.channels;
@@ -131,8 +189,7 @@ std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& x_in, const std::o
       at::parallel_for(0, l.outer * l.channels, rows_per_task(Cfg::kGrain, n), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
           const int64_t c = r % l.channels;
-          if (stochastic) quantize_stochastic<T, false>(xp + r * n, qp + r * n, n, s + c, qmax, useed, r * n);
-          else quantize_rne(xp + r * n, qp + r * n, n, s[c], qmax);
+          quantize_range(xp + r * n, qp + r * n, n, s + c, qmax, stochastic, useed, r * n);
         }
       });
     }
