@@ -28,10 +28,10 @@ def absmax(x: torch.Tensor, axis: int | None) -> torch.Tensor:
     """max |x| in fp32: a scalar tensor, or one value per slice along `axis`."""
     if x.numel() == 0:
         return torch.zeros(() if axis is None else (x.shape[axis],), dtype=torch.float32, device=x.device)
-    if axis is None:
-        return x.abs().amax().float()
+    if axis is None:  # the inf-norm is max|x| exactly, without an |x| temporary
+        return torch.linalg.vector_norm(x, ord=float("inf")).float()
     dims = [d for d in range(x.dim()) if d != axis]
-    return (x.abs().amax(dim=dims) if dims else x.abs()).float()
+    return (torch.linalg.vector_norm(x, ord=float("inf"), dim=dims) if dims else x.abs()).float()
 
 
 def scale_from_amax(amax: torch.Tensor, qmax: float) -> torch.Tensor:
@@ -46,9 +46,9 @@ def quantize(x: torch.Tensor, *, bits: int, axis: int | None, scale: torch.Tenso
         scale = scale_from_amax(absmax(x, axis), qmax)
     v = x.float() / scale.reshape(channel_shape(x, axis))
     if stochastic:
-        v = torch.floor(v + torch.rand(x.shape, generator=generator, dtype=torch.float32, device=x.device))
+        v.add_(torch.rand(x.shape, generator=generator, dtype=torch.float32, device=x.device)).floor_()
     else:
-        v = torch.round(v)  # round half to even
+        v.round_()  # round half to even
     return v.clamp_(-qmax, qmax).to(torch.int8), scale
 
 
