@@ -8,61 +8,17 @@ plan is reported infeasible with a diagnosis naming the group and the bound.
 from __future__ import annotations
 
 import pytest
-from solver_cases import backend_params, exact_params, rel_close
+from solver_cases import backend_params, check_against_brute_force, exact_params, rel_close
 
 from qsync_opt.errors import InfeasibleError, SolverError
 from qsync_opt.solver.instance import evaluate
 from qsync_opt.solver.solve import solve_instance
 
-N_MARGINAL = 60
-
-
-def _check(backend, cases, formulation="mccormick"):
-    problems = []
-    for seed, inst, br in cases:
-        try:
-            r = solve_instance(inst, backend=backend, rel_gap=0.0, time_limit_s=30, threads=1, formulation=formulation)
-        except InfeasibleError as e:
-            if br.status != "infeasible":
-                problems.append(f"seed {seed}: reported infeasible, brute force found {br.objective:.9g}")
-            elif not _names_group_and_bound(e.diagnosis, inst):
-                problems.append(f"seed {seed}: diagnosis does not name a group and bound: {e.diagnosis}")
-            continue
-        if br.status == "infeasible":
-            problems.append(f"seed {seed}: returned a plan ({r.objective:.9g}) for an infeasible instance")
-            continue
-        ev = evaluate(inst, r.assignment)
-        if not ev.feasible:
-            problems.append(f"seed {seed}: plan breaks the instance: {ev.violations}")
-        tol = 2 * r.scaling["objective_error"] if r.scaling else 0.0
-        if r.objective < br.objective - 1e-9 * max(1.0, abs(br.objective)) - tol:
-            problems.append(f"seed {seed}: objective {r.objective:.12g} beats the brute-force optimum {br.objective:.12g}")
-        if not rel_close(r.objective, br.objective, abs_=1e-9 + tol):
-            problems.append(f"seed {seed}: objective {r.objective:.12g} != optimum {br.objective:.12g} (tol {tol:.2g})")
-        if r.status != "optimal":
-            problems.append(f"seed {seed}: status {r.status} without a time limit being hit")
-    return problems
-
-
-def _names_group_and_bound(diagnosis, inst) -> bool:
-    names = {g.name for g in inst.groups}
-    for line in diagnosis:
-        head = line.split(":")[0]
-        if (head in names and any(w in line for w in ("time", "memory"))) or head == "indicator budget":
-            return True
-    return False
-
 
 @pytest.mark.parametrize("backend", exact_params())
 def test_exact_backend_equals_brute_force(backend, small_cases):
     assert len(small_cases) >= 200
-    problems = _check(backend, small_cases)
-    assert not problems, "\n".join(problems[:20])
-
-
-@pytest.mark.parametrize("backend", exact_params())
-def test_marginal_formulation_equals_brute_force(backend, small_cases):
-    problems = _check(backend, small_cases[:N_MARGINAL], formulation="marginal")
+    problems = check_against_brute_force(backend, small_cases)
     assert not problems, "\n".join(problems[:20])
 
 

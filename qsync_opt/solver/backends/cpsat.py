@@ -74,6 +74,9 @@ def solve(problem: Problem, options: SolveOptions) -> RawResult:
     p.random_seed = int(options.seed)
     if options.threads:
         p.num_workers = int(options.threads)
+    if options.threads != 1:
+        # parallel workers race; interleaving makes the search (and so the plan) deterministic
+        p.interleave_search = True
     p.log_search_progress = bool(options.msg)
     code = solver.solve(m)
     status = {
