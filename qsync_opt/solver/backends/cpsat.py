@@ -59,10 +59,12 @@ def solve(problem: Problem, options: SolveOptions) -> RawResult:
             xs[v] = m.new_bool_var(v) if var.ub > 0 else m.new_constant(0)
     for oh in lm.onehots:
         m.add_exactly_one(xs[v] for v in oh.variables)
+    def weighted(coeffs):
+        return cp_model.LinearExpr.weighted_sum([xs[v] for v in coeffs], list(coeffs.values()))
+
     for coeffs, sense, rhs in sm.rows:
-        expr = sum(a * xs[v] for v, a in coeffs.items())
-        m.add(expr <= rhs) if sense == "<=" else m.add(expr == rhs)
-    m.minimize(sum(a * xs[v] for v, a in sm.objective.items()))
+        m.add(weighted(coeffs) <= rhs) if sense == "<=" else m.add(weighted(coeffs) == rhs)
+    m.minimize(weighted(sm.objective))
     warm = bool(options.hint)
     if warm:
         for v, val in sm.hint(lm.hint(options.hint)).items():
@@ -119,10 +121,6 @@ class ScaledModel:
         self.cont_scale: dict[str, float] = {}
         self.cont_ub: dict[str, int] = {}
         self.objective_error = 0.0
-
-    @property
-    def max_row_error(self) -> float:
-        return max(self.row_error.values(), default=0.0)
 
     @property
     def worst_row(self) -> str | None:
