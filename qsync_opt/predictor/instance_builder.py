@@ -150,14 +150,18 @@ def build_instance(
     highest = {gc.name: replay_group(gc, gc.highest, proto) for gc in gcs}
     fastest = min(t.iteration_ms for t in highest.values())
     roles = {g.name: g.role for g in spec.cluster.groups}
+    # QSync's 'auto' bound only means something when accuracy is minimised under a time bound;
+    # when time itself is minimised, only groups declared role: training are pinned.
+    auto = spec.objective.max_iteration_time == "auto"
+    qsync_bound = auto and spec.objective.minimize == "accuracy_degradation"
     training = tuple(
         gc.name for gc in gcs
         if roles[gc.name] == "training"
-        or (roles[gc.name] == "auto" and highest[gc.name].iteration_ms <= fastest * (1 + AUTO_TRAINING_SLACK))
+        or (qsync_bound and roles[gc.name] == "auto"
+            and highest[gc.name].iteration_ms <= fastest * (1 + AUTO_TRAINING_SLACK))
     )
-    auto = spec.objective.max_iteration_time == "auto"
     notes = []
-    if auto:
+    if qsync_bound:
         if not training:
             raise SpecError(
                 "objective.max_iteration_time: 'auto' needs a training group, but every group is "
@@ -165,6 +169,9 @@ def build_instance(
             )
         bound = max(highest[n].iteration_ms for n in training)
         notes.append(f"bound {bound:.3f} ms = slowest training group ({', '.join(training)}) at its highest precision")
+    elif auto:
+        bound = None
+        notes.append("no time bound: the objective minimises iteration time under the indicator budget")
     else:
         bound = float(spec.objective.max_iteration_time)
         notes.append(f"bound {bound:.3f} ms from objective.max_iteration_time")
@@ -172,10 +179,10 @@ def build_instance(
     groups, final = [], []
     for gc in gcs:
         is_training = gc.name in training
-        fixed_at_highest = is_training and (auto or roles[gc.name] == "training")
+        fixed_at_highest = is_training and (qsync_bound or roles[gc.name] == "training")
         allowed = {op: (ps[0],) for op, ps in gc.allowed.items()} if fixed_at_highest else gc.allowed
         _check_omega(omega, gc.name, allowed)
-        g_bound = None if (auto and is_training) else bound
+        g_bound = None if (qsync_bound and is_training) else bound
         gc = replace(gc, allowed=allowed, time_bound_ms=g_bound, role="training" if is_training else "inference")
         final.append(gc)
         hi = highest[gc.name]
