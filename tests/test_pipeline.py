@@ -1,0 +1,111 @@
+"""The whole pipeline as a user and a scheduler call it: spec in, verified plan out."""
+
+import pytest
+
+import qsync_opt
+from qsync_opt.errors import InfeasibleError, SpecError
+from qsync_opt.pipeline import plan_training, prepare
+from qsync_opt.predictor.instance_builder import build_instance
+from qsync_opt.predictor.replayer import replay
+from qsync_opt.solver.instance import evaluate
+from qsync_opt.spec import load_spec
+
+SPEC = {
+    "name": "t",
+    "cluster": {
+        "groups": [
+            {"name": "v100", "device": "V100-16GB", "count": 2, "role": "training"},
+            {"name": "t4", "device": "T4", "count": 2},
+        ],
+        "interconnect": "ethernet-100g",
+    },
+    "model": {"name": "resnet18"},
+    "training": {"global_batch": 256},
+    "solver": {"backend": "highs", "time_limit_s": 20},
+}
+
+
+@pytest.fixture(scope="module")
+def prepared():
+    return prepare(load_spec(SPEC))
+
+
+def test_plan_is_complete_and_within_bounds(prepared):
+    spec = load_spec(SPEC)
+    plan = plan_training(spec, prepared)
+    instance, ctx = build_instance(spec, prepared.graph, prepared.sensitivity)
+    assignment = {g: dict(gp.precisions) for g, gp in plan.groups.items()}
+    ev = evaluate(instance, assignment)
+    assert ev.feasible, ev.violations
+    selectable = {n.name for n in prepared.graph.selectable}
+    for g in plan.groups.values():
+        assert set(g.precisions) == selectable
+        if g.time_bound_ms is not None:  # the replayer, not the linear model, is the judge
+            assert g.iteration_ms <= g.time_bound_ms * (1 + 1e-6)
+        assert g.peak_memory_bytes <= g.memory_capacity_bytes
+    assert set(plan.groups["v100"].precisions.values()) == {"fp32"}  # training group keeps its precision
+    assert plan.iteration_ms == pytest.approx(replay(ctx, assignment).iteration_ms)
+    assert plan.solver.status == "optimal"
+    fp32 = plan.baselines["all highest (fp32)"]
+    assert not fp32.feasible and fp32.iteration_ms > plan.iteration_ms  # the T4s straggle at fp32
+
+
+def test_exact_plan_never_worse_than_greedy_or_uniform(prepared):
+    spec = load_spec(SPEC)
+    exact = plan_training(spec, prepared)
+    greedy = plan_training(load_spec(SPEC, **{"solver.backend": "greedy"}), prepared)
+    uniform = plan_training(load_spec(SPEC, **{"solver.backend": "uniform"}), prepared)
+    tol = 1e-9 + 1e-4 * exact.indicator  # the exact backends stop at rel_gap 1e-4
+    assert exact.indicator <= greedy.indicator + tol
+    assert exact.indicator <= uniform.indicator + tol
+
+
+def test_public_solve_accepts_path_dict_and_spec_object(tmp_path):
+    path = tmp_path / "job.yaml"
+    spec = load_spec(SPEC)
+    path.write_text(spec.to_yaml())
+    a = qsync_opt.solve(str(path))
+    b = qsync_opt.solve(SPEC)
+    c = qsync_opt.solve(spec, backend="highs")
+    assert a.groups == b.groups == c.groups
+    assert a.provenance.spec_digest == spec.digest()
+
+
+def test_memory_infeasible_spec_is_diagnosed(prepared):
+    tight = load_spec(SPEC, **{"cluster.groups": [
+        {"name": "v100", "device": "V100-16GB", "count": 2, "role": "training"},
+        {"name": "t4", "device": "T4", "count": 2, "memory_gb": 0.6},
+    ]})
+    with pytest.raises(InfeasibleError) as err:
+        plan_training(tight, prepared)
+    text = str(err.value)
+    assert "t4" in text and "memory" in text
+
+
+def test_time_infeasible_spec_is_diagnosed(prepared):
+    spec = load_spec(SPEC, **{"objective.max_iteration_time": 0.01})
+    with pytest.raises(InfeasibleError, match=r"time needs"):
+        plan_training(spec, prepared)
+
+
+def test_serving_kind_is_refused_clearly():
+    spec = dict(SPEC, kind="serving", serving={"prompt_len": 8, "gen_tokens": 4, "global_batch": 2})
+    with pytest.raises(SpecError, match="serving"):
+        qsync_opt.solve(spec)
+
+
+def test_batch_split_auto_is_no_worse_than_even_split(prepared):
+    even = plan_training(load_spec(SPEC), prepared)
+    joint = plan_training(load_spec(SPEC, **{"training.batch_split": "auto"}), prepared)
+    assert sum(g.local_batch * g.count for g in joint.groups.values()) == 256
+    assert joint.indicator <= even.indicator * (1 + 1e-4) + 1e-12
+    assert any("batch_split auto" in n for n in joint.solver.notes)
+
+
+def test_time_objective_respects_budget(prepared):
+    spec = load_spec(SPEC, **{"objective.minimize": "iteration_time", "objective.max_accuracy_degradation": 0.01,
+                              "cluster.groups": [{"name": "v100", "device": "V100-16GB", "count": 2},
+                                                 {"name": "t4", "device": "T4", "count": 2}]})
+    plan = plan_training(spec, prepared)
+    assert plan.indicator <= 0.01 * (1 + 1e-6)
+    assert plan.iteration_ms < plan.baselines["all highest (fp32)"].iteration_ms
