@@ -107,7 +107,13 @@ def _cmd_solve(args) -> int:
         return pipeline.solve_saved_problem(args.problem, overrides, out)
     if not args.spec:
         raise SpecError("solve needs a SPEC path (or --problem FILE)")
-    plan = pipeline.solve(args.spec, export_problem=args.export_problem, **overrides)
+    if args.json:  # whatever a library prints from C, stdout carries the plan alone
+        from .solver.backends.quiet import fd1_redirected
+
+        with fd1_redirected(2):
+            plan = pipeline.solve(args.spec, export_problem=args.export_problem, **overrides)
+    else:
+        plan = pipeline.solve(args.spec, export_problem=args.export_problem, **overrides)
     print_plan(plan, out)
     if args.output:
         path = plan.save(args.output)

@@ -15,6 +15,7 @@ import time
 from qsync_opt.solver.backends.base import RawResult, SolveOptions, result_from_values
 from qsync_opt.solver.backends.linear import linearize
 from qsync_opt.solver.backends.pulp_model import build_pulp, pulp_values
+from qsync_opt.solver.backends.quiet import swallow_highs_banner
 from qsync_opt.solver.problem import Problem
 
 name = "highs"
@@ -51,6 +52,7 @@ def _run(problem: Problem, model, options: SolveOptions, hint, t0: float) -> Raw
     import highspy
     import pulp
 
+    swallow_highs_banner()
     prob, xs = build_pulp(model, "qsync_highs")
 
     class _HiGHSWithStart(pulp.HiGHS):
