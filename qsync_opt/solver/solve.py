@@ -64,6 +64,8 @@ def solve_problem(problem: Problem, backend: str = DEFAULT_BACKEND, options: Sol
         ok = [n for n, a in available().items() if a]
         raise SolverError(f"backend {backend!r} is not available here; available: {', '.join(ok)}")
     instance: TrainingInstance | None = problem.source
+    if not problem.variables:  # every op pinned (e.g. all groups train at fp32): nothing to search
+        return _finish(problem, _nothing_to_choose(problem, backend))
     if warm_start and backend != "greedy" and instance is not None:
         g = greedy(instance)
         if g.feasible:
@@ -72,6 +74,18 @@ def solve_problem(problem: Problem, backend: str = DEFAULT_BACKEND, options: Sol
                 options = replace(options, hint=hint)
     raw = be.solve(problem, options)
     return _finish(problem, raw)
+
+
+def _nothing_to_choose(problem: Problem, backend: str) -> RawResult:
+    """The only plan of a problem without variables: optimal if its constant rows hold."""
+    from qsync_opt.solver.backends.linear import linearize
+
+    model = linearize(problem, "mccormick")
+    if model.violated_constants:
+        return RawResult(backend, "infeasible", message="; ".join(model.violated_constants))
+    value = problem.objective_constant * problem.objective_unit
+    return RawResult(backend, "optimal", values={}, objective=value, bound=value, gap=0.0,
+                     message="no free choice: every operator has a single allowed precision")
 
 
 def _finish(problem: Problem, raw: RawResult) -> SolveResult:

@@ -108,3 +108,17 @@ def test_decode_refuses_two_precisions_for_one_op():
     assert p.decode({"x1": 1.0, "x2": 0.0}) == {"g": {"op": "fp16"}}
     with pytest.raises(SolverError, match="two precisions for g/op"):
         p.decode({"x1": 1.0, "x2": 1.0})
+
+
+def test_problem_with_every_op_pinned_solves_without_a_backend():
+    """All groups training at fp32: no variable is left, and every backend must still answer."""
+    from qsync_opt.solver.backends import EXACT
+    from qsync_opt.solver.instance import GroupInstance, TrainingInstance
+    from qsync_opt.solver.solve import solve_instance
+
+    g = GroupInstance(name="a", share=1.0, allowed={"x": ("fp32",)}, time_ms={"x": {"fp32": 2.0}},
+                      mem_bytes={"x": {"fp32": 1.0}}, time_bound_ms=3.0, mem_capacity_bytes=10.0)
+    inst = TrainingInstance(groups=(g,), omega={"x": {"fp32": 0.0}})
+    for backend in (*EXACT, "greedy"):
+        r = solve_instance(inst, backend=backend)
+        assert r.status == "optimal" and r.assignment == {"a": {"x": "fp32"}}
