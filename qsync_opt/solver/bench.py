@@ -26,12 +26,13 @@ from .random_instances import synthetic
 from .solve import solve_problem
 from .training import compile_training
 
+#: (group, device, count, role, per-device batch). Faster devices carry larger local batches,
+#: as a scheduler would give them, so the inference GPUs can keep pace at some precision mix.
 CLUSTERS = {
-    "v100+t4": [("v100", "V100-32GB", 4, "training"), ("t4", "T4", 4, "auto")],
-    "a100+t4": [("a100", "A100-40GB", 2, "training"), ("t4", "T4", 2, "auto")],
-    "h100+l4+t4": [("h100", "H100-SXM", 1, "training"), ("l4", "L4", 2, "auto"), ("t4", "T4", 2, "auto")],
+    "v100+t4": [("v100", "V100-32GB", 4, "training", 32), ("t4", "T4", 4, "inference", 32)],
+    "a100+t4": [("a100", "A100-40GB", 2, "training", 64), ("t4", "T4", 2, "inference", 16)],
+    "h100+l4+t4": [("h100", "H100-SXM", 1, "training", 128), ("l4", "L4", 2, "inference", 32), ("t4", "T4", 2, "inference", 16)],
 }
-PER_DEVICE_BATCH = 16
 
 
 @dataclass(frozen=True)
@@ -57,13 +58,14 @@ def zoo_cases(models: list[str]) -> list[Case]:
     for model in models:
         prepared = None
         for cname, groups in CLUSTERS.items():
-            world = sum(c for _, _, c, _ in groups)
             spec = load_spec({
                 "name": f"{model}@{cname}",
-                "cluster": {"groups": [{"name": n, "device": d, "count": c, "role": r} for n, d, c, r in groups],
+                "cluster": {"groups": [{"name": n, "device": d, "count": c, "role": r, "local_batch": b}
+                                       for n, d, c, r, b in groups],
                             "interconnect": "ethernet-100g"},
                 "model": {"name": model},
-                "training": {"global_batch": PER_DEVICE_BATCH * world},
+                "training": {"global_batch": sum(c * b for _, _, c, _, b in groups),
+                             "seq_len": 128 if model.startswith("gpt2") else None},
             })
             prepared = prepared or prepare(spec)
             inst, _ = build_instance(spec, prepared.graph, prepared.sensitivity, boundary=spec.runtime.boundary)
