@@ -37,16 +37,27 @@ from .sensitivity import Sensitivity, check_precisions, depth_loading, normalise
 __all__ = ["Sensitivity", "weight_indicator", "weight_noise", "gvar_indicator"]
 
 
+def weight_stats(w: torch.Tensor) -> tuple[int, float, float]:
+    """(numel, max |w|, Σw²): all the weight noise of every precision depends on, read once."""
+    if w.numel() == 0:
+        return 0, 0.0, 0.0
+    w = w.detach().float()
+    return w.numel(), float(w.abs().max().item()), float((w * w).sum().item())
+
+
+def noise_from_stats(stats: tuple[int, float, float], precision: str) -> float:
+    numel, amax, sumsq = stats
+    if precision == "fp32" or numel == 0:
+        return 0.0
+    if precision in INTEGER:
+        s = amax / qmax(precision)
+        return s * s / 12.0 * numel
+    return 2.0 ** (-2 * (MANTISSA_BITS[precision] + 1)) / 3.0 * sumsq
+
+
 def weight_noise(w: torch.Tensor, precision: str) -> float:
     """Summed quantisation-noise variance of tensor `w` stored at `precision`."""
-    if precision == "fp32" or w.numel() == 0:
-        return 0.0
-    w = w.detach().float()
-    if precision in INTEGER:
-        s = w.abs().max().item() / qmax(precision)
-        return s * s / 12.0 * w.numel()
-    m = MANTISSA_BITS[precision]
-    return 2.0 ** (-2 * (m + 1)) / 3.0 * float((w * w).sum().item())
+    return noise_from_stats(weight_stats(w), precision)
 
 
 def surrogate_noise(numel: int, precision: str) -> float:
@@ -92,8 +103,9 @@ def weight_indicator(module: nn.Module, graph: OpGraph, precisions: Iterable[str
             numel = math.prod(node.input_shapes[-1]) if node.input_shapes else node.output_numel
             surrogates.append(node.name)
         fw, bw = loading[node.name]
+        stats = weight_stats(w) if w is not None else None
         raw[node.name] = {
-            p: (fw + bw) * (weight_noise(w, p) if w is not None else surrogate_noise(numel, p)) for p in ps
+            p: (fw + bw) * (noise_from_stats(stats, p) if stats is not None else surrogate_noise(numel, p)) for p in ps
         }
     omega, scale, ref = normalise(raw, ps)
     notes = ["B ≈ F (weights only); ω = (γ(L−d) + d)·F, γ = 4"]
