@@ -73,6 +73,13 @@ def solve_problem(problem: Problem, backend: str = DEFAULT_BACKEND, options: Sol
             if not problem.violated(hint):
                 options = replace(options, hint=hint)
     raw = be.solve(problem, options)
+    if raw.status == "unknown" and options.hint is not None:
+        # stopped at the limit with no plan of its own: the warm start is still a checked plan
+        raw = RawResult(
+            raw.backend, "feasible", values=options.hint, objective=problem.objective_value(options.hint),
+            bound=raw.bound, wall_s=raw.wall_s, warm_start_used=True, scaling=raw.scaling,
+            message=f"{raw.message}; nothing better than the greedy warm start within the limit",
+        )
     return _finish(problem, raw)
 
 
@@ -130,8 +137,9 @@ def diagnose(instance: TrainingInstance, time_limit_s: float = 60.0) -> list[str
     """Why `instance` has no plan: per group, which bound, the best achievable value, the shortfall.
 
     Memory is separable (its least value takes each op's lowest-memory precision); the least
-    time, with casts, comes from an exact auxiliary solve of that group alone. An empty list
-    means none of these checks fails.
+    time, with casts, comes from an exact auxiliary solve of that group alone. Only proven
+    shortfalls are listed (an auxiliary solve stopped early contributes its bound, never its
+    plan); an empty list means none was found.
     """
     lines: list[str] = []
     for g in instance.groups:
@@ -156,27 +164,32 @@ def diagnose(instance: TrainingInstance, time_limit_s: float = 60.0) -> list[str
             continue
         if math.isfinite(g.mem_capacity_bytes):
             t_mem = _least_time(instance, replace(g, time_bound_ms=None), time_limit_s)
-            if t_mem is None or t_mem > g.time_bound_ms * (1 + 1e-9):
-                least = "no plan fits" if t_mem is None else f"the least time is {t_mem:.4g} ms"
+            if t_mem is not None and t_mem > g.time_bound_ms * (1 + 1e-9):
                 lines.append(
                     f"{g.name}: time and memory cannot both hold: within memory capacity "
-                    f"{_gib(g.mem_capacity_bytes)} {least}, bound {g.time_bound_ms:.4g} ms"
+                    f"{_gib(g.mem_capacity_bytes)} the least time is {t_mem:.4g} ms, bound {g.time_bound_ms:.4g} ms"
                 )
     if not lines and instance.max_degradation is not None:
         relaxed = replace(instance, objective="accuracy_degradation", max_degradation=None)
-        raw = _exact(compile_training(relaxed), time_limit_s)
-        if raw.status in ("optimal", "feasible") and raw.objective > instance.max_degradation * (1 + 1e-9):
+        least = _proven_least(_exact(compile_training(relaxed), time_limit_s))
+        if least is not None and least > instance.max_degradation * (1 + 1e-9):
             lines.append(
                 f"indicator budget: the least share-weighted indicator within the time and memory bounds is "
-                f"{raw.objective:.6g}, budget {instance.max_degradation:.6g} (over by {raw.objective - instance.max_degradation:.3g})"
+                f"{least:.6g}, budget {instance.max_degradation:.6g} (over by {least - instance.max_degradation:.3g})"
             )
     return lines
 
 
 def _least_time(instance: TrainingInstance, g, time_limit_s: float) -> float | None:
     sub = TrainingInstance(groups=(g,), omega=instance.omega, objective="iteration_time")
-    raw = _exact(compile_training(sub), time_limit_s)
-    return raw.objective if raw.status in ("optimal", "feasible") else None
+    return _proven_least(_exact(compile_training(sub), time_limit_s))
+
+
+def _proven_least(raw: RawResult) -> float | None:
+    """A value no plan beats: the optimum, or the solver's bound if it stopped early; None if unknown."""
+    if raw.status == "optimal":
+        return raw.objective
+    return raw.bound if raw.status == "feasible" else None
 
 
 def _exact(problem: Problem, time_limit_s: float) -> RawResult:

@@ -116,3 +116,17 @@ def test_a_problem_read_from_json_solves_without_the_model(tmp_path):
     assert r.objective == pytest.approx(direct.objective, rel=1e-12) and r.evaluation is None
     with pytest.raises(SolverError, match="carries no TrainingInstance.*with_instance=True"):
         solve_problem(bare, "greedy")
+
+
+def test_a_backend_stopped_without_a_plan_falls_back_to_the_checked_warm_start(monkeypatch):
+    from qsync_opt.solver.backends import RawResult, highs
+    from qsync_opt.solver.greedy import greedy
+
+    inst = synthetic(30, 4, 2, "dag", seed=2)
+    monkeypatch.setattr(highs, "solve", lambda problem, options: RawResult("highs", "unknown", message="Time limit reached"))
+    r = solve_instance(inst, backend="highs", time_limit_s=0.1)
+    assert r.status == "feasible" and r.warm_start_used
+    assert r.assignment == greedy(inst).assignment
+    assert "nothing better than the greedy warm start" in r.message
+    with pytest.raises(SolverError, match="no plan \\(unknown: Time limit reached\\); fix: raise time_limit_s"):
+        solve_instance(inst, backend="highs", time_limit_s=0.1, warm_start=False)

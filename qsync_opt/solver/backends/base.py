@@ -79,7 +79,7 @@ def result_from_values(
     else:
         values, objective = None, None
     bound = None
-    if bound_raw is not None and math.isfinite(bound_raw):
+    if bound_raw is not None and math.isfinite(bound_raw) and abs(bound_raw) < 1e19:  # solvers' "infinity"
         bound = (bound_raw + problem.objective_constant) * problem.objective_unit
     gap = kw.pop("gap", None)
     if gap is None and objective is not None and bound is not None:
