@@ -73,14 +73,24 @@ def solve_problem(problem: Problem, backend: str = DEFAULT_BACKEND, options: Sol
             if not problem.violated(hint):
                 options = replace(options, hint=hint)
     raw = be.solve(problem, options)
-    if raw.status == "unknown" and options.hint is not None:
-        # stopped at the limit with no plan of its own: the warm start is still a checked plan
-        raw = RawResult(
-            raw.backend, "feasible", values=options.hint, objective=problem.objective_value(options.hint),
-            bound=raw.bound, wall_s=raw.wall_s, warm_start_used=True, scaling=raw.scaling,
-            message=f"{raw.message}; nothing better than the greedy warm start within the limit",
-        )
-    return _finish(problem, raw)
+    return _finish(problem, _no_worse_than_the_start(problem, raw, options.hint))
+
+
+def _no_worse_than_the_start(problem: Problem, raw: RawResult, hint: dict[str, float] | None) -> RawResult:
+    """A run stopped at its limit with no plan, or a worse one, gives back the checked warm start.
+
+    (CP-SAT can miss the start: its rounded-up rows may cut off a plan that fills a bound.)
+    """
+    if hint is None or raw.status not in ("unknown", "feasible"):
+        return raw
+    start = problem.objective_value(hint)
+    if raw.status == "feasible" and raw.objective <= start:
+        return raw
+    return RawResult(
+        raw.backend, "feasible", values=hint, objective=start, bound=raw.bound, wall_s=raw.wall_s,
+        warm_start_used=True, scaling=raw.scaling,
+        message=f"{raw.message}; nothing better than the greedy warm start within the limit",
+    )
 
 
 def _nothing_to_choose(problem: Problem, backend: str) -> RawResult:

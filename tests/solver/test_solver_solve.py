@@ -130,3 +130,20 @@ def test_a_backend_stopped_without_a_plan_falls_back_to_the_checked_warm_start(m
     assert "nothing better than the greedy warm start" in r.message
     with pytest.raises(SolverError, match="no plan \\(unknown: Time limit reached\\); fix: raise time_limit_s"):
         solve_instance(inst, backend="highs", time_limit_s=0.1, warm_start=False)
+
+
+def test_a_plan_worse_than_the_warm_start_is_replaced_by_it(monkeypatch):
+    from qsync_opt.solver.backends import RawResult, highs
+    from qsync_opt.solver.greedy import greedy
+
+    inst = synthetic(30, 4, 2, "dag", seed=2)
+    p = compile_training(inst)
+    worst = {g.name: {op: ps[-1] for op, ps in g.allowed.items()} for g in inst.groups}  # lowest everywhere
+    values = p.encode(worst)
+
+    def slow(problem, options):
+        return RawResult("highs", "feasible", values=values, objective=problem.objective_value(values), gap=0.5)
+
+    monkeypatch.setattr(highs, "solve", slow)
+    r = solve_instance(inst, backend="highs")
+    assert r.status == "feasible" and r.assignment == greedy(inst).assignment
