@@ -19,7 +19,10 @@ from qsync_opt.solver.problem import Problem
 from qsync_opt.solver.training import compile_training
 
 DEFAULT_BACKEND = "highs"
-"""Fastest exact backend in the measurements of tests/solver/measure_backends.py (see its table)."""
+"""Measured with tests/solver/measure_backends.py (synthetic, 5 precisions x 4 groups, gap 0.1%,
+60 s limit, 2 cores): HiGHS was fastest on 6 of 8 sizes and the only backend to reach the gap
+on every instance up to 1,000 ops (DAG-1000: 50 s; CBC 60 s, SCIP/CP-SAT at 6% gap); at
+5,000 ops no backend closed the gap in 60 s and HiGHS held the best plan on the chain."""
 
 
 @dataclass(frozen=True)
