@@ -122,3 +122,18 @@ def test_problem_with_every_op_pinned_solves_without_a_backend():
     for backend in (*EXACT, "greedy"):
         r = solve_instance(inst, backend=backend)
         assert r.status == "optimal" and r.assignment == {"a": {"x": "fp32"}}
+
+
+def test_evaluate_reports_every_group_after_one_breaks_its_bound():
+    from qsync_opt.solver.instance import GroupInstance, TrainingInstance, evaluate
+
+    def group(name, bound):
+        return GroupInstance(name=name, share=0.5, allowed={"x": ("fp32", "int8")},
+                             time_ms={"x": {"fp32": 2.0, "int8": 1.0}}, mem_bytes={"x": {"fp32": 4.0, "int8": 1.0}},
+                             time_bound_ms=bound, mem_capacity_bytes=2.0)
+    inst = TrainingInstance(groups=(group("a", 1.5), group("b", 1.5)), omega={"x": {"fp32": 0.0, "int8": 1.0}})
+    ev = evaluate(inst, {"a": {"x": "fp32"}, "b": {"x": "fp32"}})
+    assert set(ev.time_ms) == {"a", "b"}
+    assert sum(v.startswith("b:") for v in ev.violations) == 2  # b's time and memory, not hidden behind a's
+    ev = evaluate(inst, {"a": {"x": "fp8_e4m3"}, "b": {"x": "int8"}})
+    assert ev.time_ms == {"b": 1.0} and ev.degradation == 0.5
