@@ -158,14 +158,15 @@ def _cmd_models(args) -> int:
 def _cmd_spec(args) -> int:
     from pydantic import BaseModel
 
-    from .spec import JobSpec, _model_in
+    from .spec import JobSpec
+    from .spec_errors import model_in
 
     def walk(model: type[BaseModel], prefix: str, seen: set) -> None:
         for name, field in model.model_fields.items():
             key = f"{prefix}{field.alias or name}"
             default = "" if field.is_required() else f" (default: {field.get_default(call_default_factory=True)!r})"
             print(f"{key}{default}\n    {field.description or ''}".rstrip())
-            nested = _model_in(field.annotation)
+            nested = model_in(field.annotation)
             if nested is not None and nested not in seen:
                 walk(nested, key + ".", seen | {nested})
 

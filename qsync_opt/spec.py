@@ -11,12 +11,13 @@ import difflib
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import SpecError
+from .spec_errors import format_errors
 from .hardware.device import DeviceSpec, catalog, find_device
 from .precision import PrecisionName
 
@@ -317,7 +318,7 @@ def load_spec(source: "str | Path | dict | JobSpec", **overrides: Any) -> JobSpe
     try:
         return JobSpec.model_validate(data)
     except ValidationError as e:
-        raise SpecError(_format_errors(e, text, origin)) from None
+        raise SpecError(format_errors(e, text, origin, JobSpec)) from None
 
 
 def _read_text(source: "str | Path") -> tuple[str, str]:
@@ -340,79 +341,3 @@ def _apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
             node = node.setdefault(key, {})
         node[leaf] = value
     return data
-
-
-def _format_errors(err: ValidationError, text: str | None, origin: str) -> str:
-    lines = [f"{origin}: invalid job spec ({err.error_count()} problem{'s' * (err.error_count() > 1)}):"]
-    for e in err.errors():
-        loc = [p for p in e["loc"] if not _is_union_tag(p)]
-        path = ".".join(str(p) for p in loc) or "(top level)"
-        line = _line_of(text, loc) if text else None
-        where = f" (line {line})" if line else ""
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = f"unknown field {str(loc[-1])!r}" + _suggest_field(loc)
-        elif e["type"] == "missing":
-            msg = "required field is missing"
-        got = "" if e["type"] in ("missing",) else f"; got {_short(e.get('input'))}"
-        lines.append(f"  - {path}{where}: {msg}{got}")
-    return "\n".join(lines)
-
-
-def _is_union_tag(p) -> bool:
-    return isinstance(p, str) and (p in ("str", "DeviceSpec", "Interconnect", "float") or p.startswith(("literal[", "function-")))
-
-
-def _suggest_field(loc) -> str:
-    model = JobSpec
-    for p in loc[:-1]:
-        if isinstance(p, int):
-            continue
-        field = model.model_fields.get(str(p))
-        ann = getattr(field, "annotation", None)
-        nested = _model_in(ann)
-        if nested is None:
-            return ""
-        model = nested
-    names = [f.alias or n for n, f in model.model_fields.items()]
-    near = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.5)
-    return (f"; did you mean {near[0]!r}?" if near else "") + f" Allowed: {', '.join(names)}"
-
-
-def _model_in(ann):
-    from typing import get_args
-
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return ann
-    for a in get_args(ann):
-        m = _model_in(a)
-        if m is not None:
-            return m
-    return None
-
-
-def _short(v: Any) -> str:
-    s = repr(v)
-    return s if len(s) <= 80 else s[:77] + "..."
-
-
-def _line_of(text: str, loc: list) -> int | None:
-    """Line (1-based) of the deepest YAML node on `loc` that exists in the document."""
-    try:
-        node = yaml.compose(text)
-    except yaml.YAMLError:
-        return None
-    line = node.start_mark.line + 1 if node is not None else None
-    for key in loc:
-        if isinstance(node, yaml.MappingNode):
-            match = next((v for k, v in node.value if k.value == str(key)), None)
-            keynode = next((k for k, v in node.value if k.value == str(key)), None)
-            if match is None:
-                break
-            line, node = keynode.start_mark.line + 1, match
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-            node = node.value[key]
-            line = node.start_mark.line + 1
-        else:
-            break
-    return line
