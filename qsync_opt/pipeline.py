@@ -192,11 +192,15 @@ def _baselines(instance: TrainingInstance, ctx: Context) -> dict[str, Baseline]:
 def _as_baseline(instance: TrainingInstance, ctx: Context, a: Assignment) -> Baseline:
     tl = replay(ctx, a)
     ev = evaluate(instance, a)
+    in_time = all(  # judged like the plan: by the replayer's timeline, not the linear model
+        g.time_bound_ms is None or tl.groups[g.name].iteration_ms <= g.time_bound_ms * (1 + 1e-6)
+        for g in instance.groups
+    )
     return Baseline(
         iteration_ms=tl.iteration_ms,
         indicator=ev.degradation,
         peak_memory_bytes={n: t.peak_memory_bytes for n, t in tl.groups.items()},
-        feasible=ev.feasible,
+        feasible=ev.feasible and in_time,
     )
 
 
@@ -226,7 +230,7 @@ def _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, 
     report = SolverReport(
         backend=result["backend"], status=result["status"], objective=result["objective"],
         best_bound=result["bound"], gap=result["gap"], wall_s=result["wall_s"], refine_rounds=rounds,
-        notes=[*ctx.notes, *notes, f"{timings}, plan {wall_s:.2f}s"],
+        notes=list(dict.fromkeys([*ctx.notes, *notes, f"{timings}, plan {wall_s:.2f}s"])),  # once each, in order
     )
     return Plan(
         job=spec.name,

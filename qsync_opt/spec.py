@@ -215,7 +215,7 @@ class SolverSpec(_Model):
     rel_gap: float = Field(default=1e-4, ge=0, lt=1)
     threads: int = Field(default=1, ge=1)
     seed: int = 0
-    refine_rounds: int = Field(default=3, ge=0)
+    refine_rounds: int = Field(default=8, ge=0)
     """Replayer-driven re-solves when the linear model misses a bound."""
 
 
