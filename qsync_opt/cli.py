@@ -86,7 +86,12 @@ def _parser() -> argparse.ArgumentParser:
     bs = bsub.add_parser("solvers", help="time every backend on zoo and synthetic instances")
     bs.add_argument("--instances", help="directory of saved problem JSON files to include")
     bs.add_argument("--out", default="results", help="directory for CSV and PNG")
-    bs.add_argument("--quick", action="store_true")
+    bs.add_argument("--quick", action="store_true", help="small models, synthetic sizes up to 1,000")
+    bs.add_argument("--models", help="comma-separated zoo models (default: all)")
+    bs.add_argument("--sizes", help="comma-separated synthetic sizes (default 50,200,1000,5000)")
+    bs.add_argument("--backends", help="comma-separated backends (default: all available)")
+    bs.add_argument("--limit", type=float, default=60.0, help="time limit per solve, s")
+    bs.add_argument("--gap", type=float, default=1e-3, help="relative gap")
     bs.set_defaults(func=_cmd_bench_solvers)
     return p
 
@@ -183,7 +188,10 @@ def _cmd_train(args) -> int:
 def _cmd_bench_solvers(args) -> int:
     from .solver.bench import run_benchmark
 
-    run_benchmark(out_dir=Path(args.out), instances_dir=args.instances, quick=args.quick)
+    split = lambda text, conv=str: [conv(x) for x in text.split(",")] if text else None  # noqa: E731
+    run_benchmark(out_dir=Path(args.out), instances_dir=args.instances, quick=args.quick,
+                  models=split(args.models), sizes=split(args.sizes, int), backends=split(args.backends),
+                  limit=args.limit, gap=args.gap)
     return EXIT_OK
 
 

@@ -59,3 +59,14 @@ def test_devices_and_models_list(capsys):
     assert "T4" in out and "H100-SXM" in out
     assert main(["models"]) == 0
     assert "resnet50" in capsys.readouterr().out
+
+
+def test_bench_solvers_writes_table_csv_and_png(tmp_path, capsys):
+    code = main(["bench", "solvers", "--models", "tiny-resnet", "--sizes", "12", "--backends", "highs,greedy",
+                 "--limit", "10", "--out", str(tmp_path)])
+    assert code == 0
+    rows = (tmp_path / "solvers.csv").read_text().splitlines()
+    assert rows[0].startswith("case,family,size,backend,status,wall_s")
+    assert len(rows) == 1 + (3 + 2) * 2  # (3 clusters + chain + dag) x 2 backends
+    assert (tmp_path / "solvers.png").stat().st_size > 1000
+    assert "solver benchmark" in capsys.readouterr().out
