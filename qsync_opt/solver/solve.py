@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from qsync_opt.errors import InfeasibleError, SolverError
 from qsync_opt.solver.backends import EXACT, available, get_backend
-from qsync_opt.solver.backends.base import RawResult, SolveOptions, Status
+from qsync_opt.solver.backends.base import RawResult, SolveOptions, Status, constant_infeasibility
 from qsync_opt.solver.greedy import greedy
 from qsync_opt.solver.instance import Assignment, Evaluation, TrainingInstance, evaluate
 from qsync_opt.solver.problem import Problem
@@ -101,8 +101,8 @@ def _nothing_to_choose(problem: Problem, backend: str) -> RawResult:
     from qsync_opt.solver.backends.linear import linearize
 
     model = linearize(problem, "mccormick")
-    if model.violated_constants:
-        return RawResult(backend, "infeasible", message="; ".join(model.violated_constants))
+    if (early := constant_infeasibility(model, backend)) is not None:
+        return early
     value = problem.objective_constant * problem.objective_unit
     return RawResult(backend, "optimal", values={}, objective=value, bound=value, gap=0.0,
                      message="no free choice: every operator has a single allowed precision")

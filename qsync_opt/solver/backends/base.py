@@ -8,6 +8,7 @@ that solved a scaled or rounded copy cannot misstate what its plan is worth.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -85,3 +86,15 @@ def result_from_values(
     if gap is None and objective is not None and bound is not None:
         gap = max(0.0, objective - bound) / max(abs(objective), 1e-12)
     return RawResult(backend, status, values, objective, bound, gap, wall_s, **kw)
+
+
+def constant_infeasibility(model, backend: str, t0: float | None = None) -> RawResult | None:
+    """An 'infeasible' result when the linearised model's variable-free rows already fail, else None.
+
+    Such rows (every op of a group pinned, and its fixed time or memory over the bound) prove
+    infeasibility before any search, and no solver needs to be started for them.
+    """
+    if not model.violated_constants:
+        return None
+    wall = 0.0 if t0 is None else time.perf_counter() - t0
+    return RawResult(backend, "infeasible", wall_s=wall, message="; ".join(model.violated_constants))

@@ -12,7 +12,7 @@ import re
 import tempfile
 import time
 
-from qsync_opt.solver.backends.base import RawResult, SolveOptions, result_from_values
+from qsync_opt.solver.backends.base import RawResult, SolveOptions, constant_infeasibility, result_from_values
 from qsync_opt.solver.backends.linear import linearize
 from qsync_opt.solver.backends.pulp_model import build_pulp, pulp_values
 from qsync_opt.solver.problem import Problem
@@ -34,8 +34,8 @@ def solve(problem: Problem, options: SolveOptions) -> RawResult:
 
     t0 = time.perf_counter()
     model = linearize(problem, options.formulation)
-    if model.violated_constants:
-        return RawResult(name, "infeasible", wall_s=time.perf_counter() - t0, message="; ".join(model.violated_constants))
+    if (early := constant_infeasibility(model, name, t0)) is not None:
+        return early
     prob, xs = build_pulp(model, "qsync_cbc")
     warm = bool(options.hint)
     if warm:

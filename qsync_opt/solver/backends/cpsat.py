@@ -22,7 +22,7 @@ import math
 import time
 
 from qsync_opt.errors import SolverError
-from qsync_opt.solver.backends.base import RawResult, SolveOptions, result_from_values
+from qsync_opt.solver.backends.base import RawResult, SolveOptions, constant_infeasibility, result_from_values
 from qsync_opt.solver.backends.linear import LinearModel, linearize
 from qsync_opt.solver.problem import Problem
 
@@ -45,8 +45,8 @@ def solve(problem: Problem, options: SolveOptions) -> RawResult:
 
     t0 = time.perf_counter()
     lm = linearize(problem, options.formulation)
-    if lm.violated_constants:
-        return RawResult(name, "infeasible", wall_s=time.perf_counter() - t0, message="; ".join(lm.violated_constants))
+    if (early := constant_infeasibility(lm, name, t0)) is not None:
+        return early
     sm = scale_model(lm)
     m = cp_model.CpModel()
     xs = {}

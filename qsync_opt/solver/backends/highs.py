@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from qsync_opt.solver.backends.base import RawResult, SolveOptions, result_from_values
+from qsync_opt.solver.backends.base import RawResult, SolveOptions, constant_infeasibility, result_from_values
 from qsync_opt.solver.backends.linear import linearize
 from qsync_opt.solver.backends.pulp_model import build_pulp, pulp_values
 from qsync_opt.solver.backends.quiet import swallow_highs_banner
@@ -38,8 +38,8 @@ def available() -> bool:
 def solve(problem: Problem, options: SolveOptions) -> RawResult:
     t0 = time.perf_counter()
     model = linearize(problem, options.formulation)
-    if model.violated_constants:
-        return RawResult(name, "infeasible", wall_s=time.perf_counter() - t0, message="; ".join(model.violated_constants))
+    if (early := constant_infeasibility(model, name, t0)) is not None:
+        return early
     hint = model.hint(options.hint) if options.hint else None
     res = _run(problem, model, options, hint, t0)
     if hint is not None and res.status in ("optimal", "feasible") and res.extra.get("highs_objective") is not None:
