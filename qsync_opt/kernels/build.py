@@ -78,6 +78,36 @@ def build_cpu(rendered: Rendered, directory: Path, module: str, flags: list[str]
     return Path(path)
 
 
+def cuda_gencode(arch: str) -> list[str]:
+    """SASS for `arch` plus its PTX, so a newer GPU than any tiles.yaml arch JIT-compiles the kernels."""
+    sm = arch.split("_")[1]
+    return [f"-gencode=arch=compute_{sm},code=[sm_{sm},compute_{sm}]"]
+
+
+def build_cuda_extension(rendered: Rendered, directory: Path, module: str, arch: str) -> Path:
+    """Compile the rendered .cu and its torch binding into one library with torch.utils.cpp_extension
+    (needs a CUDA build of torch and nvcc) and load it: its ops appear under torch.ops.<namespace>_cuda."""
+    from torch.utils import cpp_extension
+
+    write_sources(rendered, directory)
+    saved = os.environ.get("PATH")
+    os.environ["PATH"] = _with_ninja_on_path()["PATH"]
+    try:
+        path = cpp_extension.load(
+            name=module, sources=[str(directory / rendered.binding), str(directory / rendered.main)],
+            extra_cflags=["-O3", "-DNDEBUG"], extra_cuda_cflags=["-O3", "--expt-relaxed-constexpr", *cuda_gencode(arch)],
+            extra_include_paths=[str(directory)], build_directory=str(directory), is_python_module=False,
+            verbose=False)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        raise KernelBuildError(f"building CUDA kernel module {module} for {arch} failed (sources in {directory}):\n{e}") from e
+    finally:
+        if saved is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = saved
+    return Path(path)
+
+
 def load_library(path: Path) -> None:
     """Load a built CPU module (registers its ops under torch.ops.<namespace>)."""
     try:

@@ -1,9 +1,12 @@
-"""The kernel ops the runtime calls: quantize, dequantize, int8 linear, fp8 round trip.
+"""The kernel ops the runtime calls: quantize, dequantize, absmax, int8/int4/fp8 linear, fp8 round trip.
 
-impl="templated" runs the rendered C++ kernels (CPU tensors; built once and cached) and raises
-KernelBuildError if they do not build; impl="torch" is the pure-PyTorch path in reference.py;
-impl="auto" takes the templated kernels when they build, load and cover the input, else torch.
-Bad arguments raise SpecError naming the argument, the value and the fix.
+impl="templated" runs the rendered kernels (C++ on CPU tensors, CUDA on CUDA tensors; built once
+and cached) and raises KernelBuildError if they do not build; impl="torch" is the PyTorch path
+(reference.py, which uses torch._int_mm / torch._scaled_mm where they exist); impl="auto" takes
+what kernels/dispatch.py chooses for the tensor's device, falling back to torch when a templated
+build fails. Which GEMM runs where is decided only in dispatch.gemm_impl, the function the
+planner's implementation table is built from. Bad arguments raise SpecError naming the argument,
+the value and the fix.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import torch
 from torch import Tensor
 
 from qsync_opt.errors import KernelBuildError, SpecError
-from qsync_opt.kernels import reference
+from qsync_opt.kernels import cuda_ops, reference
+from qsync_opt.kernels.dispatch import Target, cuda_gemm_kinds, gemm_impl
 from qsync_opt.kernels.dtypes import FP8, TORCH_DTYPE, name_of
 
 Impl = Literal["auto", "templated", "torch"]
@@ -75,6 +79,18 @@ def _covers(mod, impl: str, field: str, dtype: torch.dtype, have: str) -> bool:
     return False
 
 
+def _cuda_module_or_none(impl: str, ok: bool, why: str, device, fp8_format: str = "e4m3"):
+    """The CUDA module for `device`, or None (torch path); impl='templated' on an input the kernels
+    cannot take is an error, not a fallback."""
+    if impl not in IMPLS:
+        raise SpecError(f"impl: unknown value {impl!r}; use one of {', '.join(IMPLS)}")
+    if not ok:
+        if impl == "templated":
+            raise SpecError(f"impl='templated': {why}; pass impl='auto' or impl='torch' for this input")
+        return None
+    return cuda_ops.module(device, impl, fp8_format)
+
+
 def available(impl: str = "templated") -> bool:
     """Whether `impl` can run here (for 'templated'/'auto': whether the CPU kernels build and load)."""
     if impl == "torch":
@@ -121,6 +137,14 @@ def quantize_symmetric(x: Tensor, *, bits: int = 8, axis: int | None = None, sca
     channels = 1 if axis is None else x.shape[axis]
     if scale is not None:
         scale = _check_scale(scale, channels)
+    if x.is_cuda:
+        mod = _cuda_module_or_none(impl, x.dtype == torch.float32 and x.numel() > 0,
+                                   f"the CUDA kernels read non-empty fp32 tensors, got {x.dtype} with {x.numel()} "
+                                   "elements", x.device)
+        if mod is not None:
+            seed = int(torch.randint(0, 2**62, (), generator=generator)) if stochastic else 0
+            return cuda_ops.quantize(mod, x, scale, reference.qmax_of(bits), axis, bool(stochastic), seed)
+        return reference.quantize(x, bits=bits, axis=axis, scale=scale, stochastic=stochastic, generator=generator)
     ok = x.device.type == "cpu" and x.dtype in TORCH_DTYPE.values() and x.numel() > 0
     mod = _templated_or_none(impl, ok, f"needs a non-empty CPU tensor of {'/'.join(TORCH_DTYPE)}, "
                                        f"got {x.dtype} on {x.device} with {x.numel()} elements")
@@ -130,13 +154,37 @@ def quantize_symmetric(x: Tensor, *, bits: int = 8, axis: int | None = None, sca
     return reference.quantize(x, bits=bits, axis=axis, scale=scale, stochastic=stochastic, generator=generator)
 
 
-def dequantize(q: Tensor, scale: Tensor, *, axis: int | None = None, dtype=torch.float32) -> Tensor:
-    """x ≈ q * scale (broadcast along `axis` for per-channel scales), returned in `dtype`."""
+def dequantize(q: Tensor, scale: Tensor, *, axis: int | None = None, dtype=torch.float32,
+               impl: Impl = "auto") -> Tensor:
+    """x ≈ q * scale (broadcast along `axis` for per-channel scales), returned in `dtype`.
+    CUDA tensors go through the templated kernel when dtype is fp32; CPU tensors through torch."""
     if not isinstance(q, Tensor) or q.dtype != torch.int8:
         raise SpecError(f"q: expected an int8 tensor, got {getattr(q, 'dtype', type(q).__name__)}; pass quantize_symmetric's q")
     axis = _norm_axis(axis, q)
     s = _check_scale(scale, 1 if axis is None else q.shape[axis])
+    if q.is_cuda:
+        mod = _cuda_module_or_none(impl, dtype == torch.float32 and q.numel() > 0,
+                                   f"the CUDA kernel writes fp32, asked for {dtype}", q.device)
+        if mod is not None:
+            return cuda_ops.dequantize(mod, q, s, axis)
+    elif impl not in IMPLS:
+        raise SpecError(f"impl: unknown value {impl!r}; use one of {', '.join(IMPLS)}")
     return reference.dequantize(q, s, axis=axis, dtype=dtype)
+
+
+def absmax(x: Tensor, *, axis: int | None = None, impl: Impl = "auto") -> Tensor:
+    """max |x| in fp32: a scalar, or one value per slice along `axis` (templated kernel on CUDA fp32)."""
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise SpecError(f"x: expected a floating tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    axis = _norm_axis(axis, x)
+    if x.is_cuda:
+        mod = _cuda_module_or_none(impl, x.dtype == torch.float32 and x.numel() > 0,
+                                   f"the CUDA kernel reads non-empty fp32 tensors, got {x.dtype}", x.device)
+        if mod is not None:
+            return cuda_ops.absmax(mod, x, axis)
+    elif impl not in IMPLS:
+        raise SpecError(f"impl: unknown value {impl!r}; use one of {', '.join(IMPLS)}")
+    return reference.absmax(x, axis)
 
 
 def _check_linear(xq, sx, wq, sw, bias, out_dtype):
@@ -169,6 +217,8 @@ def int8_linear(xq: Tensor, sx: Tensor, wq: Tensor, sw: Tensor, bias: Tensor | N
     (float(acc) * (sx * sw)) + bias in fp32 and rounded once to out_dtype. Used for int8 and int4
     (int4 values are int8 tensors clamped to ±7 — same GEMM, bit-exact)."""
     sx, sw = _check_linear(xq, sx, wq, sw, bias, out_dtype)
+    if xq.is_cuda:
+        return _int_linear_cuda("int8", xq, sx, wq, sw, bias, out_dtype, impl)
     ok = xq.device.type == "cpu" and out_dtype in (torch.float32, torch.bfloat16) and xq.shape[0] > 0
     mod = _templated_or_none(impl, ok, f"needs CPU tensors, M > 0 and out_dtype fp32/bf16, got {xq.device}, "
                                        f"M={xq.shape[0]}, {out_dtype}")
@@ -194,3 +244,82 @@ def fp8_roundtrip(x: Tensor, fmt: Literal["e4m3", "e5m2"], *, scale: Tensor | No
             raise SpecError(f"scale: shape {tuple(scale.shape)} does not broadcast to x {tuple(x.shape)}") from None
         _check_scale(scale.reshape(-1), scale.numel())
     return reference.fp8_roundtrip(x, fmt, scale)
+
+
+def _int_linear_cuda(precision: str, xq, sx, wq, sw, bias, out_dtype, impl) -> Tensor:
+    """Run the GEMM dispatch.gemm_impl names for this CUDA device (templated kernels write fp32)."""
+    choice = gemm_impl(Target.of_tensor(xq), precision, impl)
+    if choice.kind == "emulation":  # int4 as ±7 codes through the int8 path
+        return _int_linear_cuda(choice.via, xq, sx, wq, sw, bias, out_dtype, impl)
+    if choice.kind == "templated":
+        mod = _cuda_module_or_none(impl, out_dtype == torch.float32 and xq.shape[0] > 0,
+                                   f"the CUDA GEMMs write fp32 with M > 0, asked for {out_dtype}, M={xq.shape[0]}",
+                                   xq.device)
+        if mod is not None:
+            run = cuda_ops.int4_gemm if choice.op == "qsync.cuda.int4_wmma" else cuda_ops.int8_gemm
+            return run(mod, xq, sx, wq, sw, bias)
+    return reference.int8_linear(xq, sx, wq, sw, bias, out_dtype)
+
+
+def int4_linear(xq: Tensor, sx: Tensor, wq: Tensor, sw: Tensor, bias: Tensor | None, *,
+                out_dtype=torch.float32, impl: Impl = "auto") -> Tensor:
+    """int8_linear for int4 codes (int8 tensors with |v| <= 7): the templated s4 tensor-core GEMM where
+    dispatch names it (CUDA sm_75..sm_89), else the int8 path on the same codes (bit-identical result)."""
+    sx, sw = _check_linear(xq, sx, wq, sw, bias, out_dtype)
+    if xq.is_cuda:
+        return _int_linear_cuda("int4", xq, sx, wq, sw, bias, out_dtype, impl)
+    return int8_linear(xq, sx, wq, sw, bias, out_dtype=out_dtype, impl=impl)
+
+
+def _fmt_of(dtype) -> str | None:
+    return next((f for f, info in FP8.items() if info["torch"] == dtype), None)
+
+
+def quantize_fp8(x: Tensor, fmt: Literal["e4m3", "e5m2"], *, scale: Tensor | None = None,
+                 impl: Impl = "auto") -> tuple[Tensor, Tensor]:
+    """fp8 codes of x / scale (saturated to the format's largest finite value, round to nearest even)
+    and the per-tensor scale (amax / max unless given): the values fp8_roundtrip multiplies back.
+    Templated kernel on CUDA devices with fp8 tensor cores, else torch."""
+    if fmt not in FP8:
+        raise SpecError(f"fmt: unknown fp8 format {fmt!r}; use one of {', '.join(FP8)}")
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise SpecError(f"x: expected a floating tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    if scale is not None:
+        scale = _check_scale(scale, 1)
+    info = FP8[fmt]
+    if x.is_cuda and "fp8" in cuda_gemm_kinds(Target.of_tensor(x).sm):
+        mod = _cuda_module_or_none(impl, x.dtype == torch.float32 and x.numel() > 0,
+                                   f"the CUDA kernel reads non-empty fp32 tensors, got {x.dtype}", x.device, fmt)
+        if mod is not None:
+            return cuda_ops.quantize_fp8(mod, x, scale, info["torch"])
+    elif impl not in IMPLS:
+        raise SpecError(f"impl: unknown value {impl!r}; use one of {', '.join(IMPLS)}")
+    xf = x.float()
+    s = reference.scale_from_amax(reference.absmax(xf, None), info["max"]) if scale is None else scale.to(xf.device)
+    return (xf / s).clamp_(-info["max"], info["max"]).to(info["torch"]), s
+
+
+def fp8_linear(xq: Tensor, sx: Tensor, wq: Tensor, sw: Tensor, bias: Tensor | None, *,
+               impl: Impl = "auto") -> Tensor:
+    """y = (xq @ wq.T) * sx * sw (+ bias) in fp32 for fp8 codes xq (M, K) and wq (N, K) of one format:
+    fp8 tensor cores (torch._scaled_mm or the templated mma kernel) where dispatch names them,
+    else an fp32 GEMM on the fp8 values (exact products, fp32 accumulation)."""
+    for field, t in (("xq", xq), ("wq", wq)):
+        if not isinstance(t, Tensor) or _fmt_of(t.dtype) is None or t.dim() != 2:
+            raise SpecError(f"{field}: expected a 2-d float8 tensor, got {getattr(t, 'dtype', type(t).__name__)} "
+                            f"{tuple(getattr(t, 'shape', ()))}; use quantize_fp8 and flatten to (rows, features)")
+    if xq.dtype != wq.dtype or xq.shape[1] != wq.shape[1] or xq.device != wq.device:
+        raise SpecError(f"wq: {wq.dtype} {tuple(wq.shape)} on {wq.device} does not match xq {xq.dtype} "
+                        f"{tuple(xq.shape)} on {xq.device}; both need one format, one K and one device")
+    n = wq.shape[0]
+    sx = _check_scale(sx, 1, "sx").to(xq.device)
+    sw = _check_scale(sw, 1 if sw is not None and sw.numel() == 1 else n, "sw").to(xq.device)
+    fmt = _fmt_of(xq.dtype)
+    choice = gemm_impl(Target.of_tensor(xq), f"fp8_{fmt}", impl)
+    if choice.kind == "library" and xq.shape[0] > 0:
+        return cuda_ops.scaled_mm(xq, sx, wq, sw, bias)
+    if choice.kind == "templated":
+        mod = _cuda_module_or_none(impl, xq.shape[0] > 0, "M must be > 0", xq.device, fmt)
+        if mod is not None:
+            return cuda_ops.fp8_gemm(mod, xq, sx, wq, sw, bias)
+    return reference.epilogue(xq.float() @ wq.float().t(), sx, sw, bias, torch.float32)

@@ -40,6 +40,22 @@ class CpuModule:
 
 
 @dataclass(frozen=True)
+class CudaModule:
+    """A loaded CUDA kernel module (torch extension); its ops are torch.ops.<namespace>_cuda.<op>,
+    each taking the CUDA stream as its last argument."""
+
+    spec: CudaSpec
+    namespace: str
+    path: Path
+    key: str
+    built: bool
+
+    @property
+    def ops(self):
+        return getattr(torch.ops, f"{self.namespace}_cuda")
+
+
+@dataclass(frozen=True)
 class CudaArtefacts:
     """Rendered CUDA sources and what was compiled from them in `directory`."""
 
@@ -122,3 +138,42 @@ def compile_cuda(spec: CudaSpec, *, cache_dir=None, mode: str = "object", check_
     return CudaArtefacts(spec=spec, directory=directory, source=directory / rendered.main,
                          binding=directory / rendered.binding, output=directory / marker["artefact"], key=key,
                          built=built)
+
+
+def get_cuda_module(spec: CudaSpec, *, cache_dir=None) -> CudaModule:
+    """Render, build (once per content and toolchain, with torch.utils.cpp_extension) and load the
+    CUDA ops of `spec`; cached on disk and in memory like the CPU module. Needs a CUDA torch."""
+    from qsync_opt.errors import KernelBuildError
+
+    if torch.version.cuda is None:
+        raise KernelBuildError(f"the CUDA kernels need a CUDA build of torch; this one is {torch.__version__}")
+    root = cache_root(cache_dir)
+    quick = ("cuda", spec, str(root))
+    hit = _MEMO.get(quick)
+    if hit is not None:
+        return hit
+    rendered = render_cuda(spec)
+    flags = build.nvcc_flags(spec.arch) + build.cuda_gencode(spec.arch) + ["torch-extension"]
+    tc = toolchain(spec.arch, flags, build.nvcc() or "nvcc")
+    tc["cxx"], tc["cuda"] = compiler_version(build.cxx()), str(torch.version.cuda)
+    key = cache_key(rendered.digest(), tc)
+    directory = entry_dir(root, f"{spec.name}_ext", key)
+    with _MEMO_LOCK:
+        hit = _MEMO.get(str(directory))
+        if hit is not None:
+            _MEMO[quick] = hit
+            return hit
+        loaded_by_build = []
+
+        def do_build() -> dict:
+            path = build.build_cuda_extension(rendered, directory, f"{spec.name}_{key[:12]}", spec.arch)
+            loaded_by_build.append(path)
+            return {"artefact": path.name, "namespace": rendered.namespace, "toolchain": tc, "spec": repr(spec)}
+
+        marker, built = _lookup_or_build(directory, key, do_build)
+        path = directory / marker["artefact"]
+        if not loaded_by_build:
+            build.load_library(path)
+        mod = CudaModule(spec=spec, namespace=marker["namespace"], path=path, key=key, built=built)
+        _MEMO[str(directory)] = _MEMO[quick] = dataclasses.replace(mod, built=False)
+        return mod

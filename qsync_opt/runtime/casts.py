@@ -12,7 +12,7 @@ import contextlib
 import torch
 
 from ..kernels import ops as kops
-from .recipe import FP8_DTYPES, INT_BITS, Recipe
+from .recipe import INT_BITS, Recipe
 
 _SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 
@@ -39,40 +39,38 @@ class Quantized:
     in torch's float8 dtypes. `axis` is the per-channel axis of `scale`, or None.
     """
 
-    __slots__ = ("codes", "scale", "axis", "fp8")
+    __slots__ = ("codes", "scale", "axis", "fp8", "impl")
 
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, axis: int | None, fp8: bool):
-        self.codes, self.scale, self.axis, self.fp8 = codes, scale, axis, fp8
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, axis: int | None, fp8: bool, impl: str = "auto"):
+        self.codes, self.scale, self.axis, self.fp8, self.impl = codes, scale, axis, fp8, impl
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         with scope(f"dequantize[{'fp8' if self.fp8 else 'int'}->{_SHORT.get(dtype, dtype)}]"):
             if self.fp8:
                 out = self.codes.to(torch.float32) * self.scale
                 return out if dtype == torch.float32 else out.to(dtype)
-            return kops.dequantize(self.codes, self.scale, axis=self.axis, dtype=dtype)
+            return kops.dequantize(self.codes, self.scale, axis=self.axis, dtype=dtype, impl=self.impl)
 
 
 def quantize(t: torch.Tensor, recipe: Recipe, *, per_channel: bool = False) -> Quantized:
     """Quantize `t` for `recipe` (fp8 or int). `per_channel` scales along axis 0 (int only).
 
     Integer formats: symmetric, scale = amax/qmax, nearest or stochastic rounding, through
-    kernels.ops.quantize_symmetric. FP8: kernels.ops.fp8_roundtrip (per-tensor scale, nearest);
-    the round-tripped values divided by the scale are exact fp8 numbers and are stored as such.
+    kernels.ops.quantize_symmetric. FP8: kernels.ops.quantize_fp8 (per-tensor scale amax/max,
+    saturating, nearest): the codes are the values fp8_roundtrip multiplies back by the scale.
     """
     t = t.detach()
     if recipe.path == "fp8":
         fmt = recipe.precision.split("_")[1]
         with scope(f"quantize[{recipe.precision}]"):
-            rt, scale = kops.fp8_roundtrip(t.float(), fmt)
-            scale = torch.as_tensor(scale, dtype=torch.float32)
-            codes = (rt / scale).to(FP8_DTYPES[recipe.precision])
-        return Quantized(codes, scale, None, fp8=True)
+            codes, scale = kops.quantize_fp8(t.float(), fmt, impl=recipe.kernels)
+        return Quantized(codes, scale.float(), None, fp8=True, impl=recipe.kernels)
     axis = 0 if per_channel else None
     with scope(f"quantize[{recipe.precision}{'/ch' if per_channel else ''}]"):
         q, s = kops.quantize_symmetric(
             t.float(), bits=INT_BITS[recipe.precision], axis=axis, stochastic=recipe.stochastic, impl=recipe.kernels
         )
-    return Quantized(q, s, axis, fp8=False)
+    return Quantized(q, s, axis, fp8=False, impl=recipe.kernels)
 
 
 class StraightThrough(torch.autograd.Function):

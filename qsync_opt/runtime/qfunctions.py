@@ -4,11 +4,13 @@ One Function, three operator shapes. Forward by precision:
   tf32        fp32 tensors, TF32 tensor-core math scoped to the op (CUDA); plain fp32 on CPU.
   bf16, fp16  input and weight cast to the format (timed `qsync::cast` steps), the op runs in
               that dtype, the output is cast back to fp32. Backward runs in the same dtype.
-  fp8_*       input and weight round-tripped through fp8 (kernels.ops.fp8_roundtrip), then an
-              fp32 GEMM on the exact fp8 values: fp8 storage with fp32 accumulation.
+  fp8_*       input and weight quantized to fp8 codes (kernels.ops.quantize_fp8); where
+              kernels/dispatch.py names fp8 tensor cores (CUDA sm_89+) the GEMM runs on the codes
+              (kernels.ops.fp8_linear), elsewhere an fp32 GEMM on the exact fp8 values.
   int8, int4  QSync's scheme: symmetric scales (per-tensor activations; per-tensor or
               per-output-channel weights), int8 x int8 -> int32 GEMM with the dequantising
-              epilogue fused (kernels.ops.int8_linear); int4 is ±7 through the same GEMM.
+              epilogue fused (kernels.ops.int8_linear); int4 codes (±7) go to kernels.ops.int4_linear,
+              the s4 tensor-core kernel where dispatch names it, else the same int8 GEMM.
 Every operator returns fp32: one rule, and the cast back is a visible step of its own.
 
 Backward of fp8/int: the saved activation and weight are the codes and scales (8 bits per
@@ -23,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import ops as kops
+from ..kernels.dispatch import Target, gemm_impl
 from .casts import Quantized, cast, quantize, scope, tf32_enabled
 from .recipe import Recipe
 
@@ -46,9 +49,9 @@ class LinearOp:
     def float_forward(self, x, w, bias):
         return F.linear(x, w, bias)
 
-    def int_forward(self, xq: Quantized, wq: Quantized, bias, impl):
+    def int_forward(self, xq: Quantized, wq: Quantized, bias, gemm):
         k = xq.codes.shape[-1]
-        y = kops.int8_linear(xq.codes.reshape(-1, k), xq.scale, wq.codes, wq.scale, bias, out_dtype=torch.float32, impl=impl)
+        y = gemm(xq.codes.reshape(-1, k), xq.scale, wq.codes, wq.scale, bias)
         return y.reshape(*xq.codes.shape[:-1], wq.codes.shape[0])
 
     def backward(self, gy, x, w, need_x, need_w):
@@ -63,8 +66,8 @@ class LinearOp:
 class ConvOp:
     """N-d convolution (N = 1 or 2) with zero padding; other padding modes are applied before.
 
-    The integer forward is im2col (unfold of the int8 codes, exact as small floats) followed by
-    the int8 GEMM, one GEMM per group: bit-exact integer arithmetic, no layout tricks.
+    The quantized forward is im2col (unfold of the int8 or fp8 codes, exact as fp32 values)
+    followed by the GEMM, one per group: bit-exact integer arithmetic, no layout tricks.
     """
 
     per_channel = True
@@ -79,7 +82,7 @@ class ConvOp:
         conv = F.conv1d if self.ndim == 1 else F.conv2d
         return conv(x, w, bias, self.stride, self.padding, self.dilation, self.groups)
 
-    def int_forward(self, xq: Quantized, wq: Quantized, bias, impl, kernel_size):
+    def int_forward(self, xq: Quantized, wq: Quantized, bias, gemm, kernel_size):
         codes = xq.codes
         k, s, p, d = tuple(kernel_size), self.stride, self.padding, self.dilation
         if self.ndim == 1:
@@ -90,15 +93,14 @@ class ConvOp:
             cols = F.unfold(codes.to(torch.float32), k, d, p, s)  # (n, c*kh*kw, L), small integers: exact
             ho = (h + 2 * p[0] - d[0] * (k[0] - 1) - 1) // s[0] + 1
             wo = (wd + 2 * p[1] - d[1] * (k[1] - 1) - 1) // s[1] + 1
-            cols = cols.transpose(1, 2).reshape(n * ho * wo, -1).to(torch.int8)
+            cols = cols.transpose(1, 2).reshape(n * ho * wo, -1).to(xq.codes.dtype)
         out_ch, per_group = wq.codes.shape[0] // self.groups, cols.shape[1] // self.groups
         parts = []
         for g in range(self.groups):
             sw = wq.scale if wq.scale.numel() == 1 else wq.scale[g * out_ch:(g + 1) * out_ch]
             b = None if bias is None else bias[g * out_ch:(g + 1) * out_ch]
-            parts.append(kops.int8_linear(
-                cols[:, g * per_group:(g + 1) * per_group].contiguous(), xq.scale,
-                wq.codes[g * out_ch:(g + 1) * out_ch], sw, b, out_dtype=torch.float32, impl=impl))
+            parts.append(gemm(cols[:, g * per_group:(g + 1) * per_group].contiguous(), xq.scale,
+                              wq.codes[g * out_ch:(g + 1) * out_ch], sw, b))
         y = parts[0] if self.groups == 1 else torch.cat(parts, dim=1)
         y = y.reshape(n, ho, wo, -1).permute(0, 3, 1, 2).contiguous()
         return y.squeeze(2) if self.ndim == 1 else y
@@ -128,14 +130,13 @@ class MatMulOp:
     def float_forward(self, a, b, bias):
         return _mm(a, b)
 
-    def int_forward(self, aq: Quantized, bq: Quantized, bias, impl):
+    def int_forward(self, aq: Quantized, bq: Quantized, bias, gemm):
         a, b = aq.codes, bq.codes
         batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         a3 = a.expand(*batch, m, k).reshape(-1, m, k)
         bt = b.transpose(-1, -2).expand(*batch, n, k).reshape(-1, n, k)
-        outs = [kops.int8_linear(a3[i].contiguous(), aq.scale, bt[i].contiguous(), bq.scale, None,
-                                 out_dtype=torch.float32, impl=impl) for i in range(a3.shape[0])]
+        outs = [gemm(a3[i].contiguous(), aq.scale, bt[i].contiguous(), bq.scale, None) for i in range(a3.shape[0])]
         return torch.stack(outs).reshape(*batch, m, n)
 
     def backward(self, gy, a, b, need_a, need_b):
@@ -145,6 +146,18 @@ class MatMulOp:
 
     def bias_grad(self, gy):  # pragma: no cover - matmul has no bias
         raise NotImplementedError
+
+
+def quantized_gemm(recipe: Recipe, x: torch.Tensor):
+    """The 2-d GEMM (codes, scale, codes, scale, bias) -> fp32 for an int/fp8 recipe on x's device,
+    or None where kernels/dispatch.py says the format is emulated by an fp32 GEMM (fp8 without fp8 units)."""
+    impl = recipe.kernels
+    if recipe.path == "int":
+        f = kops.int4_linear if recipe.precision == "int4" else kops.int8_linear
+        return lambda a, sa, b, sb, bias: f(a, sa, b, sb, bias, out_dtype=torch.float32, impl=impl)
+    if gemm_impl(Target.of_tensor(x), recipe.precision, impl).kind == "emulation":
+        return None
+    return lambda a, sa, b, sb, bias: kops.fp8_linear(a, sa, b, sb, bias, impl=impl)
 
 
 class QuantizedGemm(torch.autograd.Function):
@@ -168,11 +181,12 @@ class QuantizedGemm(torch.autograd.Function):
         xq = quantize(x, recipe)
         wq = quantize(op.weight_matrix(w), recipe, per_channel=per_channel)
         b32 = cast(bias, torch.float32)
-        if recipe.path == "int":
+        gemm = quantized_gemm(recipe, x)
+        if gemm is not None:
             with scope(f"gemm[{recipe.precision}]"):
                 extra = (kernel_size,) if isinstance(op, ConvOp) else ()
-                y = op.int_forward(xq, wq, b32, recipe.kernels, *extra)
-        else:  # fp8: exact fp8 values, fp32 accumulation
+                y = op.int_forward(xq, wq, b32, gemm, *extra)
+        else:  # fp8 emulated: exact fp8 values, fp32 GEMM
             with scope(f"gemm[{recipe.precision}]"):
                 y = op.float_forward(xq.dequantize().reshape(x.shape), wq.dequantize().reshape(w.shape), b32)
         ctx.save_for_backward(xq.codes, xq.scale, wq.codes, wq.scale)
@@ -190,8 +204,8 @@ class QuantizedGemm(torch.autograd.Function):
             xc, xs, wc, ws = ctx.saved_tensors
             x_axis, w_axis, fp8 = ctx.meta
             # dequantise in fp32, then one rounding to the backward dtype
-            xb = cast(Quantized(xc, xs, x_axis, fp8).dequantize(), bd).reshape(ctx.x_shape)
-            wb = cast(Quantized(wc, ws, w_axis, fp8).dequantize(), bd).reshape(ctx.w_shape)
+            xb = cast(Quantized(xc, xs, x_axis, fp8, recipe.kernels).dequantize(), bd).reshape(ctx.x_shape)
+            wb = cast(Quantized(wc, ws, w_axis, fp8, recipe.kernels).dequantize(), bd).reshape(ctx.w_shape)
         gx = gw = gb = None
         if need_x or need_w:
             with tf32_enabled(ctx.tf32), scope(f"backward[{recipe.precision}@{str(bd).removeprefix('torch.')}]"):

@@ -130,7 +130,7 @@ class QEmbedding(QuantizedModule, nn.Embedding):
             if per_row:
                 approx = codes.to(torch.float32) * q.scale.reshape(-1)[idx].unsqueeze(-1)
             else:
-                approx = Quantized(codes, q.scale, None, q.fp8).dequantize()
+                approx = Quantized(codes, q.scale, None, q.fp8, q.impl).dequantize()
         return StraightThrough.apply(rows, approx)
 
 
