@@ -73,18 +73,29 @@ class DeviceSpec(BaseModel):
         return self.memory_gb * 1e9
 
     def supports(self, precision: str) -> bool:
-        return PEAK_KEY[precision] in self.peak_tflops
+        """Whether the planner may offer `precision` here: the datasheet lists its rate and the
+        runtime's dispatch (kernels/dispatch.py) runs it without emulating it through fp32."""
+        from ..kernels.dispatch import offer
+
+        return PEAK_KEY[precision] in self.peak_tflops and offer(self, precision)[0]
 
     @property
     def precisions(self) -> tuple[str, ...]:
         """Precisions this device runs natively, highest first."""
         return tuple(p for p in PRECISIONS if self.supports(p))
 
+    def rate_key(self, precision: str) -> str:
+        """The peak_tflops key that prices `precision`: that of the implementation the runtime
+        executes here (kernels/dispatch.py), e.g. 'int8' for int4 emulated through the int8 path."""
+        from ..kernels.dispatch import implementation
+
+        return implementation(self, precision).rate
+
     def peak_flops(self, precision: str) -> float:
-        return self.peak_tflops[PEAK_KEY[precision]] * 1e12
+        return self.peak_tflops[self.rate_key(precision)] * 1e12
 
     def achieved_flops(self, precision: str) -> float:
-        key = PEAK_KEY[precision]
+        key = self.rate_key(precision)
         return self.peak_tflops[key] * 1e12 * self.efficiency.get(key, 0.6)
 
 

@@ -16,6 +16,7 @@ its own tensor-core peak.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -154,6 +155,7 @@ def _fp8_impl(target: Target, kernels: str, fmt: str) -> Impl:
                 note="fp8 storage, fp32 arithmetic")
 
 
+@functools.lru_cache(maxsize=1024)
 def gemm_impl(target: Target, precision: str, kernels: str = "auto") -> Impl:
     """The forward GEMM that runs `precision` on `target` under `kernels` (the runtime's setting).
 

@@ -82,9 +82,9 @@ def int_mm_exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def epilogue(acc: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor, bias: torch.Tensor | None,
              out_dtype: torch.dtype) -> torch.Tensor:
     s = sx.float().reshape(()) * sw.float().reshape(-1)
-    y = acc.float() * s
+    y = acc * s  # an int32 acc is promoted to fp32 inside the multiply: float(acc) * s in one pass
     if bias is not None:
-        y = y + bias.float()
+        y.add_(bias.float())
     return y.to(out_dtype)
 
 

@@ -3,8 +3,18 @@
 One kernel's time is max(FLOPs / achieved FLOP/s, bytes / achieved bandwidth) plus its launch
 overhead; forward is one kernel, backward two (input grad and weight grad).
 
+Which GEMM runs, and so which catalog rate prices it, comes from the runtime's dispatch
+(kernels/dispatch.py, through DeviceSpec.achieved_flops): int4 emulated through the int8 path
+costs the int8 rate; a format dispatch would emulate through fp32 is not offered at all. The
+implementation also adds what it really does around the GEMM:
+  - the templated int4 kernel first packs both int8-held operands two per byte (one pass);
+  - library int/fp8 GEMMs (torch._int_mm, torch._scaled_mm) write a 32-bit accumulator and
+    run the dequantising epilogue as torch ops (float(acc) * scale, + bias: 2 passes over it);
+    the templated kernels fuse it.
+
 Bytes of a selectable op at precision p (see casts.py for activation formats):
-  forward   inputs at BITS[p]/8, weights at BITS[p]/8, output in p's activation format
+  forward   inputs and weights at the runtime's storage width (dispatch.storage_bits: int4
+            codes are int8 tensors), output in p's activation format
             (fp32 for fp32/tf32, 2 bytes for bf16/fp16, and for integer/fp8 the int32
             accumulator is dequantised in the epilogue into the backward precision, so their
             output is 16-bit, not 8).
@@ -13,7 +23,7 @@ Bytes of a selectable op at precision p (see casts.py for activation formats):
             and fp8 ops (QSync: FP16; on devices without it the best 16-bit format or fp32), so
             those formats differ from a 16-bit op only in forward cost. It reads the output
             gradient twice, the weight (dequantised on the fly) and the saved input (kept at
-            BITS[p]), and writes the input gradient and an FP32 weight gradient.
+            the storage width), and writes the input gradient and an FP32 weight gradient.
   weight    an op below fp32/tf32 casts its FP32 master weight every iteration:
             `weight_cast_ms`, part of the op's total.
 Embedding reads int64 indices and gathers only the rows it outputs.
@@ -34,6 +44,7 @@ from dataclasses import dataclass
 
 from ..errors import SpecError
 from ..hardware.device import DeviceSpec
+from ..kernels.dispatch import implementation, storage_bits
 from ..models.graph import OpGraph, OpNode
 from ..precision import BITS, PRECISIONS, sort_high_to_low
 from .casts import SCALED, activation_format, cast_ms, resolve_backward_precision, storage_format
@@ -69,6 +80,24 @@ def kernel_ms(flops: float, nbytes: float, precision: str, device: DeviceSpec, l
     return max(compute, memory) + launches * device.launch_overhead_us / 1e3
 
 
+#: elementwise passes of the unfused epilogue after a library int/fp8 GEMM (reference.epilogue):
+#: float(acc) * scale, then + bias.
+LIBRARY_EPILOGUE_PASSES = 2
+
+
+def gemm_extras_ms(node: OpNode, p: str, device: DeviceSpec) -> float:
+    """Time the runtime's implementation of p spends around its GEMM (module docstring)."""
+    if p not in SCALED or node.kind == "embedding":
+        return 0.0
+    impl = implementation(device, p)
+    if impl.op == "qsync.cuda.int4_wmma":  # int8-held codes in, packed nibbles out, for input and weight
+        return kernel_ms(0, 1.5 * (node.input_numel + node.param_count), "fp32", device, launches=2)
+    if impl.kind == "library" and device.kind != "cpu":
+        return kernel_ms(0, 8 * node.output_numel * LIBRARY_EPILOGUE_PASSES, "fp32", device,
+                         launches=LIBRARY_EPILOGUE_PASSES)
+    return 0.0
+
+
 def backward_compute_precision(precision: str, backward_precision: str) -> str:
     """Float formats run their own backward; integer and fp8 ops run the runtime's."""
     return precision if precision in ("fp32", "tf32", "bf16", "fp16") else backward_precision
@@ -89,7 +118,7 @@ def selectable_cost(
     the other way), as this project's runtime does, so those casts are part of its cost.
     """
     bwd_p = resolve_backward_precision(backward_precision, device)
-    store = BITS[p] / 8  # inputs, saved input and weight copy
+    store = storage_bits(p) / 8  # inputs, saved input and weight copy, as the runtime keeps them
     act = activation_format(p, bwd_p)  # the format the op works in around its GEMM
     out_fmt = "fp32" if boundary == "fp32" and p in SCALED else act  # int/fp8 epilogue writes fp32 there
     out_b, grad_b = BITS[out_fmt] / 8, BITS[act] / 8
@@ -105,7 +134,7 @@ def selectable_cost(
         bwd_bytes = 2 * n_out * grad_b + n_w * store + n_in * grad_b + n_in * store + n_w * 4
         cast_in = cast_ms(n_in, in_fmt, p, device)  # quantisation for int/fp8; the input cast in 'fp32' mode
     cast_out = cast_ms(n_out, out_fmt, "fp32", device) if boundary == "fp32" else 0.0
-    fwd = kernel_ms(node.fwd_flops, fwd_bytes, p, device) + cast_in + cast_out
+    fwd = kernel_ms(node.fwd_flops, fwd_bytes, p, device) + cast_in + cast_out + gemm_extras_ms(node, p, device)
     bwd = 0.0
     if backward:
         bwd = kernel_ms(node.bwd_flops, bwd_bytes, backward_compute_precision(p, bwd_p), device, launches=2)

@@ -11,10 +11,11 @@ fixed (no choice changes it)
   - activations saved by non-selectable ops that follow no selectable op, at FP32;
   - workspace: twice the largest FP32 operator output (the gradient being read and the one
     being written during backward, plus library scratch), a documented constant rule.
-per operator and precision
-  - saved activations at BITS[p]/32 of their FP32 size (embedding saves int64 indices, which
+per operator and precision (widths are what the runtime stores: kernels.dispatch.storage_bits,
+so int4 codes count 8 bits, as they live in int8 tensors)
+  - saved activations at bits(p)/32 of their FP32 size (embedding saves int64 indices, which
     do not shrink);
-  - the low-precision weight copy, BITS[p]/8 per parameter, for formats not stored as fp32;
+  - the low-precision weight copy, bits(p)/8 per parameter, for formats not stored as fp32;
   - the activations its followers save (followers.py), in the format they run in at p
     (fp32 for fp32/tf32, else 16-bit: never below 16 bits).
 """
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 
 from ..errors import SpecError
 from ..models.graph import OpGraph, OpNode
-from ..precision import BITS
+from ..kernels.dispatch import storage_bits
 from .casts import storage_format
 from .costs import OPTIMIZER_STATES
 from .followers import follow_format, follower_saved_bytes
@@ -52,7 +53,7 @@ class MemoryModel:
 
 def op_memory_bytes(node: OpNode, precision: str) -> float:
     """Saved activations at the op's precision plus its low-precision weight copy."""
-    bits = BITS[precision]
+    bits = storage_bits(precision)
     saved = node.saved_bytes if node.kind == "embedding" else node.saved_bytes * bits / 32
     weight = node.param_count * bits / 8 if storage_format(precision) != "fp32" else 0.0
     return saved + weight
