@@ -242,6 +242,7 @@ def _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, 
         solver=report,
         baselines=baselines,
         provenance=Provenance(spec_digest=spec.digest(), versions=_versions()),
+        boundary=spec.runtime.boundary,
     )
 
 

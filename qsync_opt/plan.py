@@ -101,6 +101,8 @@ class Plan(BaseModel):
     solver: SolverReport
     baselines: dict[str, Baseline] = Field(default_factory=dict)
     provenance: Provenance
+    boundary: Literal["edge", "fp32"] = "fp32"
+    """The runtime.boundary the plan was costed for; the runtime refuses a plan made for another."""
 
     # --- views ---------------------------------------------------------------------------
     def to_fqn_config(self, group: str) -> dict[str, str]:
@@ -136,6 +138,8 @@ class Plan(BaseModel):
 
     @classmethod
     def from_dict(cls, data: dict, origin: str = "<plan>") -> "Plan":
+        if isinstance(data, dict) and "boundary" not in data:  # written before plans recorded it, when
+            data = {**data, "boundary": "edge"}                # every plan was costed for 'edge'
         version = data.get("format_version")
         if version != FORMAT_VERSION:
             raise SpecError(f"{origin}: plan format_version {version!r} is not supported (expected {FORMAT_VERSION})")

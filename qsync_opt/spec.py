@@ -227,10 +227,11 @@ class RuntimeSpec(_Model):
     backward_precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     """Precision of the backward pass of quantized operators."""
     rounding: Literal["nearest", "stochastic"] = "nearest"
-    boundary: Literal["edge", "fp32"] = "edge"
-    """Where casts are paid. 'edge': activations flow at low precision and a cast happens only
-    where adjacent operators differ (QSync's runtime). 'fp32': every quantized operator casts its
-    input in and its output back to fp32 (this package's CPU runtime today)."""
+    boundary: Literal["edge", "fp32"] = "fp32"
+    """Where casts are paid. 'fp32' (this package's runtime, CPU and CUDA): every quantized operator
+    casts its input in and returns fp32. 'edge': activations flow at low precision and a cast happens
+    only where adjacent operators differ (QSync's runtime); plans costed for it are for comparison,
+    and `train` refuses them."""
 
 
 class ServingSpec(_Model):

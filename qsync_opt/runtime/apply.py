@@ -18,6 +18,7 @@ from torch import nn
 from ..errors import RuntimeSetupError
 from ..plan import GroupPlan, Plan
 from ..precision import PRECISIONS
+from .qfunctions import BOUNDARY
 from .qmodules import SWAPPABLE, QuantizedModule
 from .recipe import Recipe
 
@@ -76,6 +77,16 @@ def resolve_mapping(plan_or_mapping, group: str | None) -> dict[str, str]:
         return {str(k): v for k, v in plan_or_mapping.items()}
     raise RuntimeSetupError(
         f"plan_or_mapping has type {type(plan_or_mapping).__name__}; pass a Plan, a GroupPlan or a dict FQN -> precision")
+
+
+def check_boundary(plan: Plan) -> None:
+    """Refuse a plan costed for another runtime.boundary than the one this runtime implements
+    ('fp32': every quantized operator returns fp32), whose predicted times would not hold here."""
+    if plan.boundary != BOUNDARY:
+        raise RuntimeSetupError(
+            f"plan for job {plan.job!r} was costed for runtime.boundary={plan.boundary!r}, but this runtime "
+            f"returns fp32 from every quantized operator (boundary {BOUNDARY!r}); re-solve the spec with "
+            f"runtime.boundary: {BOUNDARY} (the default)")
 
 
 def _problems(module: nn.Module, mapping: dict[str, str], strict: bool) -> list[str]:
@@ -141,6 +152,8 @@ def apply_plan(
     """
     _check_options(kernels=kernels, weight_granularity=weight_granularity,
                    backward_precision=backward_precision, rounding=rounding)
+    if isinstance(plan_or_mapping, Plan):
+        check_boundary(plan_or_mapping)
     mapping = resolve_mapping(plan_or_mapping, group)
     problems = _problems(module, mapping, strict)
     if problems:

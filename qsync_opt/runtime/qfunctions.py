@@ -11,7 +11,7 @@ One Function, three operator shapes. Forward by precision:
               per-output-channel weights), int8 x int8 -> int32 GEMM with the dequantising
               epilogue fused (kernels.ops.int8_linear); int4 codes (±7) go to kernels.ops.int4_linear,
               the s4 tensor-core kernel where dispatch names it, else the same int8 GEMM.
-Every operator returns fp32: one rule, and the cast back is a visible step of its own.
+Every operator returns fp32 (BOUNDARY): one rule, and the cast back is a visible step of its own.
 
 Backward of fp8/int: the saved activation and weight are the codes and scales (8 bits per
 element); backward dequantises them to `recipe.backward` (bf16/fp16/fp32) and computes
@@ -28,6 +28,9 @@ from ..kernels import ops as kops
 from ..kernels.dispatch import Target, gemm_impl
 from .casts import Quantized, cast, quantize, scope, tf32_enabled
 from .recipe import Recipe
+
+#: The runtime.boundary this runtime implements: every quantized operator returns fp32.
+BOUNDARY = "fp32"
 
 
 def _mm(a, b):
