@@ -1,0 +1,203 @@
+"""The prepared GPU check: one short run that proves the CUDA path on whatever GPU is lent.
+
+    python benchmarks/gpu_check.py --out DIR [--budget-s 290] [--cpu]
+
+On a machine with a CUDA device, within the budget (5 minutes by default), in this order:
+  1. the dispatch table for this device (what runs each precision) and the catalog's;
+  2. build the templated CUDA extension (torch.utils.cpp_extension, cached);
+  3. the CUDA tests: pytest -m cuda;
+  4. fwd+bwd time of every precision's runtime module against fp32 and tf32 on a large linear
+     and a large conv, with each output's error against float64;
+  5. templated kernel vs torch op for the int8/int4/fp8 GEMMs (speed ratio, agreement);
+  6. a zoo model profiled per op and precision (DIR/profile.json);
+  7. examples/cpu_tiny.yaml's model trained 20 steps on the GPU with a mixed plan.
+Everything goes to DIR (summary.md, results.json, ratios.csv, profile.json, pytest_cuda.txt,
+dispatch.txt). A step that fails is recorded and the next one still runs; the exit code is 1 if
+any step failed on a GPU. Without a GPU (or with --cpu) it says so, checks that everything
+imports, runs steps 1 and 4-7 on CPU tensors at tiny sizes (so CI executes this script's code),
+and exits 0 unless one of those fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(HERE), str(ROOT)]
+
+import gpu_check_parts as parts  # noqa: E402
+
+from qsync_opt.io import atomic_write_text  # noqa: E402
+from qsync_opt.kernels.dispatch import Target, format_table, gemm_impl, implementation_table  # noqa: E402
+from qsync_opt.precision import PRECISIONS  # noqa: E402
+
+
+class Run:
+    """Steps with a shared deadline; each records ok / failed / skipped and its wall time."""
+
+    def __init__(self, out: Path, budget_s: float):
+        self.out, self.deadline, self.steps, self.results = out, time.monotonic() + budget_s, [], {}
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def step(self, name: str, fn, need_s: float = 0.0):
+        if self.left() < need_s:
+            self.steps.append((name, "skipped", 0.0, f"{self.left():.0f}s of budget left, needs ~{need_s:.0f}s"))
+            return None
+        t = time.monotonic()
+        try:
+            result = fn()
+            self.results[name] = result
+            self.steps.append((name, "ok", time.monotonic() - t, ""))
+            return result
+        except Exception as e:
+            (self.out / f"error_{name}.txt").write_text(traceback.format_exc())
+            self.steps.append((name, "FAILED", time.monotonic() - t, f"{type(e).__name__}: {e}"[:200]))
+            return None
+
+
+def check_imports() -> list[str]:
+    import qsync_opt
+
+    names = [m.name for m in pkgutil.walk_packages(qsync_opt.__path__, "qsync_opt.")]
+    for n in names:
+        importlib.import_module(n)
+    return names
+
+
+def dispatch_tables(device: torch.device, out: Path) -> dict:
+    target = Target.of_tensor(torch.empty(0, device=device))
+    here = {p: gemm_impl(target, p).label for p in PRECISIONS}
+    text = f"this device ({target.label}):\n" + "\n".join(f"  {p:9s} {v}" for p, v in here.items())
+    text += "\n\ncatalog:\n" + format_table(implementation_table())
+    atomic_write_text(out / "dispatch.txt", text + "\n")
+    return {"target": target.label, "this_device": here}
+
+
+def build_extension(device: torch.device) -> dict:
+    from qsync_opt.kernels import cuda_ops
+    from qsync_opt.kernels.registry import get_cuda_module
+
+    target = Target.of_tensor(torch.empty(0, device=device))
+    spec = cuda_ops.runtime_spec(target.sm)
+    if spec is None:
+        return {"arch": None, "note": f"{target.label} is older than every tiles.yaml arch: torch ops only"}
+    t = time.monotonic()
+    mod = get_cuda_module(spec)
+    return {"arch": spec.arch, "module": spec.name, "built_now": mod.built, "seconds": time.monotonic() - t,
+            "ops": sorted(o for o in dir(mod.ops) if not o.startswith("_"))}
+
+
+def cuda_tests(out: Path, timeout_s: float) -> dict:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "tests/kernels",
+           "tests/runtime"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+        text, code = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        text, code = f"{e.stdout or ''}{e.stderr or ''}\nTIMED OUT after {timeout_s:.0f}s", -1
+    atomic_write_text(out / "pytest_cuda.txt", text if isinstance(text, str) else text.decode())
+    last = [ln for ln in str(text).splitlines() if ln.strip()][-1:] or [""]
+    if code not in (0, 5):  # 5: nothing selected
+        raise RuntimeError(f"pytest -m cuda exit {code}: {last[0]}")
+    return {"exit": code, "summary": last[0]}
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, keys)
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, path)
+
+
+def summary(run: Run, device: torch.device, gpu: bool) -> str:
+    load = os.getloadavg()
+    lines = [f"# gpu_check on {torch.cuda.get_device_name(device) if gpu else 'CPU (no CUDA device)'}", "",
+             f"torch {torch.__version__}, CUDA {torch.version.cuda}, load average {load[0]:.2f} {load[1]:.2f}", "",
+             "| step | status | seconds | note |", "|---|---|---|---|"]
+    lines += [f"| {n} | {s} | {t:.1f} | {note} |" for n, s, t, note in run.steps]
+    rows = run.results.get("ratios") or []
+    if rows:
+        lines += ["", "| shape | precision | implementation | fwd+bwd ms | vs fp32 | vs tf32 | rel. error vs fp64 |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            f = lambda k, fmt: format(r[k], fmt) if k in r else "-"  # noqa: E731
+            err = r.get("error", "")
+            lines.append(f"| {r['shape']} | {r['precision']} | {r['implementation']} | {f('fwd_bwd_ms', '.3f')} | "
+                         f"{f('speedup_vs_fp32', '.2f')}x | {f('speedup_vs_tf32', '.2f')}x | "
+                         f"{f('rel_err_vs_fp64', '.2e')} {err} |")
+    for r in run.results.get("gemm_choices") or []:
+        lines.append(f"- {r.get('gemm')}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                         for k, v in r.items() if k != "gemm"))
+    t = run.results.get("train")
+    if t:
+        lines += ["", f"train {t['spec']}: {t['steps']} steps, precisions {t['precisions']}, loss "
+                      f"{t['losses'][0]:.4f} -> {t['losses'][-1]:.4f}, finite={t['finite']}, fell={t['fell']}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="directory for the results")
+    ap.add_argument("--budget-s", type=float, default=290.0, help="wall-clock budget for all steps")
+    ap.add_argument("--cpu", action="store_true", help="run the CPU path even if a GPU is present")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gpu = torch.cuda.is_available() and not args.cpu
+    device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    if not gpu:
+        why = "--cpu given" if args.cpu else f"no CUDA device (torch {torch.__version__}, CUDA {torch.version.cuda})"
+        print(f"gpu_check: {why}: running the CPU-side checks at tiny sizes; nothing here ran on a GPU")
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32; tf32 is its own row
+    torch.backends.cudnn.allow_tf32 = False
+    run = Run(out, args.budget_s)
+    reps = 10 if gpu else 2
+    run.step("imports", check_imports)
+    run.step("dispatch", lambda: dispatch_tables(device, out))
+    if gpu:
+        run.step("build", lambda: build_extension(device), need_s=60)
+        run.step("cuda_tests", lambda: cuda_tests(out, min(150.0, run.left() - 60)), need_s=90)
+    run.step("ratios", lambda: parts.ratios(device, gpu, reps), need_s=20 if gpu else 0)
+    run.step("gemm_choices", lambda: parts.gemm_choices(device, gpu, reps), need_s=15 if gpu else 0)
+    run.step("profile", lambda: parts.profile_model("resnet18" if gpu else "tiny-cnn", 32 if gpu else 2, device,
+                                                    reps), need_s=20 if gpu else 0)
+    run.step("train", lambda: parts.train_tiny(str(ROOT / "examples" / "cpu_tiny.yaml"), 20 if gpu else 2, device),
+             need_s=15 if gpu else 0)
+    if run.results.get("ratios"):
+        write_csv(out / "ratios.csv", run.results["ratios"])
+    if run.results.get("profile"):
+        prof = {**run.results["profile"], "device": torch.cuda.get_device_name(device) if gpu else "cpu",
+                "torch": torch.__version__, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        atomic_write_text(out / "profile.json", json.dumps(prof, indent=1))
+    text = summary(run, device, gpu)
+    atomic_write_text(out / "summary.md", text)
+    atomic_write_text(out / "results.json", json.dumps({"gpu": gpu, "steps": run.steps, **run.results}, indent=1,
+                                                       default=str))
+    print(text)
+    failed = [n for n, s, _, _ in run.steps if s == "FAILED"]
+    if failed:
+        print(f"gpu_check: failed steps: {', '.join(failed)} (tracebacks in {out}/error_*.txt)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""The measurements of benchmarks/gpu_check.py, each a function over a device and a size.
+
+Everything here also runs on CPU tensors (small sizes), which is how CI executes it without a GPU.
+Times are medians of timed repeats after warm-up (CUDA events on a GPU, perf_counter on CPU).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qsync_opt.kernels import ops
+from qsync_opt.kernels.dispatch import Target, gemm_impl
+from qsync_opt.precision import PRECISIONS
+from qsync_opt.runtime.qmodules import SWAPPABLE
+from qsync_opt.runtime.recipe import Recipe
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_ms(fn, device: torch.device, repeats: int, warmup: int = 2) -> float:
+    """Median wall time of fn() in ms, synchronised around each call."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    out = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(out)
+
+
+def backward_precision(device: torch.device) -> str:
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return "fp16"
+    return "bf16"
+
+
+def quantized(module: nn.Module, precision: str, device: torch.device, kernels: str = "auto") -> nn.Module:
+    """A copy of `module` running at `precision` through the runtime's own quantized module."""
+    import copy
+
+    m = copy.deepcopy(module)
+    if precision != "fp32":
+        m = SWAPPABLE[type(m)].from_float(m, Recipe(precision, backward_precision(device), "per_channel",
+                                                    "nearest", kernels))
+    return m.to(device)
+
+
+def reference64(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The fp32 module's output computed in float64: the yardstick for every precision."""
+    w, b = module.weight.double(), None if module.bias is None else module.bias.double()
+    if isinstance(module, nn.Linear):
+        return F.linear(x.double(), w, b)
+    return F.conv2d(x.double(), w, b, module.stride, module.padding, module.dilation, module.groups)
+
+
+def shapes(big: bool) -> list[tuple[str, nn.Module, tuple[int, ...]]]:
+    """(label, fp32 module, input shape): large linear and conv shapes on a GPU, tiny ones on CPU."""
+    torch.manual_seed(0)
+    if big:
+        return [("linear 8192x4096->4096", nn.Linear(4096, 4096), (8192, 4096)),
+                ("conv3x3 b64 256->256 28x28", nn.Conv2d(256, 256, 3, padding=1), (64, 256, 28, 28))]
+    return [("linear 64x96->80", nn.Linear(96, 80), (64, 96)),
+            ("conv3x3 b2 8->16 8x8", nn.Conv2d(8, 16, 3, padding=1), (2, 8, 8, 8))]
+
+
+def ratios(device: torch.device, big: bool, repeats: int) -> list[dict]:
+    """fwd+bwd time of each precision's runtime module against fp32 and tf32, with its error
+    against the float64 result and the implementation dispatch ran."""
+    rows = []
+    target = Target.of_tensor(torch.empty(0, device=device))
+    for label, base, shape in shapes(big):
+        x = torch.randn(shape, device=device)
+        ref = reference64(base.to(device), x)
+        times = {}
+        for p in PRECISIONS:
+            row = {"shape": label, "precision": p, "implementation": gemm_impl(target, p).label}
+            try:
+                m = quantized(base, p, device)
+                xg = x.clone().requires_grad_(True)
+
+                def step():
+                    y = m(xg)
+                    y.backward(torch.ones_like(y))
+
+                with torch.no_grad():
+                    y = m(x)
+                row["rel_err_vs_fp64"] = float((y.detach().double() - ref).norm() / ref.norm())
+                times[p] = row["fwd_bwd_ms"] = time_ms(step, device, repeats)
+            except Exception as e:  # one format's failure must not hide the others' figures
+                row["error"] = f"{type(e).__name__}: {e}"[:300]
+            rows.append(row)
+        for row in rows[-len(PRECISIONS):]:
+            if "fwd_bwd_ms" in row:
+                for base_p in ("fp32", "tf32"):
+                    if base_p in times:
+                        row[f"speedup_vs_{base_p}"] = times[base_p] / row["fwd_bwd_ms"]
+    return rows
+
+
+def gemm_choices(device: torch.device, big: bool, repeats: int) -> list[dict]:
+    """Templated kernel vs torch op for the same GEMM: speed ratio and agreement. What
+    dispatch.CUDA_INT8_AUTO (and the fp8 choice) should follow on this architecture."""
+    m, k, n = (8192, 4096, 4096) if big else (64, 96, 80)
+    g = torch.Generator(device="cpu").manual_seed(1)
+    x, w = torch.randn(m, k, generator=g).to(device), torch.randn(n, k, generator=g).to(device)
+    rows = []
+    for bits, fn in ((8, ops.int8_linear), (4, ops.int4_linear)):
+        xq, sx = ops.quantize_symmetric(x, bits=bits)
+        wq, sw = ops.quantize_symmetric(w, bits=bits, axis=0)
+        row = {"gemm": f"int{bits} {m}x{k}x{n}"}
+        try:
+            y_t = fn(xq, sx, wq, sw, None, impl="torch")
+            row["torch_ms"] = time_ms(lambda: fn(xq, sx, wq, sw, None, impl="torch"), device, repeats)
+            y_k = fn(xq, sx, wq, sw, None, impl="templated")
+            row["templated_ms"] = time_ms(lambda: fn(xq, sx, wq, sw, None, impl="templated"), device, repeats)
+            row["bit_exact"] = bool(torch.equal(y_t, y_k))
+            row["templated_speedup"] = row["torch_ms"] / row["templated_ms"]
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        rows.append(row)
+    for fmt in ("e4m3", "e5m2"):
+        row = {"gemm": f"fp8_{fmt} {m}x{k}x{n}"}
+        try:
+            (xq, sx), (wq, sw) = ops.quantize_fp8(x, fmt), ops.quantize_fp8(w, fmt)
+            ref = (xq.double() @ wq.double().t()) * (sx.double() * sw.double())
+            for impl in ("auto", "templated"):
+                y = ops.fp8_linear(xq, sx, wq, sw, None, impl=impl)
+                row[f"{impl}_rel_err"] = float((y.double() - ref).norm() / ref.norm())
+                row[f"{impl}_ms"] = time_ms(lambda: ops.fp8_linear(xq, sx, wq, sw, None, impl=impl), device, repeats)
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        rows.append(row)
+    return rows
+
+
+def profile_model(name: str, batch: int, device: torch.device, repeats: int) -> dict:
+    """Per selectable op of zoo model `name`: fwd and bwd ms at each precision, timed on the runtime's
+    own module with the op's real input shape (captured by a forward hook). Ops with the same
+    signature (module type, weight shape, input shape) are timed once."""
+    from qsync_opt.models.zoo import get_entry
+    from qsync_opt.runtime.apply import selectable_modules
+
+    entry = get_entry(name)
+    model = entry.build()
+    shapes_seen: dict[str, tuple] = {}
+    hooks = [m.register_forward_hook(lambda mod, inp, out, fqn=fqn: shapes_seen.setdefault(fqn, tuple(inp[0].shape)))
+             for fqn, m in selectable_modules(model).items() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    with torch.no_grad():
+        model(*entry.example_inputs(batch))
+    for h in hooks:
+        h.remove()
+    mods = dict(model.named_modules())
+    by_sig: dict[str, dict] = {}
+    ops_out = {}
+    for fqn, shape in shapes_seen.items():
+        mod = mods[fqn]
+        sig = f"{type(mod).__name__}{tuple(mod.weight.shape)}@{shape}"
+        if sig not in by_sig:
+            by_sig[sig] = {"fwd_ms": {}, "bwd_ms": {}}
+            x = torch.randn(shape, device=device)
+            for p in PRECISIONS:
+                try:
+                    m = quantized(mod, p, device)
+                    xg = x.clone().requires_grad_(True)
+                    fwd = time_ms(lambda: m(xg), device, repeats)
+                    y = m(xg)
+                    g = torch.ones_like(y)
+
+                    def both():
+                        m(xg).backward(g)
+
+                    by_sig[sig]["fwd_ms"][p] = fwd
+                    by_sig[sig]["bwd_ms"][p] = max(time_ms(both, device, repeats) - fwd, 0.0)
+                except Exception as e:
+                    by_sig[sig].setdefault("errors", {})[p] = f"{type(e).__name__}: {e}"[:200]
+        ops_out[fqn] = {"signature": sig}
+    return {"model": name, "batch": batch, "ops": ops_out, "signatures": by_sig}
+
+
+def mixed_plan(model: nn.Module, device: torch.device) -> dict[str, str]:
+    """FQN -> precision cycling through the formats this device runs without fp32 emulation."""
+    from qsync_opt.runtime.apply import selectable_modules
+
+    target = Target.of_tensor(torch.empty(0, device=device))
+    cycle = [p for p in ("fp32", "bf16", "int8", "int4", "fp8_e4m3", "fp16")
+             if gemm_impl(target, p).via != "fp32"]
+    names = [n for n, m in selectable_modules(model).items() if not isinstance(m, nn.Embedding)]
+    return {n: cycle[i % len(cycle)] for i, n in enumerate(names)}
+
+
+def train_tiny(spec_path: str, steps: int, device: torch.device) -> dict:
+    """Train the spec's model for `steps` on `device` (one process, the whole global batch) with a
+    mixed plan; the losses, and whether they are finite and fell."""
+    from qsync_opt.runtime.apply import apply_plan, current_precisions
+    from qsync_opt.runtime.data import SyntheticTask, build_model
+    from qsync_opt.runtime.trainer import make_optimizer
+    from qsync_opt.spec import load_spec
+
+    spec = load_spec(spec_path)
+    torch.manual_seed(spec.training.seed)
+    model = build_model(spec)
+    plan = mixed_plan(model, device)
+    model = apply_plan(model, plan, backward_precision=backward_precision(device)).to(device)
+    task = SyntheticTask(spec)
+    opt = make_optimizer(spec.training, model.parameters())
+    losses, t0 = [], time.perf_counter()
+    gb = spec.training.global_batch
+    for step in range(steps):
+        inputs, targets = task.batch(step, gb, 0, gb)
+        opt.zero_grad(set_to_none=True)
+        loss = task.loss(model(*(t.to(device) for t in inputs)), targets.to(device))
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    sync(device)
+    counts: dict[str, int] = {}
+    for p in current_precisions(model).values():
+        counts[p] = counts.get(p, 0) + 1
+    finite = all(torch.isfinite(torch.tensor(losses)).tolist())
+    return {"spec": spec_path, "steps": steps, "precisions": counts, "losses": losses, "finite": finite,
+            "fell": finite and min(losses[-3:]) < losses[0], "wall_s": time.perf_counter() - t0}

@@ -1,0 +1,42 @@
+"""benchmarks/gpu_check.py's CPU path, as CI runs it: every step executes on CPU tensors and writes its files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_check_runs_its_cpu_path(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(tmp_path), "--cpu"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "--cpu given: running the CPU-side checks" in p.stdout
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["gpu"] is False
+    assert [(s[0], s[1]) for s in res["steps"]] == [(n, "ok") for n in
+                                                    ("imports", "dispatch", "ratios", "gemm_choices", "profile", "train")]
+    assert "qsync_opt.kernels.dispatch" in res["imports"]
+    # every precision measured on both shapes, each with its error against float64
+    rows = res["ratios"]
+    assert len(rows) == 16 and all("fwd_bwd_ms" in r and r["rel_err_vs_fp64"] < 0.5 for r in rows)
+    assert {r["rel_err_vs_fp64"] < 1e-6 for r in rows if r["precision"] == "fp32"} == {True}
+    # the templated and torch GEMMs agree bit for bit on CPU
+    assert all(r["bit_exact"] for r in res["gemm_choices"] if r["gemm"].startswith("int"))
+    prof = json.loads((tmp_path / "profile.json").read_text())
+    assert prof["ops"] and all(set(s["fwd_ms"]) == {"fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8",
+                                                      "int4"} for s in prof["signatures"].values())
+    assert res["train"]["finite"] and len(res["train"]["losses"]) == 2
+    assert len(set(res["train"]["precisions"])) >= 4  # a mixed plan
+    for f in ("summary.md", "ratios.csv", "dispatch.txt"):
+        assert (tmp_path / f).stat().st_size > 0
+    assert "int4       templated: qsync.cuda.int4_wmma" in (tmp_path / "dispatch.txt").read_text()
+    if not torch.cuda.is_available():
+        assert "CPU (no CUDA device)" in (tmp_path / "summary.md").read_text()
