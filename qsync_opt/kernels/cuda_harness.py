@@ -2,7 +2,8 @@
 
 Builds the spec's .cu as a shared library with nvcc (no torch extension build needed) and calls
 its extern "C" launchers on torch CUDA tensors. Used by tests/kernels (skipped without CUDA) and
-by anyone who wants to time the kernels; the runtime's ops use the torch path on CUDA tensors.
+by anyone who wants to time the kernels without the torch extension; the runtime's ops load the
+same kernels as a torch extension (registry.get_cuda_module) and dispatch to them (ops.py).
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ _SIGS = {
 
 def arch_for_device(device=None) -> str:
     """The newest tiles.yaml arch not newer than the device (its PTX JITs forward on newer GPUs)."""
+    from qsync_opt.kernels.dispatch import cuda_arch
+
     major, minor = torch.cuda.get_device_capability(device)
-    cap = major * 10 + minor
-    fit = [a for a in cuda_archs() if int(a.split("_")[1]) <= cap]
-    if not fit:
-        raise SpecError(f"device capability sm_{cap} is older than every arch in tiles.yaml ({', '.join(cuda_archs())})")
-    return fit[-1]
+    arch = cuda_arch(major * 10 + minor)
+    if arch is None:
+        raise SpecError(f"device capability sm_{major}{minor} is older than every arch in tiles.yaml "
+                        f"({', '.join(cuda_archs())})")
+    return arch
 
 
 def _ptr(t: torch.Tensor | None):

@@ -1,4 +1,5 @@
-"""The public cached getters: spec -> loaded CPU module, or compile-checked CUDA artefacts.
+"""The public cached getters: spec -> loaded CPU module, loaded CUDA module (a torch extension, on a
+CUDA build of torch), or compile-checked CUDA artefacts (nvcc only, for CI and the ctypes harness).
 
 Lookup order: this process's memo, then the on-disk marker, then (under the directory's file
 lock, after checking the marker again) a build. Render, build and cache stay in their own modules.

@@ -18,6 +18,7 @@ from qsync_opt.kernels.spec import CudaSpec, cuda_archs, tile_table
 CHECK_ARCHS = ["sm_75", "sm_80", "sm_89", "sm_90"]
 needs_nvcc = pytest.mark.skipif(build.nvcc() is None, reason="nvcc not found")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+cuda = pytest.mark.cuda  # selected by `pytest -m cuda` (benchmarks/gpu_check.py)
 
 
 @pytest.mark.parametrize("arch", cuda_archs())
@@ -101,6 +102,7 @@ def kernels():
     return CudaKernels(CudaSpec(arch=arch_for_device(), in_dtype="fp32", out_dtype="fp32"))
 
 
+@cuda
 @needs_gpu
 @needs_nvcc
 @pytest.mark.parametrize("axis", [None, 0])
@@ -113,6 +115,7 @@ def test_gpu_quantize_matches_reference(kernels, axis):
     assert torch.equal(y, reference.dequantize(q, s, axis=axis, dtype=torch.float32))
 
 
+@cuda
 @needs_gpu
 @needs_nvcc
 def test_gpu_stochastic_rounding_matches_the_cpu_kernels(kernels):
@@ -126,6 +129,7 @@ def test_gpu_stochastic_rounding_matches_the_cpu_kernels(kernels):
     assert torch.equal(q_cpu, q_cpu2) and torch.equal(q_gpu.cpu(), q_cpu2)
 
 
+@cuda
 @needs_gpu
 @needs_nvcc
 @pytest.mark.parametrize("m,k,n", [(1, 16, 8), (17, 64, 5), (130, 515, 257), (512, 1024, 768)])
@@ -137,6 +141,7 @@ def test_gpu_int8_gemm_is_bit_exact(kernels, m, k, n):
     assert torch.equal(y, reference.int8_linear(xq, sx, wq, sw, b, torch.float32))
 
 
+@cuda
 @needs_gpu
 @needs_nvcc
 @pytest.mark.parametrize("m,k,n", [(8, 32, 8), (33, 101, 40), (256, 512, 384)])
@@ -150,6 +155,7 @@ def test_gpu_int4_gemm_is_bit_exact(kernels, m, k, n):
     assert torch.equal(y, reference.int8_linear(xq, sx, wq, sw, None, torch.float32))
 
 
+@cuda
 @needs_gpu
 @needs_nvcc
 @pytest.mark.parametrize("m,k,n", [(16, 32, 8), (70, 200, 90), (256, 1024, 512)])
