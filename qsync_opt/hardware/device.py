@@ -11,7 +11,7 @@ from importlib import resources
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from ..precision import PEAK_KEY, PRECISIONS
 
@@ -42,6 +42,23 @@ class DeviceSpec(BaseModel):
     """CUDA compute capability as an integer (75 = sm_75); None for CPUs."""
     source: str = ""
     """Where the numbers come from (datasheet title/URL or 'measured on ...')."""
+    _kernels: str = PrivateAttr(default="auto")
+
+    @property
+    def kernels(self) -> str:
+        """The runtime's `kernels` setting this device is priced for (see with_kernels)."""
+        return self._kernels
+
+    def with_kernels(self, kernels: str) -> "DeviceSpec":
+        """This device as the runtime runs it under `runtime.kernels` (auto | templated | torch):
+        which formats are offered and at which rate follow the implementation dispatch picks then."""
+        from ..kernels.dispatch import KERNELS
+
+        if kernels not in KERNELS:
+            raise ValueError(f"runtime.kernels: {kernels!r}; use one of {', '.join(KERNELS)}")
+        dev = self.model_copy()
+        dev._kernels = kernels
+        return dev
 
     @field_validator("peak_tflops")
     @classmethod
@@ -77,7 +94,7 @@ class DeviceSpec(BaseModel):
         runtime's dispatch (kernels/dispatch.py) runs it without emulating it through fp32."""
         from ..kernels.dispatch import offer
 
-        return PEAK_KEY[precision] in self.peak_tflops and offer(self, precision)[0]
+        return PEAK_KEY[precision] in self.peak_tflops and offer(self, precision, self._kernels)[0]
 
     @property
     def precisions(self) -> tuple[str, ...]:
@@ -89,7 +106,7 @@ class DeviceSpec(BaseModel):
         executes here (kernels/dispatch.py), e.g. 'int8' for int4 emulated through the int8 path."""
         from ..kernels.dispatch import implementation
 
-        return implementation(self, precision).rate
+        return implementation(self, precision, self._kernels).rate
 
     def peak_flops(self, precision: str) -> float:
         return self.peak_tflops[self.rate_key(precision)] * 1e12

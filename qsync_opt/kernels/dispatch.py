@@ -270,3 +270,9 @@ def format_table(rows: list[Row]) -> str:
     width = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, width)).rstrip()  # noqa: E731
     return "\n".join([line(head), line(["-" * w for w in width]), *map(line, body)])
+
+
+if __name__ == "__main__":  # python -m qsync_opt.kernels.dispatch [auto|templated|torch]: print the table
+    import sys
+
+    print(format_table(implementation_table(kernels=sys.argv[1] if len(sys.argv) > 1 else "auto")))

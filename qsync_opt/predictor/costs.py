@@ -89,7 +89,9 @@ def gemm_extras_ms(node: OpNode, p: str, device: DeviceSpec) -> float:
     """Time the runtime's implementation of p spends around its GEMM (module docstring)."""
     if p not in SCALED or node.kind == "embedding":
         return 0.0
-    impl = implementation(device, p)
+    impl = implementation(device, p, device.kernels)
+    if impl.kind == "emulation" and impl.via in SCALED:  # int4 on ±7 codes: what the int8 path does
+        impl = implementation(device, impl.via, device.kernels)
     if impl.op == "qsync.cuda.int4_wmma":  # int8-held codes in, packed nibbles out, for input and weight
         return kernel_ms(0, 1.5 * (node.input_numel + node.param_count), "fp32", device, launches=2)
     if impl.kind == "library" and device.kind != "cpu":

@@ -57,12 +57,12 @@ def _check_omega(omega, group: str, allowed: Mapping[str, tuple[str, ...]]) -> N
 
 
 def _group_context(spec: JobSpec, g, graph: OpGraph, local_batch: int, boundary: str) -> GroupContext:
-    dev = g.device_spec
-    offer = g.allowed_precisions
+    dev = g.device_spec.with_kernels(spec.runtime.kernels)  # priced as the runtime's dispatch runs it
+    offer = tuple(p for p in g.allowed_precisions if dev.supports(p))
     if not offer:
         raise SpecError(
-            f"cluster.groups[{g.name}].precisions: none runs natively on {dev.name}; "
-            f"it runs {list(dev.precisions)}"
+            f"cluster.groups[{g.name}].precisions: none runs natively on {dev.name} with runtime.kernels="
+            f"{spec.runtime.kernels}; it runs {list(dev.precisions)}"
         )
     gg = graph.for_batch(local_batch)
     bwd = resolve_backward_precision(spec.runtime.backward_precision, dev)

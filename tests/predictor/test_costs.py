@@ -110,3 +110,32 @@ def test_costs_scale_with_batch():
     a = op_costs(small, V100)["fc1"]["fp32"].total_ms
     b = op_costs(large, V100)["fc1"]["fp32"].total_ms
     assert b > 4 * a
+
+
+def test_costs_follow_the_implementation_dispatch_runs():
+    from qsync_opt.kernels.dispatch import implementation
+
+    # T4 int4 is the templated s4 kernel (int4 rate, plus the packing pass); under kernels='torch'
+    # it is the int8 library GEMM on ±7 codes: int8 rate, unfused epilogue, and no faster than int8.
+    t4_torch = T4.with_kernels("torch")
+    assert implementation(T4, "int4").op == "qsync.cuda.int4_wmma" and T4.rate_key("int4") == "int4"
+    assert t4_torch.rate_key("int4") == "int8" and "int4" in t4_torch.precisions
+    huge = linear("huge", 4096, 8192, 4096, 0)
+    assert selectable_cost(huge, "int4", t4_torch, "fp16").fwd_ms == pytest.approx(
+        selectable_cost(huge, "int8", t4_torch, "fp16").fwd_ms)
+    assert selectable_cost(huge, "int4", T4, "fp16").fwd_ms < selectable_cost(huge, "int4", t4_torch, "fp16").fwd_ms
+    # V100 under kernels='templated': no templated int8 GEMM before sm_75, so int8 is not offered
+    assert "int8" in V100.precisions and "int8" not in V100.with_kernels("templated").precisions
+    with pytest.raises(ValueError, match="runtime.kernels: 'fast'"):
+        T4.with_kernels("fast")
+
+
+def test_library_epilogue_and_int4_packing_are_charged():
+    from qsync_opt.predictor.costs import gemm_extras_ms, kernel_ms
+
+    n = BIG.output_numel
+    assert gemm_extras_ms(BIG, "int8", A100) == pytest.approx(kernel_ms(0, 16 * n, "fp32", A100, launches=2))
+    assert gemm_extras_ms(BIG, "int8", find_device("cpu-local")) == 0.0  # the CPU kernel fuses its epilogue
+    packed = 1.5 * (BIG.input_numel + BIG.param_count)
+    assert gemm_extras_ms(BIG, "int4", T4) == pytest.approx(kernel_ms(0, packed, "fp32", T4, launches=2))
+    assert gemm_extras_ms(BIG, "bf16", A100) == 0.0
