@@ -9,6 +9,7 @@ so every path applies the scales in the same order.
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 
@@ -23,6 +24,7 @@ _LOCK = threading.Lock()
 _AUTO_FAILURES: dict = {}  # (arch, fp8 format) -> KernelBuildError seen under impl='auto'
 
 
+@functools.lru_cache(maxsize=None)
 def runtime_spec(sm: int, fp8_format: str = "e4m3"):
     """The CudaSpec the runtime uses on a device of capability `sm`, or None below every tiles arch."""
     from qsync_opt.kernels.spec import CudaSpec
@@ -38,7 +40,7 @@ def module(device: torch.device, impl: str, fp8_format: str = "e4m3"):
     no tiles arch for the device, or under 'auto' a build that failed: warned once, not retried)."""
     if impl == "torch":
         return None
-    target = Target.of_tensor(torch.empty(0, device=device))
+    target = Target.of_device(device)
     spec = runtime_spec(target.sm, fp8_format)
     if spec is None:
         if impl == "templated":

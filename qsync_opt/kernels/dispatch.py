@@ -51,11 +51,15 @@ class Target:
     sm: int | None = None
 
     @classmethod
-    def of_tensor(cls, t: torch.Tensor) -> "Target":
-        if t.device.type == "cuda":
-            major, minor = torch.cuda.get_device_capability(t.device)
+    def of_device(cls, device: torch.device) -> "Target":
+        if device.type == "cuda":
+            major, minor = torch.cuda.get_device_capability(device)
             return cls("cuda", major * 10 + minor)
         return cls("cpu")
+
+    @classmethod
+    def of_tensor(cls, t: torch.Tensor) -> "Target":
+        return cls.of_device(t.device)
 
     @classmethod
     def of_device_spec(cls, device) -> "Target":

@@ -15,7 +15,7 @@ from qsync_opt.kernels.registry import compile_cuda
 from qsync_opt.kernels.render import render_cuda
 from qsync_opt.kernels.spec import CudaSpec, cuda_archs, tile_table
 
-CHECK_ARCHS = ["sm_75", "sm_80", "sm_89", "sm_90"]
+CHECK_ARCHS = ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90"]
 needs_nvcc = pytest.mark.skipif(build.nvcc() is None, reason="nvcc not found")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 cuda = pytest.mark.cuda  # selected by `pytest -m cuda` (benchmarks/gpu_check.py)
