@@ -133,6 +133,12 @@ def gemm_choices(device: torch.device, big: bool, repeats: int) -> list[dict]:
             row["templated_ms"] = time_ms(lambda: fn(xq, sx, wq, sw, None, impl="templated"), device, repeats)
             row["bit_exact"] = bool(torch.equal(y_t, y_k))
             row["templated_speedup"] = row["torch_ms"] / row["templated_ms"]
+            from qsync_opt.kernels import triton_gemm
+
+            if bits == 8 and device.type == "cuda" and triton_gemm.available():  # the Triton family, for comparison
+                y_tr = triton_gemm.int8_linear(xq, sx, wq, sw)
+                row["triton_bit_exact"] = bool(torch.equal(y_tr, y_t))
+                row["triton_ms"] = time_ms(lambda: triton_gemm.int8_linear(xq, sx, wq, sw), device, repeats)
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {e}"[:300]
         rows.append(row)
