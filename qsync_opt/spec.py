@@ -221,7 +221,9 @@ class SolverSpec(_Model):
 
 class RuntimeSpec(_Model):
     kernels: Literal["auto", "templated", "torch"] = "auto"
-    """'auto' uses the templated kernels when they build, else PyTorch; 'templated' insists."""
+    """'auto': per device, what kernels/dispatch.py picks (templated kernels where they exist and are
+    the chosen path, else torch ops; a failed build falls back to torch); 'templated' insists;
+    'torch' uses torch ops only. The planner prices what this setting runs."""
     weight_granularity: Literal["per_tensor", "per_channel"] = "per_tensor"
     """INT8/INT4 weight scales."""
     backward_precision: Literal["bf16", "fp16", "fp32"] = "bf16"
