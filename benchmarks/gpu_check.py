@@ -96,13 +96,14 @@ def build_extension(device: torch.device) -> dict:
     spec = cuda_ops.runtime_spec(target.sm)
     if spec is None:
         return {"arch": None, "note": f"{target.label} is older than every tiles.yaml arch: torch ops only"}
-    # The other artefacts the CUDA tests load (the e5m2 module, the ctypes harness library) are
-    # compiled at the same time in child processes, into the same on-disk cache.
+    # The other artefacts the CUDA tests load (the e5m2 module, the ctypes harness library, the CPU
+    # module they compare with) are compiled at the same time in child processes, into the same cache.
     others = [f"from qsync_opt.kernels import cuda_ops; from qsync_opt.kernels.registry import get_cuda_module; "
               f"get_cuda_module(cuda_ops.runtime_spec({target.sm}, 'e5m2'))"] if spec.tile("fp8") else []
     others.append(f"from qsync_opt.kernels.registry import compile_cuda; from qsync_opt.kernels.spec import CudaSpec; "
                   f"compile_cuda(CudaSpec(arch='{spec.arch}', in_dtype='fp32', out_dtype='fp32'), mode='shared', "
                   f"check_binding=False)")
+    others.append("from qsync_opt.kernels.registry import get_cpu_module; get_cpu_module()")
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     children = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True) for code in others]
