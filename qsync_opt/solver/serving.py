@@ -162,6 +162,24 @@ def evaluate(inst: ServingInstance, a: Assignment) -> Evaluation:
     return Evaluation(prefill, decode, tuple(pre), tuple(dec), tuple(mem), quality, objective, tuple(bad))
 
 
+def lower_bound(inst: ServingInstance) -> float:
+    """A value no plan of `inst` beats, in closed form (used to skip candidates without solving).
+
+    Every layer costs at least its cheapest (stage, bit) time, so Σ_j P_j ≥ Σ fixed + L·min pre;
+    the slowest stage is no faster than the mean, max_j P_j ≥ Σ_j P_j / S; likewise for decode.
+    """
+    if inst.quality_only:
+        return 0.0
+    S, L, bits = len(inst.stages), inst.layers, inst.bits_allowed()
+    cp, cd = _comm(inst)
+    sum_p = sum(st.fixed_pre_ms for st in inst.stages) + L * min(st.pre_ms[b] for st in inst.stages for b in bits)
+    sum_d = sum(st.fixed_dec_ms for st in inst.stages) + L * min(st.dec_ms[b] for st in inst.stages for b in bits)
+    prefill = sum_p + cp + (inst.m_pre - 1) * max(sum_p / S, inst.comm_pre_ms)
+    decode = inst.decode_rounds * max(inst.m_dec * max(sum_d / S, inst.comm_dec_ms), sum_d + cd)
+    quality = sum(min(om[b] for b in bits) for om in inst.omega)
+    return prefill + decode + inst.theta * quality
+
+
 # ---------------------------------------------------------------------------- the program
 def compile_serving(inst: ServingInstance, aggregate: bool | None = None) -> Problem:
     """The integer program of `inst`; `aggregate=None` aggregates whenever the layers are identical."""
