@@ -14,7 +14,10 @@ __all__ = ["solve", "load_spec", "JobSpec", "Plan", "QSyncError", "SpecError", "
 
 
 def solve(spec_or_path, **overrides) -> Plan:
-    """Plan a job spec (path, YAML text, dict or JobSpec); see `qsync_opt.pipeline.solve`."""
+    """Plan a job spec (path, YAML text, dict or JobSpec); see `qsync_opt.pipeline.solve`.
+
+    A `kind: serving` spec gives a `qsync_opt.serving_plan.ServingPlan` instead of a Plan.
+    """
     from .pipeline import solve as _solve
 
     return _solve(spec_or_path, **overrides)
