@@ -94,8 +94,12 @@ def plan_serving(spec: JobSpec) -> ServingPlan:
         raise InfeasibleError(f"no serving plan found within {sol.time_limit_s:g} s ({search.statuses})", diag or ["raise solver.time_limit_s"])
     obj, inst, a, ev = search.best
     for b in baselines:  # a plan stopped within its gap may trail a baseline that meets the same bounds
-        if b.fits and b._inst is not None and not evaluate(b._inst, b._a).violations and evaluate(b._inst, b._a).objective < obj:
-            obj, inst, a, ev = evaluate(b._inst, b._a).objective, b._inst, b._a, evaluate(b._inst, b._a)
+        if not b.fits:
+            continue
+        bounded = replace(b._inst, max_indicator=bound, theta=s.quality.theta)  # baselines were searched without them
+        bev = evaluate(bounded, b._a)
+        if not bev.violations and bev.objective < obj:
+            obj, inst, a, ev = bev.objective, bounded, b._a, bev
             notes.append(f"the {b.name} baseline beat the solver's plan within its gap and is returned")
     lower = min(search.lower, obj)
     gap = max(0.0, obj - lower) / max(abs(obj), 1e-12) if lower > -float("inf") else None
@@ -168,7 +172,7 @@ def search_baselines(insts: list[ServingInstance], s, opts: SolveOptions) -> lis
     out = []
     t = time.perf_counter()
     picks = [(i, uniform(i)) for i in free]
-    out.append(_pick("uniform", picks, s, time.perf_counter() - t, key=lambda ev: (ev.e2e_ms,)))
+    out.append(_pick("uniform", picks, s, time.perf_counter() - t, key=lambda ev, a: (-a.bits[0], ev.e2e_ms)))
     t = time.perf_counter()
     bit = next((b for b in sorted(s.bits, reverse=True) if any(_fits_one_bit(i, b) for i in free)), None)
     picks = []
@@ -176,7 +180,7 @@ def search_baselines(insts: list[ServingInstance], s, opts: SolveOptions) -> lis
         sub = search_plans([replace(i, allowed_bits=(bit,)) for i in free], backend, opts, deadline=time.perf_counter() + opts.time_limit_s)
         if sub.best is not None:
             picks = [(sub.best[1], sub.best[2])]
-    out.append(_pick("pipeedge", picks, s, time.perf_counter() - t, key=lambda ev: (ev.e2e_ms,),
+    out.append(_pick("pipeedge", picks, s, time.perf_counter() - t, key=lambda ev, a: (ev.e2e_ms,),
                      note=f"one bit-width ({bit}), partition searched exactly" if bit else ""))
     t = time.perf_counter()
     picks, done = [], {}
@@ -186,7 +190,7 @@ def search_baselines(insts: list[ServingInstance], s, opts: SolveOptions) -> lis
             done[key] = adabits(i, backend, opts)
         if done[key] is not None:
             picks.append((i, done[key]))
-    out.append(_pick("adabits", picks, s, time.perf_counter() - t, key=lambda ev: (round(ev.quality, 9), ev.e2e_ms)))
+    out.append(_pick("adabits", picks, s, time.perf_counter() - t, key=lambda ev, a: (round(ev.quality, 9), ev.e2e_ms)))
     return out
 
 
@@ -202,7 +206,7 @@ def _pick(name, picks, s, wall, key, note="") -> _Base:
         if a is None:
             continue
         ev = evaluate(inst, a)
-        if not ev.violations and (best is None or key(ev) < key(best[2])):
+        if not ev.violations and (best is None or key(ev, a) < key(best[2], best[1])):
             best = (inst, a, ev)
     if best is None:
         return _Base(name, BaselineResult(name=name, fits=False, solve_s=wall, note="nothing of this kind fits any candidate"))
