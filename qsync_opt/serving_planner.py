@@ -23,11 +23,13 @@ from .predictor.serving_quality import layer_omegas
 from .serving_plan import BaselineResult, Prediction, ServingPlan, SolverStats, Stage
 from .solver.backends import EXACT, available
 from .solver.backends.base import SolveOptions
-from .solver.serving import Assignment, Evaluation, ServingInstance, compile_serving, evaluate, lower_bound, solve_serving
+from .solver.serving import Assignment, Evaluation, ServingInstance, compile_serving, evaluate, lower_bound, relaxation_bound, solve_serving
 from .solver.serving_baselines import adabits, uniform
 from .spec import JobSpec
 
 MAX_ORDERS = 24
+LP_BACKENDS = ("highs", "cbc", "scip")
+"""Backends that solve a linear relaxation as an LP (CP-SAT would make it an integer program again)."""
 DEFAULT = "highs"
 
 
@@ -131,16 +133,25 @@ class Search:
 
 
 def search_plans(insts: list[ServingInstance], backend: str, opts: SolveOptions, deadline: float) -> Search:
-    """Solve candidates best lower bound first; skip those whose bound cannot beat the incumbent."""
+    """Solve candidates best lower bound first; skip those whose bound cannot beat the incumbent.
+
+    A candidate's bound is the larger of the closed-form `lower_bound` and its LP relaxation
+    (which sees memory and the quality bound); an infeasible relaxation proves the candidate infeasible.
+    """
     out = Search()
-    order = sorted(range(len(insts)), key=lambda k: lower_bound(insts[k]))
+    lp = backend if backend in LP_BACKENDS else next((b for b in LP_BACKENDS if available().get(b)), None)
+    bounds = [max(lower_bound(i), relaxation_bound(i, lp) if lp else -float("inf")) for i in insts]
+    for b in bounds:
+        if b == float("inf"):  # the relaxation is infeasible: so is the program
+            out.statuses["infeasible"] = out.statuses.get("infeasible", 0) + 1
+    order = sorted((k for k in range(len(insts)) if bounds[k] < float("inf")), key=lambda k: bounds[k])
     for n, k in enumerate(order):
-        inst, lb = insts[k], lower_bound(insts[k])
+        inst, lb = insts[k], bounds[k]
         if out.best is not None and lb >= out.best[0]:
             out.pruned += len(order) - n  # sorted: every later candidate is bounded as well
             out.lower = min(out.lower, lb)
             break
-        left = max(0.2, (deadline - time.perf_counter()) / (len(order) - n))
+        left = max(0.2, deadline - time.perf_counter())
         start = uniform(inst)
         res = solve_serving(inst, backend, replace(opts, time_limit_s=left), start=start)
         out.statuses[res.status] = out.statuses.get(res.status, 0) + 1

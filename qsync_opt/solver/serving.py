@@ -22,7 +22,10 @@ Two exact forms of the same program:
   maps to counts with the same time, memory and quality; any counts unfold into a contiguous
   per-layer plan (stage after stage, any bit order inside a stage) with the same values. So
   both programs have the same optimum, with S·B integers instead of L·S·B binaries
-  (tests/serving/test_serving_exact.py checks this on small cases).
+  (tests/serving/test_serving_exact.py checks this on small cases). In this form only the
+  first stage is special (it holds the embeddings and LM head), so identical devices after it
+  can swap loads; one row per such neighbouring pair orders their count vectors, which
+  removes those symmetric copies and no plan value.
 """
 
 from __future__ import annotations
@@ -180,6 +183,22 @@ def lower_bound(inst: ServingInstance) -> float:
     return prefill + decode + inst.theta * quality
 
 
+def relaxation_bound(inst: ServingInstance, backend: str = "highs") -> float:
+    """The LP relaxation's optimum (integers made continuous): a bound that sees memory and quality.
+
+    +inf when the relaxation is infeasible, which proves the program infeasible too.
+    """
+    problem = compile_serving(inst)
+    problem.variables = {v: replace(var, kind="continuous") for v, var in problem.variables.items()}
+    problem.onehots = []  # per-layer form: the same rows as linear equalities
+    for k, oh in enumerate(compile_serving(inst).onehots):
+        problem.add_constraint(f"onehot_{k}", {v: 1.0 for v in oh.variables}, "==", 1.0)
+    raw = get_backend(backend).solve(problem, SolveOptions(time_limit_s=10.0, rel_gap=0.0))
+    if raw.status == "infeasible":
+        return float("inf")
+    return raw.bound if raw.status == "optimal" and raw.bound is not None else -float("inf")
+
+
 # ---------------------------------------------------------------------------- the program
 def compile_serving(inst: ServingInstance, aggregate: bool | None = None) -> Problem:
     """The integer program of `inst`; `aggregate=None` aggregates whenever the layers are identical."""
@@ -201,6 +220,15 @@ def compile_serving(inst: ServingInstance, aggregate: bool | None = None) -> Pro
                 count[j, b] = {v: 1.0}
                 qual[v] = inst.omega[0][b]
         p.add_constraint("all_layers", {v: 1.0 for c in count.values() for v in c}, "==", L)
+        # Identical devices after the first hold interchangeable loads: order them by a key that
+        # encodes the whole count vector (base L+1 digits), which removes only symmetric copies.
+        for j in range(1, S - 1):
+            if _same_device(inst.stages[j], inst.stages[j + 1]):
+                row = {}
+                for r, b in enumerate(bits):
+                    row[f"n_s{j}_b{b}"] = float((L + 1) ** r)
+                    row[f"n_s{j + 1}_b{b}"] = -float((L + 1) ** r)
+                p.add_constraint(f"symmetry_s{j}", row, ">=", 0.0)
     else:
         for i in range(L):
             zs = []
@@ -267,6 +295,11 @@ def compile_serving(inst: ServingInstance, aggregate: bool | None = None) -> Pro
     p.objective = {v: c for v, c in obj.items() if c != 0}
     p.objective_constant = time_scale * (sum(st.fixed_pre_ms for st in inst.stages) + cp)
     return p
+
+
+def _same_device(a: StageData, b: StageData) -> bool:
+    return (a.device, a.pre_ms, a.dec_ms, a.mem_bytes, a.fixed_pre_ms, a.fixed_dec_ms, a.fixed_mem_bytes, a.capacity_bytes) == (
+        b.device, b.pre_ms, b.dec_ms, b.mem_bytes, b.fixed_pre_ms, b.fixed_dec_ms, b.fixed_mem_bytes, b.capacity_bytes)
 
 
 def decode_values(inst: ServingInstance, problem: Problem, values: dict[str, float]) -> Assignment:
