@@ -23,7 +23,8 @@ from .predictor.serving_quality import layer_omegas
 from .serving_plan import BaselineResult, Prediction, ServingPlan, SolverStats, Stage
 from .solver.backends import EXACT, available
 from .solver.backends.base import SolveOptions
-from .solver.serving import Assignment, Evaluation, ServingInstance, compile_serving, evaluate, lower_bound, relaxation_bound, solve_serving
+from .solver.serving import Assignment, Evaluation, ServingInstance, compile_serving, evaluate, solve_serving
+from .solver.serving_bounds import lower_bound, relaxation_bound
 from .solver.serving_baselines import adabits, uniform
 from .spec import JobSpec
 

@@ -6,7 +6,7 @@
   partition chosen to minimise the same predicted time (PipeEdge balances stage latency;
   searching the partition exactly under our objective is at least as good as its heuristic);
 * adabits: the even partition, bits chosen for quality alone (least Σω that fits memory,
-  time breaking ties) — adaptive bit-widths without latency awareness.
+  then the fastest plan with that Σω) — adaptive bit-widths without latency awareness.
 
 Each returns an Assignment or None when nothing of its kind fits.
 """
@@ -57,8 +57,16 @@ def adabits(inst: ServingInstance, backend: str = "highs", options: SolveOptions
     sizes = even_sizes(inst.layers, len(inst.stages))
     if 0 in sizes:
         return None
-    res = solve_serving(replace(inst, stage_sizes=sizes, quality_only=True), backend, options)
-    return res.assignment
+    options = options or SolveOptions()
+    exact = replace(options, rel_gap=0.0)
+    first = solve_serving(replace(inst, stage_sizes=sizes, quality_only=True), backend, exact)
+    if first.assignment is None:
+        return None
+    # lexicographic: the least Σω first, then the fastest plan with that Σω
+    q = first.evaluation.quality
+    second = solve_serving(replace(inst, stage_sizes=sizes, max_indicator=q * (1 + 1e-9) + 1e-12), backend, options,
+                           start=first.assignment)
+    return second.assignment or first.assignment
 
 
 def all_baselines(inst: ServingInstance, backend: str = "highs", options: SolveOptions | None = None) -> dict[str, Assignment | None]:

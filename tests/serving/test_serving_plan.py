@@ -15,7 +15,8 @@ from qsync_opt.predictor.serving_quality import layer_omegas
 from qsync_opt.serving_plan import ServingPlan
 from qsync_opt.serving_planner import expand
 from qsync_opt.serving_spec import PRESETS, TransformerConfig
-from qsync_opt.solver.serving import brute_force, solve_serving
+from qsync_opt.solver.serving import solve_serving
+from qsync_opt.solver.serving_bounds import brute_force
 from qsync_opt.solver.backends.base import SolveOptions
 from qsync_opt.spec import load_spec
 
