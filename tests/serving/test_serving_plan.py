@@ -176,3 +176,15 @@ def test_calibration_stats_give_per_layer_indicators(tmp_path):
 def test_p100_matches_its_datasheet():
     d = find_device("P100")
     assert (d.memory_gb, d.bandwidth_gbs, d.peak_tflops["fp32"], d.peak_tflops["fp16"]) == (16, 732, 9.3, 18.7)
+
+
+def test_status_is_a_fact_under_a_tiny_time_limit():
+    s = spec(orderable=True)
+    s["solver"] = {"time_limit_s": 0.001}
+    plan = qsync_opt.solve(s)
+    st = plan.solver
+    if "not solved (time limit)" in st.statuses:
+        assert st.status == "feasible"
+    if st.status == "optimal":
+        assert st.gap is not None and st.gap <= st.rel_gap
+    assert st.bound_ms is None or st.bound_ms <= st.objective_ms * (1 + 1e-9)
