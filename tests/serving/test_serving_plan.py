@@ -188,3 +188,8 @@ def test_status_is_a_fact_under_a_tiny_time_limit():
     if st.status == "optimal":
         assert st.gap is not None and st.gap <= st.rel_gap
     assert st.bound_ms is None or st.bound_ms <= st.objective_ms * (1 + 1e-9)
+
+
+def test_unreachable_quality_bound_is_diagnosed():
+    with pytest.raises(InfeasibleError, match=r"least Σω that fits memory is .*bound 1 "):
+        qsync_opt.solve(spec(quality={"max_indicator": 1.0}))
