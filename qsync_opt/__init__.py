@@ -7,10 +7,11 @@
 
 from .errors import InfeasibleError, QSyncError, SpecError
 from .plan import Plan
+from .serving_plan import ServingPlan
 from .spec import JobSpec, load_spec
 
 __version__ = "0.1.0"
-__all__ = ["solve", "load_spec", "JobSpec", "Plan", "QSyncError", "SpecError", "InfeasibleError", "__version__"]
+__all__ = ["solve", "load_spec", "JobSpec", "Plan", "ServingPlan", "QSyncError", "SpecError", "InfeasibleError", "__version__"]
 
 
 def solve(spec_or_path, **overrides) -> Plan:

@@ -193,3 +193,10 @@ def test_status_is_a_fact_under_a_tiny_time_limit():
 def test_unreachable_quality_bound_is_diagnosed():
     with pytest.raises(InfeasibleError, match=r"least Σω that fits memory is .*bound 1 "):
         qsync_opt.solve(spec(quality={"max_indicator": 1.0}))
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_plan_file_round_trip(tmp_path, suffix):
+    plan = qsync_opt.solve(spec())
+    path = plan.save(tmp_path / f"plan{suffix}")
+    assert ServingPlan.load(path) == plan
