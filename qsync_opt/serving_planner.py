@@ -96,7 +96,7 @@ def plan_serving(spec: JobSpec) -> ServingPlan:
     baselines = search_baselines(insts, s, opts)
     if search.best is None:
         diag = diagnose(spec, devices, pres, omega, bound, inst_for)
-        if search.statuses.get("infeasible", 0) + search.pruned == len(insts) and not search.statuses.get("unknown"):
+        if search.statuses.get("infeasible", 0) == len(insts):
             raise InfeasibleError("no serving plan fits (every device order and micro-batch size proven infeasible)", diag)
         raise InfeasibleError(f"no serving plan found within {sol.time_limit_s:g} s ({search.statuses})", diag or ["raise solver.time_limit_s"])
     obj, inst, a, ev = search.best
@@ -110,8 +110,8 @@ def plan_serving(spec: JobSpec) -> ServingPlan:
             notes.append(f"the {b.name} baseline beat the solver's plan within its gap and is returned")
     lower = min(search.lower, obj)
     gap = max(0.0, obj - lower) / max(abs(obj), 1e-12) if lower > -float("inf") else None
-    proven = all(st in ("optimal", "infeasible") for st in search.statuses)
-    status = "optimal" if proven and gap is not None and gap <= max(sol.rel_gap, 1e-9) else "feasible"
+    # proven from valid bounds only: each candidate's solver bound, LP relaxation or closed-form bound
+    status = "optimal" if gap is not None and gap <= max(sol.rel_gap, 1e-9) else "feasible"
     stats = SolverStats(
         backend=backend, status=status, objective_ms=obj, bound_ms=lower if lower > -float("inf") else None, gap=gap,
         rel_gap=sol.rel_gap, wall_s=wall, programs=len(insts) - search.pruned, pruned=search.pruned,
@@ -164,11 +164,15 @@ def search_plans(insts: list[ServingInstance], backend: str, opts: SolveOptions,
         left = max(0.2, left)
         start = uniform(inst)
         res = solve_serving(inst, backend, replace(opts, time_limit_s=left), start=start)
-        out.statuses[res.status] = out.statuses.get(res.status, 0) + 1
+        label = res.status + (" (scaled model)" if res.scaled else "")
+        out.statuses[label] = out.statuses.get(label, 0) + 1
         out.stats = res.stats
-        if res.status == "infeasible":
+        if res.status == "infeasible" and not res.scaled:
             continue
-        out.lower = min(out.lower, res.bound if res.bound is not None else -float("inf"))
+        # CP-SAT proves things about its integer-scaled, tightened copy: neither its bound nor its
+        # "infeasible" holds for the real program, so such a candidate keeps its own valid bound.
+        valid = res.bound if (res.bound is not None and not res.scaled) else -float("inf")
+        out.lower = min(out.lower, max(lb, valid))
         if res.assignment is not None and (out.best is None or res.objective < out.best[0]):
             out.best = (res.objective, inst, res.assignment, res.evaluation)
     return out

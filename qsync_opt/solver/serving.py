@@ -317,6 +317,8 @@ class ServingSolve:
     backend: str
     message: str = ""
     stats: dict = field(default_factory=dict)
+    scaled: bool = False
+    """The backend solved a rounded, tightened copy (CP-SAT): its status and bound are about that copy."""
 
 
 def solve_serving(inst: ServingInstance, backend: str = "highs", options: SolveOptions | None = None,
@@ -330,9 +332,11 @@ def solve_serving(inst: ServingInstance, backend: str = "highs", options: SolveO
             options = replace(options, hint=hint)
     raw = get_backend(backend).solve(problem, options)
     if raw.status not in ("optimal", "feasible") or raw.values is None:
-        return ServingSolve(raw.status, None, None, None, raw.bound, raw.wall_s, backend, raw.message, problem.stats())
+        return ServingSolve(raw.status, None, None, None, raw.bound, raw.wall_s, backend, raw.message, problem.stats(),
+                            raw.scaling is not None)
     a = decode_values(inst, problem, raw.values)
     ev = evaluate(inst, a)
     if ev.violations:
         raise SolverError(f"backend {backend} returned a serving plan that breaks the instance: {'; '.join(ev.violations)}")
-    return ServingSolve(raw.status, a, ev, ev.objective, raw.bound, raw.wall_s, backend, raw.message, problem.stats())
+    return ServingSolve(raw.status, a, ev, ev.objective, raw.bound, raw.wall_s, backend, raw.message, problem.stats(),
+                        raw.scaling is not None)
