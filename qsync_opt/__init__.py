@@ -7,14 +7,18 @@
 
 from .errors import InfeasibleError, QSyncError, SpecError
 from .plan import Plan
+from .serving_plan import ServingPlan
 from .spec import JobSpec, load_spec
 
 __version__ = "0.1.0"
-__all__ = ["solve", "load_spec", "JobSpec", "Plan", "QSyncError", "SpecError", "InfeasibleError", "__version__"]
+__all__ = ["solve", "load_spec", "JobSpec", "Plan", "ServingPlan", "QSyncError", "SpecError", "InfeasibleError", "__version__"]
 
 
 def solve(spec_or_path, **overrides) -> Plan:
-    """Plan a job spec (path, YAML text, dict or JobSpec); see `qsync_opt.pipeline.solve`."""
+    """Plan a job spec (path, YAML text, dict or JobSpec); see `qsync_opt.pipeline.solve`.
+
+    A `kind: serving` spec gives a `qsync_opt.serving_plan.ServingPlan` instead of a Plan.
+    """
     from .pipeline import solve as _solve
 
     return _solve(spec_or_path, **overrides)

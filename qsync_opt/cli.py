@@ -119,6 +119,8 @@ def _cmd_solve(args) -> int:
             plan = pipeline.solve(args.spec, export_problem=args.export_problem, **overrides)
     else:
         plan = pipeline.solve(args.spec, export_problem=args.export_problem, **overrides)
+    if getattr(plan, "kind", None) == "serving":
+        from .serving_report import print_serving_plan as print_plan
     print_plan(plan, out)
     if args.output:
         path = plan.save(args.output)

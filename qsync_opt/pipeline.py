@@ -67,8 +67,12 @@ def solve(spec_or_path: "str | Path | dict | JobSpec", *, export_problem: "str |
         if short in overrides:
             overrides[f"solver.{short}"] = overrides.pop(short)
     spec = load_spec(spec_or_path, **overrides)
-    if spec.kind != "training":
-        raise SpecError("kind: 'serving' specs validate, but the serving planner (LLM-PQ) is not in this release; use kind: training")
+    if spec.kind == "serving":
+        from .serving_planner import plan_serving
+
+        if export_problem is not None:
+            raise SpecError("--export-problem is for training specs; a serving plan solves one program per order and micro-batch pair")
+        return plan_serving(spec)
     prepared = prepare(spec)
     return plan_training(spec, prepared, export_problem=export_problem)
 

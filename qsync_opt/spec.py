@@ -20,6 +20,7 @@ from .errors import SpecError
 from .spec_errors import format_errors
 from .hardware.device import DeviceSpec, catalog, find_device
 from .precision import PrecisionName
+from .serving_spec import ServingSpec  # noqa: F401  (the serving section lives beside its planner)
 
 _CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True)
 
@@ -236,21 +237,14 @@ class RuntimeSpec(_Model):
     and `train` refuses them."""
 
 
-class ServingSpec(_Model):
-    """LLM serving on a pipeline (LLM-PQ); filled by the serving planner."""
-
-    prompt_len: int = Field(ge=1)
-    gen_tokens: int = Field(ge=1)
-    global_batch: int = Field(ge=1)
-
-
 class JobSpec(_Model):
     """A whole job: cluster, model, workload, objective and solver settings."""
 
     kind: Literal["training", "serving"] = "training"
     name: str = "job"
     cluster: Cluster
-    model: ModelSpec
+    model: ModelSpec | None = None
+    """The network to train (kind: training); serving specs describe theirs in serving.model."""
     training: TrainingSpec | None = None
     serving: ServingSpec | None = None
     objective: Objective = Field(default_factory=Objective)
@@ -262,7 +256,9 @@ class JobSpec(_Model):
         if self.kind == "training" and self.training is None:
             raise ValueError("kind: training needs a 'training' section (at least global_batch)")
         if self.kind == "serving" and self.serving is None:
-            raise ValueError("kind: serving needs a 'serving' section (prompt_len, gen_tokens, global_batch)")
+            raise ValueError("kind: serving needs a 'serving' section (model, prompt_len, gen_tokens, global_batch)")
+        if self.kind == "training" and self.model is None:
+            raise ValueError("kind: training needs a 'model' section (name or import)")
         if self.objective.minimize == "iteration_time" and self.objective.max_accuracy_degradation is None:
             raise ValueError("objective.minimize: iteration_time needs objective.max_accuracy_degradation")
         if self.training is not None:
