@@ -42,13 +42,20 @@ CAST_SIZES = (1 << 12, 1 << 15, 1 << 18, 1 << 20)
 ALLREDUCE_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
 
 
+#: Estimator settings; QSYNC_OPT_PROFILE_BLOCKS / _REPEATS override them (benchmarks trade
+#: precision for time with fewer).
+BLOCKS = int(os.environ.get("QSYNC_OPT_PROFILE_BLOCKS", 5))
+REPEATS = int(os.environ.get("QSYNC_OPT_PROFILE_REPEATS", 5))
+
+
 def robust_ms(fn: Callable[[], object], *, before: Callable[[], object] | None = None,
-              warmup: int = 3, blocks: int = 5, repeats: int = 5) -> float:
+              warmup: int = 3, blocks: int | None = None, repeats: int | None = None) -> float:
     """Median over `blocks` of the minimum of `repeats` timed calls, in ms.
 
     The minimum rejects preemption by other processes within a block; the median over blocks
     rejects a block that was slow throughout. `before` runs untimed before each call.
     """
+    blocks, repeats = blocks or BLOCKS, repeats or REPEATS
     for _ in range(warmup):
         if before:
             before()
