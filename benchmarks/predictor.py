@@ -220,7 +220,9 @@ def main(argv=None) -> int:
     ap.add_argument("--models", help="comma-separated zoo models")
     ap.add_argument("--plans", type=int, help="random mixed plans per model (plus 3 uniform)")
     ap.add_argument("--rounds", type=int, help="profile/measure rounds")
-    ap.add_argument("--batch", type=int, default=8, help="per-process batch")
+    ap.add_argument("--batch", type=int, help="per-process batch (default 4 with --quick, else 8)")
+    ap.add_argument("--blocks", type=int, default=4, help="estimator blocks (profile and measurement)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed calls per block (profile and measurement)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     models = a.models.split(",") if a.models else (["tiny-cnn", "tiny-resnet"] if a.quick else
@@ -229,8 +231,9 @@ def main(argv=None) -> int:
     rounds = a.rounds or (2 if a.quick else 3)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("QSYNC_OPT_PROFILE_BLOCKS", "3")
-    os.environ.setdefault("QSYNC_OPT_PROFILE_REPEATS", "3")
+    a.batch = a.batch or (4 if a.quick else 8)
+    os.environ["QSYNC_OPT_PROFILE_BLOCKS"] = str(a.blocks)  # the same estimator for both sides
+    os.environ["QSYNC_OPT_PROFILE_REPEATS"] = str(a.repeats)
     command = "PYTHONPATH=. python benchmarks/predictor.py " + " ".join(sys.argv[1:] if argv is None else argv)
     t_start, load_start = time.time(), load()
     rng = random.Random(a.seed)
@@ -250,7 +253,8 @@ def main(argv=None) -> int:
                 profile_spec(load_spec(base["ddp"]), path, progress=False, log=lambda s: None)
                 round_profiles.append(path)
                 for mode in base:
-                    measured[mode].append(measure(base[mode], plans[mode], tmp, warmup=2, blocks=3, repeats=3))
+                    measured[mode].append(measure(base[mode], plans[mode], tmp, warmup=2, blocks=a.blocks,
+                                                   repeats=a.repeats))
                 print(f"  {model}: round {r + 1}/{rounds} done, load {load()}", flush=True)
             merged = out / f"profile-{model}.json"
             merge_profiles(round_profiles, merged)

@@ -116,7 +116,7 @@ def cmd_indicate(args) -> int:
     spec = load_spec(args.spec, **overrides)
     sens, note = compute_indicator(spec, log=lambda s: out.print(s, highlight=False))
     out.print(note)
-    ps = list(sens.precisions)
+    ps = list(next(iter(sens.omega.values())))
     t = Table(title=f"ω ({spec.indicator.method}), largest first", title_justify="left")
     t.add_column("op")
     for p in ps:
