@@ -100,6 +100,9 @@ def plan_training(spec: JobSpec, prepared: Prepared, *, export_problem: "str | P
     original = instance
     result, _, rounds = solve_and_refine(spec, instance, ctx)
     notes.extend(result["notes"])
+    if rounds:
+        notes.append(f"status {result['status']!r} and the gap are those of the model tightened by {rounds} "
+                     "refine round(s), not of the original linear model")
     baselines = {**_baselines(original, ctx), **extra}
     return _make_plan(spec, prepared, original, ctx, result, rounds, baselines, notes, time.perf_counter() - t0)
 
