@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -155,5 +154,3 @@ def _train_copy(module: nn.Module) -> nn.Module:
     m = copy.deepcopy(module).float()
     return m.eval()  # eval: BatchNorm uses its running statistics, so the loss is a function of W alone
 
-
-__all__ = ["compute_indicator", "calibration_batches", "load_checkpoint", "cache_key", "METHODS", "Path"]

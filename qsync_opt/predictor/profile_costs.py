@@ -21,7 +21,6 @@ from pathlib import Path
 
 from ..errors import SpecError
 from ..models.graph import OpGraph
-from ..precision import PRECISIONS
 from .costs import OpCost
 from .profile import Profile, ProfileError, Section, default_profile_path, load_profile, op_signature, step_key
 
@@ -125,5 +124,3 @@ def measured_link(spec, path: Path | None) -> tuple[float, float] | None:
     # allreduce_ms = 2(n−1)/n · B / (bw·1e6) + 2(n−1) · lat / 1e3   (comm.py)
     return 2 * (n - 1) / n / (beta * 1e6), fit["alpha_ms"] * 1e3 / (2 * (n - 1))
 
-
-__all__ = ["MeasuredCosts", "measured_costs", "measured_link", "profile_for", "section_costs", "PRECISIONS"]

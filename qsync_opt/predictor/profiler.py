@@ -39,7 +39,6 @@ tr = importlib.import_module("qsync_opt.models.trace")  # the module (models/__i
 
 CAST_PAIRS = (("fp32", "bf16"), ("bf16", "fp32"), ("fp32", "fp16"), ("fp16", "fp32"), ("fp32", "int8"), ("int8", "fp32"))
 CAST_SIZES = (1 << 12, 1 << 15, 1 << 18, 1 << 20)
-ALLREDUCE_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
 
 
 #: Estimator settings; QSYNC_OPT_PROFILE_BLOCKS / _REPEATS override them (benchmarks trade
@@ -341,6 +340,8 @@ def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None =
     world = spec.cluster.world_size
     if allreduce and world > 1 and f"gloo/{world}" not in prof.allreduce:
         log(f"profiling gloo all-reduce over {world} local processes")
+        from .allreduce_profile import measure_allreduce
+
         prof.allreduce[f"gloo/{world}"] = measure_allreduce(world)
         prof.save(path)
     return prof
@@ -365,42 +366,6 @@ def _run_group_subprocess(spec: JobSpec, src, g, path, progress: bool) -> None:
         os.unlink(spec_file)
     if r.returncode != 0:
         raise ProfileError(f"profiler: group {g.name!r} failed (exit {r.returncode}); see the messages above")
-
-
-def _allreduce_worker(rank: int, world: int, port: int, result: str) -> None:
-    import json
-
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        out = {}
-        for nbytes in ALLREDUCE_BYTES:
-            x = torch.ones(nbytes // 4)
-            out[nbytes] = robust_ms(lambda: dist.all_reduce(x), before=dist.barrier, blocks=3, repeats=3)
-        if rank == 0:
-            Path(result).write_text(json.dumps(out))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def measure_allreduce(world: int) -> dict[str, float]:
-    """α (ms) and β (ms per byte) of a gloo all-reduce over `world` local processes."""
-    import json
-    import tempfile
-
-    import torch.multiprocessing as mp
-
-    from ..runtime.launch import _free_port
-
-    with tempfile.TemporaryDirectory() as d:
-        res = str(Path(d) / "ar.json")
-        mp.start_processes(_allreduce_worker, args=(world, _free_port(), res), nprocs=world, start_method="spawn")
-        ms = {int(k): v for k, v in json.loads(Path(res).read_text()).items()}
-    a, b = _fit_line(list(ms), list(ms.values()))
-    return {"alpha_ms": b, "beta_ms_per_byte": a}
 
 
 def main(argv: list[str] | None = None) -> int:
