@@ -89,7 +89,7 @@ def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
         return None, f"roofline ({group.device_spec.name} is not on this machine and has no profile: file)"
     threads = group_threads(group, spec.cluster.world_size)
     for attempt in (0, 1):
-        prof: Profile | None = load_profile(path) if path.exists() else None
+        prof: Profile | None = _load_for(group, path) if path.exists() else None
         sec = prof.find_section(group.env, threads) if prof else None
         why = f"no profile at {path}" if prof is None else (
             f"profile {path} has no section for env {group.env or '{}'} with {threads} thread(s)" if sec is None else "")
@@ -110,6 +110,20 @@ def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
         log(f"note: {why}; profiling this machine now (first use; `qsync-opt profile SPEC` does it ahead)")
         profile_spec(spec, path, groups=[group.name], allreduce=spec.cluster.world_size > 1, progress=False, log=log)
     return None, "roofline"
+
+
+def _load_for(group, path: Path) -> Profile:
+    """A profile of this machine for devices that run here; of the group's own device otherwise."""
+    from .profiler import is_local
+
+    if is_local(group.device_spec):
+        return load_profile(path)  # refused, by name, when measured on another machine
+    prof = load_profile(path, check_machine=False)
+    m, dev = prof.machine, group.device_spec
+    if dev.kind == "cpu" or m.get("kind") != "cuda" or dev.name.lower().split("-")[0] not in m.get("gpu", "").lower().replace(" ", ""):
+        raise ProfileError(f"cluster.groups[{group.name}].profile: {path} was measured on {m.get('gpu') or m.get('cpu')!r}, "
+                           f"not on a {dev.name}; give a profile measured on that device")
+    return prof
 
 
 def measured_link(spec, path: Path | None) -> tuple[float, float] | None:

@@ -74,9 +74,12 @@ def robust_ms(fn: Callable[[], object], *, before: Callable[[], object] | None =
 
 
 def group_threads(group, world_size: int) -> int:
-    """Threads a rank of `group` trains with: its env's OMP_NUM_THREADS, else the launcher's split."""
+    """Threads a rank of `group` trains with: its env's OMP_NUM_THREADS, else the launcher's split
+    of the CPU (GPU ranks: 1, their host threads do not decide the kernels)."""
     v = group.env.get("OMP_NUM_THREADS")
-    return int(v) if v else max(1, (os.cpu_count() or 1) // world_size)
+    if v:
+        return int(v)
+    return max(1, (os.cpu_count() or 1) // world_size) if group.device_spec.kind == "cpu" else 1
 
 
 def is_local(device) -> bool:

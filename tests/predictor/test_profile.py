@@ -112,3 +112,26 @@ def test_robust_estimator_and_line_fit():
     assert len(calls) == 2 + 3 * 4 and ms >= 0
     a, b = _fit_line([1, 2, 3, 4], [3.0, 5.0, 7.0, 9.0])
     assert (a, b) == pytest.approx((2.0, 1.0))
+
+
+def test_a_remote_device_needs_a_profile_of_that_device(tmp_path):
+    from qsync_opt.hardware.device import find_device
+
+    graph = mlp_graph(batch=1)
+    prof = _profile(graph.for_batch(16), precisions=find_device("T4").precisions)
+    path = tmp_path / "t4.json"
+    prof.save(path)  # measured here (a CPU), given to a T4 group
+    spec = load_spec(f"""
+cluster:
+  groups: [{{name: t4, device: T4, profile: {path}}}]
+model: {{name: tiny-cnn}}
+training: {{global_batch: 16, optimizer: adam}}
+objective: {{max_iteration_time: 1000.0}}
+""")
+    with pytest.raises(ProfileError, match="not on a T4") as e:
+        build_instance(spec, graph, flat_omega(graph))
+    assert str(path) in str(e.value)
+    prof.machine = {"kind": "cuda", "gpu": "Tesla T4", "capability": "7.5", "cpu": "x", "isa": []}
+    prof.save(path)
+    _, ctx = build_instance(spec, graph, flat_omega(graph))
+    assert ctx.group("t4").cost_source == f"measured ({path})"
