@@ -240,7 +240,7 @@ class RuntimeSpec(_Model):
 
 class Calibration(_Model):
     batches: int = Field(default=4, ge=1)
-    """Calibration batches of the job's data (training.global_batch samples each)."""
+    """Calibration batches: the first N batches of the job's training data."""
     batch_size: int | None = Field(default=None, ge=1)
     """Samples per calibration batch; default min(global_batch, 32)."""
 
