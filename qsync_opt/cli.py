@@ -1,4 +1,4 @@
-"""`qsync-opt`: solve | devices | models | spec | train | bench.
+"""`qsync-opt`: solve | devices | models | spec | train | bench | profile | predict | indicate.
 
 Exit codes: 0 ok, 2 bad input (message, no traceback), 3 infeasible, 1 any other failure.
 With `solve --json` the plan alone goes to stdout and the readable summary to stderr, so a
@@ -93,6 +93,10 @@ def _parser() -> argparse.ArgumentParser:
     bs.add_argument("--limit", type=float, default=60.0, help="time limit per solve, s")
     bs.add_argument("--gap", type=float, default=1e-3, help="relative gap")
     bs.set_defaults(func=_cmd_bench_solvers)
+
+    from .cli_predict import register  # profile | predict | indicate
+
+    register(sub)
     return p
 
 

@@ -21,7 +21,7 @@ from .models.trace import trace
 from .plan import Baseline, GroupPlan, Plan, Provenance, SolverReport
 from .precision import PRECISIONS
 from .predictor.context import Context
-from .predictor.indicator import weight_indicator
+from .predictor.indicators import compute_indicator
 from .predictor.instance_builder import baseline, build_instance
 from .predictor.replayer import replay
 from .predictor.sensitivity import Sensitivity
@@ -40,6 +40,8 @@ class Prepared:
     graph: OpGraph
     sensitivity: Sensitivity
     timings_s: dict[str, float]
+    indicator_note: str = ""
+    """Which indicator method made ω, from what (plan notes name it)."""
 
 
 def prepare(spec: JobSpec) -> Prepared:
@@ -52,9 +54,9 @@ def prepare(spec: JobSpec) -> Prepared:
     name = spec.model.name or spec.model.import_
     graph = trace(module, inputs, model_name=name, leaf_modules=spec.model.leaf_modules)
     t2 = time.perf_counter()
-    sensitivity = weight_indicator(module, graph, PRECISIONS)  # every format: one indicator serves any cluster
+    sensitivity, note = compute_indicator(spec, module, graph)  # the spec's method (indicators.py), cached
     t3 = time.perf_counter()
-    return Prepared(module, graph, sensitivity, {"build": t1 - t0, "trace": t2 - t1, "indicator": t3 - t2})
+    return Prepared(module, graph, sensitivity, {"build": t1 - t0, "trace": t2 - t1, "indicator": t3 - t2}, note)
 
 
 def solve(spec_or_path: "str | Path | dict | JobSpec", *, export_problem: "str | Path | None" = None, **overrides: Any) -> Plan:
@@ -97,9 +99,14 @@ def plan_training(spec: JobSpec, prepared: Prepared, *, export_problem: "str | P
 
         save_problem(compile_training(instance), export_problem)
         notes.append(f"problem exported to {export_problem}")
+    if prepared.indicator_note:
+        notes.append(prepared.indicator_note)
     original = instance
     result, _, rounds = solve_and_refine(spec, instance, ctx)
     notes.extend(result["notes"])
+    if rounds:
+        notes.append(f"status {result['status']!r} and the gap are those of the model tightened by {rounds} "
+                     "refine round(s), not of the original linear model")
     baselines = {**_baselines(original, ctx), **extra}
     return _make_plan(spec, prepared, original, ctx, result, rounds, baselines, notes, time.perf_counter() - t0)
 
@@ -228,7 +235,7 @@ def _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, 
             peak_memory_bytes=t.peak_memory_bytes,
             memory_capacity_bytes=gc.mem_capacity_bytes,
             indicator=sum(instance.omega[op][p] for op, p in a[gc.name].items()),
-            cost_source=ctx.cost_source,
+            cost_source="measured" if gc.cost_source.startswith("measured") else "roofline",
         )
     timings = ", ".join(f"{k} {v:.2f}s" for k, v in prepared.timings_s.items())
     report = SolverReport(

@@ -71,6 +71,9 @@ class DeviceGroup(_Model):
     """'training' groups set the synchronisation bound at their own precision; 'auto' decides by speed."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment for this group's ranks (CPU emulation, e.g. ONEDNN_MAX_CPU_ISA)."""
+    profile: str | None = None
+    """A measured profile file for this group's device (`qsync-opt profile -o`); default: this
+    machine's cached profile for devices that run here, else the roofline."""
 
     @field_validator("device")
     @classmethod
@@ -167,6 +170,8 @@ class ModelSpec(_Model):
     input_dtype: Literal["float32", "int64"] = "float32"
     leaf_modules: list[str] = Field(default_factory=list)
     """Module FQNs or class names that tracing must treat as opaque."""
+    checkpoint: str | None = None
+    """A trained state_dict (torch.save) to load before computing indicators; random weights say little."""
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelSpec":
@@ -237,6 +242,24 @@ class RuntimeSpec(_Model):
     and `train` refuses them."""
 
 
+class Calibration(_Model):
+    batches: int = Field(default=4, ge=1)
+    """Calibration batches: the first N batches of the job's training data."""
+    batch_size: int | None = Field(default=None, ge=1)
+    """Samples per calibration batch; default min(global_batch, 32)."""
+
+
+class IndicatorSpec(_Model):
+    """How operator sensitivity ω is measured (the plan names the method)."""
+
+    method: Literal["weight", "gvar", "hessian", "empirical"] = "weight"
+    """'weight': weight quantisation noise; 'gvar': QSync's bi-directional variance from
+    calibration batches; 'hessian': Hutchinson trace x quantisation error (HAWQ); 'empirical':
+    measured loss change when only that op is lowered."""
+    calibration: Calibration = Field(default_factory=Calibration)
+
+
+
 class JobSpec(_Model):
     """A whole job: cluster, model, workload, objective and solver settings."""
 
@@ -250,6 +273,11 @@ class JobSpec(_Model):
     objective: Objective = Field(default_factory=Objective)
     solver: SolverSpec = Field(default_factory=SolverSpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    indicator: IndicatorSpec = Field(default_factory=IndicatorSpec)
+    costs: Literal["auto", "measured", "roofline"] = "auto"
+    """'auto': a group's measured profile when one matches its device and covers the model, else
+    the roofline; 'measured': insist (devices that run here are profiled on first use);
+    'roofline': datasheet model only."""
 
     @model_validator(mode="after")
     def _workload_matches_kind(self) -> "JobSpec":

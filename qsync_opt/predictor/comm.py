@@ -16,6 +16,7 @@ from ..errors import SpecError
 from ..models.graph import OpGraph
 
 DEFAULT_BUCKET_MB = 25.0  # torch DDP bucket_cap_mb (MiB)
+FIRST_BUCKET_MB = 1.0  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: DDP's first bucket is small
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,16 @@ def allreduce_ms(nbytes: float, world_size: int, bandwidth_gbs: float, latency_u
     return 2 * (n - 1) / n * nbytes / (bandwidth_gbs * 1e6) + 2 * (n - 1) * latency_us / 1e3
 
 
-def ddp_buckets(graph: OpGraph, bucket_mb: float = DEFAULT_BUCKET_MB) -> tuple[Bucket, ...]:
-    """FP32 gradient buckets in reverse parameter order; an op's parameters stay together,
-    a bucket closes once it reaches the cap (an op larger than the cap gets its own)."""
+def ddp_buckets(graph: OpGraph, bucket_mb: float = DEFAULT_BUCKET_MB,
+                first_bucket_mb: float = FIRST_BUCKET_MB) -> tuple[Bucket, ...]:
+    """FP32 gradient buckets in reverse parameter order (graph order stands for registration
+    order); an op's parameters stay together, a bucket closes once it reaches its cap (an op
+    larger than the cap gets its own). As DDP's reducer after its first step, the first bucket's
+    cap is `first_bucket_mb` (1 MiB, never above `bucket_mb`), so all-reduce starts early."""
     if bucket_mb <= 0:
         raise SpecError(f"bucket_mb: got {bucket_mb}; give a positive size in MiB (DDP default 25)")
     cap = bucket_mb * 1024 * 1024
+    first = min(first_bucket_mb * 1024 * 1024, cap)
     buckets: list[Bucket] = []
     ops: list[str] = []
     size = 0
@@ -63,7 +68,7 @@ def ddp_buckets(graph: OpGraph, bucket_mb: float = DEFAULT_BUCKET_MB) -> tuple[B
             continue
         ops.append(node.name)
         size += 4 * node.param_count
-        if size >= cap:
+        if size >= (cap if buckets else first):
             buckets.append(Bucket(tuple(ops), size))
             ops, size = [], 0
     if ops:

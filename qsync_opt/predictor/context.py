@@ -45,6 +45,8 @@ class GroupContext:
     time_bound_ms: float | None = None
     boundary: Literal["edge", "fp32"] = "edge"
     """Where casts happen: on edges (QSync) or around every op (this runtime); followers.py."""
+    cost_source: str = "roofline"
+    """'roofline', or 'measured (<profile file>)' when the costs come from a profile."""
 
     @property
     def highest(self) -> dict[str, str]:
@@ -67,7 +69,8 @@ class Context:
     time_bound_ms: float | None = None
     """The synchronisation bound given to inference groups (None if unbounded)."""
     training_groups: tuple[str, ...] = ()
-    cost_source: Literal["roofline", "measured"] = "roofline"
+    cost_source: str = "roofline"
+    """'roofline', 'measured', or 'mixed' (per group in GroupContext.cost_source)."""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def group(self, name: str) -> GroupContext:

@@ -33,6 +33,7 @@ from .context import Context, GroupContext
 from .costs import op_costs, optimizer_ms
 from .followers import BOUNDARIES, follow_format, follower_costs, owners
 from .memory import capacity_bytes, memory_model
+from .profile_costs import measured_costs, measured_link, profile_for
 from .replayer import replay_group
 from .sensitivity import Sensitivity
 
@@ -56,7 +57,7 @@ def _check_omega(omega, group: str, allowed: Mapping[str, tuple[str, ...]]) -> N
             )
 
 
-def _group_context(spec: JobSpec, g, graph: OpGraph, local_batch: int, boundary: str) -> GroupContext:
+def _group_context(spec: JobSpec, g, graph: OpGraph, local_batch: int, boundary: str, log=None) -> GroupContext:
     dev = g.device_spec.with_kernels(spec.runtime.kernels)  # priced as the runtime's dispatch runs it
     offer = tuple(p for p in g.allowed_precisions if dev.supports(p))
     if not offer:
@@ -67,8 +68,11 @@ def _group_context(spec: JobSpec, g, graph: OpGraph, local_batch: int, boundary:
     gg = graph.for_batch(local_batch)
     bwd = resolve_backward_precision(spec.runtime.backward_precision, dev)
     world = spec.cluster.world_size
+    measured, why = measured_costs(spec, g, gg, offer, log=log)  # profile_costs.py: measured or None
+    if measured is not None:
+        boundary = "fp32"  # the runtime's modules were timed with their own fp32 casts inside
     owner = owners(gg, boundary)
-    return GroupContext(
+    gc = GroupContext(
         name=g.name,
         device=dev,
         count=g.count,
@@ -87,6 +91,11 @@ def _group_context(spec: JobSpec, g, graph: OpGraph, local_batch: int, boundary:
         mem_capacity_bytes=capacity_bytes(dev.memory_bytes, dev.kind),
         boundary=boundary,
     )
+    # --- cost source: a measured profile replaces the roofline figures (profile_costs.py)
+    if measured is None:
+        return replace(gc, cost_source=why)
+    return replace(gc, costs=measured.costs, other_costs=measured.other_costs,
+                   optimizer_ms=measured.optimizer_ms, cost_source=measured.source)
 
 
 def _op_time(gc: GroupContext, followers: dict[str, list[str]], op: str, p: str) -> float:
@@ -129,6 +138,7 @@ def build_instance(
     *,
     local_batches: Mapping[str, int] | None = None,
     boundary: str = "edge",
+    log=None,
 ) -> tuple[TrainingInstance, Context]:
     """The planning problem for `spec` as plain numbers, and the Context that explains them.
 
@@ -141,12 +151,12 @@ def build_instance(
         raise SpecError("training: build_instance needs a training section (kind: training)")
     omega = _omega(sensitivity)
     lbs = _local_batches(spec, local_batches)
-    link = spec.cluster.link
+    gcs = [_group_context(spec, g, graph, lbs[g.name], boundary, log) for g in spec.cluster.groups]
+    link = _link(spec, gcs)
     proto = Context(
         groups=(), world_size=spec.cluster.world_size, link_bandwidth_gbs=link.bandwidth_gbs,
         link_latency_us=link.latency_us, global_batch=spec.training.global_batch,
     )
-    gcs = [_group_context(spec, g, graph, lbs[g.name], boundary) for g in spec.cluster.groups]
     highest = {gc.name: replay_group(gc, gc.highest, proto) for gc in gcs}
     fastest = min(t.iteration_ms for t in highest.values())
     roles = {g.name: g.role for g in spec.cluster.groups}
@@ -214,9 +224,25 @@ def build_instance(
     ctx = Context(
         groups=tuple(final), world_size=proto.world_size, link_bandwidth_gbs=link.bandwidth_gbs,
         link_latency_us=link.latency_us, global_batch=spec.training.global_batch,
-        time_bound_ms=bound, training_groups=training, cost_source="roofline", notes=tuple(notes),
+        time_bound_ms=bound, training_groups=training, cost_source=_source(final),
+        notes=tuple(notes + [f"costs of {gc.name}: {gc.cost_source}" for gc in final]),
     )
     return instance, ctx
+
+
+def _source(gcs) -> str:
+    kinds = {"measured" if gc.cost_source.startswith("measured") else "roofline" for gc in gcs}
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def _link(spec: JobSpec, gcs):
+    """The spec's interconnect, or the profile's measured all-reduce when every group was measured here."""
+    link = spec.cluster.link
+    if gcs and all(gc.cost_source.startswith("measured") for gc in gcs):
+        fit = measured_link(spec, profile_for(spec.cluster.groups[0]))
+        if fit is not None:
+            return link.model_copy(update={"bandwidth_gbs": fit[0], "latency_us": fit[1]})
+    return link
 
 
 BASELINES = ("highest", "lowest")

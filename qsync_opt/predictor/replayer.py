@@ -1,5 +1,10 @@
 """The replayer: an assignment played out on a timeline, the judge of a plan.
 
+The iteration time is the lockstep one: every rank joins each bucket's ring all-reduce, so
+a bucket starts only when the slowest group has its gradients; a faster group idles. Per
+group it reports compute, casts, its own exposed all-reduce (as if every rank were like
+it) and the idle time waiting for stragglers, which add up to the lockstep iteration.
+
 Per group: forward ops in graph order (edge casts before an op, weight casts with it,
 non-selectable ops in the format of the op they follow), backward in reverse (gradient casts
 after an op), DDP bucket all-reduces overlapping backward,
@@ -12,7 +17,7 @@ re-simulates it for the assignment in hand, so the solver's verify-and-refine lo
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import SpecError
 from .casts import edge_cast_parts
@@ -46,6 +51,9 @@ class GroupTimeline:
     grad_ready_ms: dict[str, float]
     """op -> when its weight gradient exists, from the start of backward."""
     comm: CommTimeline
+    events: tuple[tuple[str, str, float, float], ...] = ()
+    """(phase, name, start ms, duration ms) of every compute step, from the iteration's start;
+    phase is 'forward', 'backward', 'cast' or 'optimizer'."""
 
 
 @dataclass(frozen=True)
@@ -53,10 +61,16 @@ class Timeline:
     groups: dict[str, GroupTimeline]
     sync_iteration_ms: float
     """All groups in lockstep: each bucket's all-reduce waits for the slowest group's gradients."""
+    idle_ms: dict[str, float] = field(default_factory=dict)
+    """group -> time spent waiting for stragglers: lockstep iteration − (own compute + own exposed comm)."""
+    bucket_starts: tuple[float, ...] = ()
+    """Lockstep all-reduce of each bucket, from the iteration's start (every rank takes part)."""
+    bucket_ends: tuple[float, ...] = ()
 
     @property
     def iteration_ms(self) -> float:
-        return max(t.iteration_ms for t in self.groups.values())
+        """The iteration time: the lockstep one (a ring cannot start before every rank is ready)."""
+        return self.sync_iteration_ms
 
 
 def _check_choice(g: GroupContext, choice: Mapping[str, str]) -> None:
@@ -94,31 +108,47 @@ def replay_group(g: GroupContext, choice: Mapping[str, str], ctx: Context) -> Gr
         own = g.owner.get(name)
         return g.other_costs[name][follow_format(choice[own] if own else None, g.backward_precision)]
 
+    events: list[tuple[str, str, float, float]] = []
     fwd = wcast = fcast = 0.0
+    clock = 0.0
     for node in graph.nodes:
         if node.selectable:
             cost = g.costs[node.name][choice[node.name]]
-            for e in in_edges.get(node.name, ()):
-                fcast += casts(e)[0]
+            c = sum(casts(e)[0] for e in in_edges.get(node.name, ()))
+            if c:
+                events.append(("cast", f"cast->{node.name}", clock, c))
+            fcast += c
             wcast += cost.weight_cast_ms
             fwd += cost.fwd_ms
+            step = c + cost.weight_cast_ms + cost.fwd_ms
+            events.append(("forward", f"{node.name} [{choice[node.name]}]", clock + c, step - c))
         else:
-            fwd += other(node.name).fwd_ms
+            step = other(node.name).fwd_ms
+            fwd += step
+            events.append(("forward", node.name, clock, step))
+        clock += step
     forward = fwd + wcast + fcast
 
     t, bcast, ready = 0.0, 0.0, {}
     for node in reversed(graph.nodes):
         if node.selectable:
-            t += g.costs[node.name][choice[node.name]].bwd_ms
+            d = g.costs[node.name][choice[node.name]].bwd_ms
+            events.append(("backward", f"{node.name} [{choice[node.name]}]", forward + t, d))
+            t += d
             ready[node.name] = t
             for e in in_edges.get(node.name, ()):
                 c = casts(e)[1]
+                if c:
+                    events.append(("cast", f"grad cast {e[1]}->{e[0]}", forward + t, c))
                 bcast += c
                 t += c
         else:
-            t += other(node.name).bwd_ms
+            d = other(node.name).bwd_ms
+            events.append(("backward", node.name, forward + t, d))
+            t += d
             ready[node.name] = t
     backward = t
+    events.append(("optimizer", "optimizer step", forward + backward, g.optimizer_ms))
 
     comm = simulate_allreduce(
         g.buckets, ready, backward, ctx.world_size, ctx.link_bandwidth_gbs, ctx.link_latency_us
@@ -138,21 +168,27 @@ def replay_group(g: GroupContext, choice: Mapping[str, str], ctx: Context) -> Gr
         peak_memory_bytes=g.memory.total(choice),
         grad_ready_ms=ready,
         comm=comm,
+        events=tuple(events),
     )
 
 
-def _sync_iteration(ctx: Context, tls: dict[str, GroupTimeline]) -> float:
-    """Lockstep: bucket k starts when every group has its gradients and bucket k−1 is done."""
+def _sync(ctx: Context, tls: dict[str, GroupTimeline]) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
+    """Lockstep: bucket k starts when every group has its gradients and bucket k−1 is done;
+    a group steps its optimizer after its backward and the last all-reduce. Returns the
+    iteration (the last group's end) and the buckets' starts and ends."""
     first = ctx.groups[0]
-    prev_end, end = 0.0, 0.0
+    prev_end, starts, ends = 0.0, [], []
     for b in first.buckets:
         ready = max(tls[g.name].forward_ms + max(tls[g.name].grad_ready_ms[op] for op in b.ops) for g in ctx.groups)
         start = max(ready, prev_end)
         prev_end = start + allreduce_ms(b.nbytes, ctx.world_size, ctx.link_bandwidth_gbs, ctx.link_latency_us)
+        starts.append(start)
+        ends.append(prev_end)
+    end = 0.0
     for g in ctx.groups:
         tl = tls[g.name]
         end = max(end, max(tl.forward_ms + tl.backward_ms, prev_end) + tl.optimizer_ms)
-    return end
+    return end, tuple(starts), tuple(ends)
 
 
 def replay(ctx: Context, assignment: Mapping[str, Mapping[str, str]]) -> Timeline:
@@ -167,7 +203,9 @@ def replay(ctx: Context, assignment: Mapping[str, Mapping[str, str]]) -> Timelin
         if g.name not in assignment:
             raise SpecError(f"assignment: group {g.name!r} is missing; give it an op -> precision map")
         tls[g.name] = replay_group(g, assignment[g.name], ctx)
-    return Timeline(tls, _sync_iteration(ctx, tls))
+    it, starts, ends = _sync(ctx, tls)
+    idle = {n: max(0.0, it - t.compute_ms - t.comm_exposed_ms) for n, t in tls.items()}
+    return Timeline(tls, it, idle, starts, ends)
 
 
 def verify(ctx: Context, assignment: Mapping[str, Mapping[str, str]]) -> dict[str, float]:

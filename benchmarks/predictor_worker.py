@@ -1,0 +1,88 @@
+"""One measuring process of benchmarks/predictor.py: real training steps of each plan.
+
+`python benchmarks/predictor_worker.py JOB.json`, started with the group's env (and RANK,
+WORLD_SIZE, MASTER_* for DDP). For every plan: a fresh model with the plan of this rank's
+group applied (runtime.apply_plan), DDP over gloo when WORLD_SIZE > 1, the spec's optimizer;
+warm-up steps (DDP rebuilds its buckets after the first), then `blocks` × `repeats` timed
+steps; the estimate is the median of the block minima, the profiler's own estimator.
+A step is what the replayer models: zero_grad, forward, loss, backward (all-reduce), step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def _median_of_block_mins(times: list[float], blocks: int) -> float:
+    per = max(1, len(times) // blocks)
+    mins = sorted(min(times[i:i + per]) for i in range(0, per * blocks, per))
+    return mins[len(mins) // 2]
+
+
+def main(job_path: str) -> int:
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    from qsync_opt.models.from_spec import build_from_spec, input_maker
+    from qsync_opt.runtime.apply import apply_plan
+    from qsync_opt.runtime.trainer import make_optimizer
+    from qsync_opt.spec import load_spec
+
+    job = json.loads(Path(job_path).read_text())
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
+    world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+    if world > 1:
+        dist.init_process_group("gloo")
+    spec = load_spec(job["spec"])
+    group = spec.cluster.group_of_rank(rank).name
+    batch = spec.local_batches()[group]
+    inputs = tuple(input_maker(spec)(batch, torch.Generator().manual_seed(rank)))
+    rt = spec.runtime
+    out = {}
+    try:
+        for key, plan in job["plans"]:
+            torch.manual_seed(spec.training.seed)
+            model = build_from_spec(spec).train()
+            model = apply_plan(model, plan[group], kernels=rt.kernels, weight_granularity=rt.weight_granularity,
+                               backward_precision=rt.backward_precision, rounding=rt.rounding)
+            if world > 1:
+                model = nn.parallel.DistributedDataParallel(model)
+            opt = make_optimizer(spec.training, [p for p in model.parameters() if p.requires_grad])
+            with torch.no_grad():
+                shape = model(*inputs).shape
+            target = torch.randint(0, shape[-1], shape[:-1], generator=torch.Generator().manual_seed(1))
+
+            def step():
+                opt.zero_grad(set_to_none=True)
+                y = model(*inputs)
+                nn.functional.cross_entropy(y.reshape(-1, y.size(-1)).float(), target.reshape(-1)).backward()
+                opt.step()
+
+            for _ in range(job["warmup"]):
+                step()
+            if world > 1:
+                dist.barrier()
+            times = []
+            for _ in range(job["blocks"] * job["repeats"]):
+                t = time.perf_counter()
+                step()
+                times.append((time.perf_counter() - t) * 1e3)
+            out[key] = _median_of_block_mins(times, job["blocks"])
+        if rank == 0:
+            Path(job["out"]).write_text(json.dumps(out))
+    finally:
+        if world > 1:
+            dist.barrier()
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,223 @@
+"""The measured-profile file: op timings, cast fits and all-reduce fits of one machine.
+
+One JSON file per machine. Top level: `format`, `version`, `machine` (CPU model and ISA
+flags, or GPU name and capability), `versions` (torch, qsync-opt), `created`/`updated` (UTC),
+`sections` and `allreduce`. A section holds what was measured under one environment (a
+group's `env`, e.g. ONEDNN_MAX_CPU_ISA, changes which kernels run) and thread count:
+
+  ops:       op signature -> {fwd_ms, bwd_ms}    (signature: kind, shapes, FLOPs, precision)
+  casts:     "src->dst" -> {a_ms_per_elem, b_ms} (a·n + b)
+  optimizer: "adamw|<params digest>" -> ms       (one optimizer.step())
+  allreduce: "gloo/<ranks>" -> {alpha_ms, beta_ms_per_byte}
+
+Signatures depend only on an OpNode's shapes and FLOPs, so models that share shapes share
+entries. A file that is not valid JSON, misses a field, has another format/version, or was
+measured on another machine raises ProfileError naming the file: it is never used silently.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..errors import SpecError
+from ..io import atomic_write_text
+from ..models.graph import OpGraph, OpNode
+
+FORMAT = "qsync-opt-profile"
+VERSION = 1
+#: ISA flags that change which CPU kernels run (AMX, AVX-512 variants, VNNI).
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_fp16")
+
+
+class ProfileError(SpecError):
+    """A profile file that cannot be used: corrupt, truncated, foreign or of another format."""
+
+
+def machine_description() -> dict:
+    """What identifies this machine's kernels: CPU model + ISA flags (and the GPU when present)."""
+    cpu, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name":
+                    cpu = value.strip()
+                elif key == "flags":
+                    flags = set(value.split())
+                if cpu and flags:
+                    break
+    except OSError:
+        pass
+    desc = {"kind": "cpu", "cpu": cpu, "isa": sorted(f for f in ISA_FLAGS if f in flags)}
+    if torch.cuda.is_available():
+        desc.update(kind="cuda", gpu=torch.cuda.get_device_name(0),
+                    capability=".".join(map(str, torch.cuda.get_device_capability(0))))
+    return desc
+
+
+def library_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"torch": torch.__version__}
+    try:
+        out["qsync-opt"] = version("qsync-opt")
+    except PackageNotFoundError:
+        pass
+    return out
+
+
+def section_key(env: dict[str, str], threads: int) -> str:
+    """Name of the section measured under `env` with `threads` threads."""
+    parts = [f"{k}={v}" for k, v in sorted(env.items())]
+    return ",".join([f"threads={threads}", *parts])
+
+
+def op_signature(node: OpNode, precision: str) -> str:
+    """Key of one op's timing: everything about the op that decides its kernels."""
+    ins = ";".join("x".join(map(str, s)) for s in node.input_shapes)
+    out = "x".join(map(str, node.output_shape))
+    w = "x".join(map(str, node.weight_shape)) if node.weight_shape else "-"
+    src = "|src" if node.depth == 0 else ""  # reads the model input: no input gradient
+    return f"{node.kind}|in={ins}|out={out}|w={w}|p={node.param_count}|f={node.fwd_flops}{src}|{precision}"
+
+
+def step_key(optimizer: str, graph: OpGraph) -> str:
+    """Key of one optimizer step + loss: the optimizer, the parameters and the batch."""
+    holders = [n.param_count for n in graph.nodes if n.param_count]
+    digest = hashlib.sha256(json.dumps(holders).encode()).hexdigest()[:10]
+    out = "x".join(map(str, graph.nodes[-1].output_shape)) if graph.nodes else "-"
+    return f"{optimizer}|params={sum(holders)}:{digest}|b={graph.batch_size}|out={out}"
+
+
+@dataclass
+class Section:
+    env: dict[str, str]
+    threads: int
+    ops: dict[str, dict[str, float]] = field(default_factory=dict)
+    casts: dict[str, dict[str, float]] = field(default_factory=dict)
+    optimizer: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Profile:
+    machine: dict
+    versions: dict
+    created: str
+    sections: dict[str, Section] = field(default_factory=dict)
+    allreduce: dict[str, dict[str, float]] = field(default_factory=dict)
+    path: str | None = None
+
+    @classmethod
+    def new(cls) -> "Profile":
+        return cls(machine_description(), library_versions(), _now())
+
+    def section(self, env: dict[str, str], threads: int) -> Section:
+        key = section_key(env, threads)
+        if key not in self.sections:
+            self.sections[key] = Section(dict(env), threads)
+        return self.sections[key]
+
+    def find_section(self, env: dict[str, str], threads: int) -> Section | None:
+        return self.sections.get(section_key(env, threads))
+
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT, "version": VERSION, "machine": self.machine, "versions": self.versions,
+            "created": self.created, "updated": _now(),
+            "sections": {k: {"env": s.env, "threads": s.threads, "ops": s.ops, "casts": s.casts,
+                             "optimizer": s.optimizer} for k, s in self.sections.items()},
+            "allreduce": self.allreduce,
+        }
+
+    def save(self, path: "str | Path") -> Path:
+        """Write atomically: a reader (or an interrupted run) never sees half a file."""
+        self.path = str(path)
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _need(d, key, kind, where, path):
+    if not isinstance(d, dict) or key not in d or not isinstance(d[key], kind):
+        raise ProfileError(
+            f"profile {path}: field {where}{key!r} is missing or not a {kind.__name__}; the file is "
+            "truncated or not a qsync-opt profile — delete it and run `qsync-opt profile` again"
+        )
+    return d[key]
+
+
+def _numbers(d: dict, where: str, path) -> None:
+    for k, v in d.items():
+        vals = v.values() if isinstance(v, dict) else [v]
+        if not all(isinstance(x, (int, float)) and x == x and x >= 0 for x in vals):
+            raise ProfileError(f"profile {path}: {where}[{k!r}] holds {v!r}, not non-negative numbers; "
+                               "the file is corrupt — delete it and run `qsync-opt profile` again")
+
+
+def load_profile(path: "str | Path", *, check_machine: bool = True) -> Profile:
+    """Read and validate a profile; ProfileError naming the file when it cannot be trusted."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProfileError(f"profile {path}: no such file; run `qsync-opt profile SPEC -o {path}`") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ProfileError(f"profile {path}: not readable JSON ({e}); the file is corrupt or truncated — "
+                           "delete it and run `qsync-opt profile` again") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise ProfileError(f"profile {path}: not a qsync-opt profile (format {raw.get('format') if isinstance(raw, dict) else None!r}, "
+                           f"expected {FORMAT!r})")
+    if raw.get("version") != VERSION:
+        raise ProfileError(f"profile {path}: version {raw.get('version')!r}, this release reads {VERSION}; profile again")
+    machine = _need(raw, "machine", dict, "", path)
+    sections = {}
+    for key, s in _need(raw, "sections", dict, "", path).items():
+        where = f"sections[{key!r}]."
+        sec = Section(_need(s, "env", dict, where, path), _need(s, "threads", int, where, path),
+                      _need(s, "ops", dict, where, path), _need(s, "casts", dict, where, path),
+                      _need(s, "optimizer", dict, where, path))
+        for name in ("ops", "casts", "optimizer"):
+            _numbers(getattr(sec, name), where + name, path)
+        sections[key] = sec
+    allreduce = _need(raw, "allreduce", dict, "", path)
+    _numbers(allreduce, "allreduce", path)
+    prof = Profile(machine, _need(raw, "versions", dict, "", path), _need(raw, "created", str, "", path),
+                   sections, allreduce, str(path))
+    if check_machine:
+        here = machine_description()
+        if machine != here:
+            raise ProfileError(
+                f"profile {path}: measured on another machine ({_describe(machine)}), this is "
+                f"{_describe(here)}; its timings do not hold here — profile this machine "
+                "(`qsync-opt profile SPEC`) or give the group a profile of its own device"
+            )
+    return prof
+
+
+def _describe(m: dict) -> str:
+    if m.get("kind") == "cuda":
+        return f"{m.get('gpu')} sm {m.get('capability')}"
+    return f"{m.get('cpu')!r} with {', '.join(m.get('isa', [])) or 'no listed ISA flags'}"
+
+
+def cache_dir() -> Path:
+    """Where profiles and indicator caches live: $QSYNC_OPT_CACHE, else ~/.cache/qsync-opt."""
+    root = os.environ.get("QSYNC_OPT_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "qsync-opt"
+
+
+def default_profile_path() -> Path:
+    """This machine's own profile file, named by a digest of its description."""
+    digest = hashlib.sha256(json.dumps(machine_description(), sort_keys=True).encode()).hexdigest()[:12]
+    return cache_dir() / f"profile-{digest}.json"

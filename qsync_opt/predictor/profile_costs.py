@@ -1,0 +1,140 @@
+"""Costs from a measured profile, for groups whose device was profiled; the roofline otherwise.
+
+Which profile a group uses: its own `profile:` file (any device, e.g. a catalog GPU measured
+elsewhere); else, for a device of this machine's kind (cpu-local and its variants on a CPU
+machine), this machine's cached profile (`qsync-opt profile SPEC`), measured on first use
+when `profile_on_first_use` and absent or incomplete. The section used is the one measured
+under the group's `env` and thread count.
+
+Measured op times are of the runtime's own modules, which cast their fp32 input in and their
+output back (boundary 'fp32'), so a measured group is costed with that boundary: its casts
+are inside the op times and no edge cast is added. The optimizer figure is one step plus
+the loss's forward and backward. A profile's gloo all-reduce fit α + β·bytes replaces the
+interconnect preset's figures for a cluster whose ranks all run here.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import SpecError
+from ..models.graph import OpGraph
+from .costs import OpCost
+from .profile import Profile, ProfileError, Section, default_profile_path, load_profile, op_signature, step_key
+
+
+@dataclass(frozen=True)
+class MeasuredCosts:
+    costs: dict[str, dict[str, OpCost]]
+    other_costs: dict[str, dict[str, OpCost]]
+    optimizer_ms: float
+    source: str
+    """'measured (<profile file>, <section>)'."""
+
+
+class Incomplete(Exception):
+    """The profile lacks entries this group needs (listed)."""
+
+    def __init__(self, missing: list[str]):
+        super().__init__(f"{len(missing)} entries missing, e.g. {missing[:2]}")
+        self.missing = missing
+
+
+def section_costs(sec: Section, gg: OpGraph, offer: tuple[str, ...], optimizer: str) -> tuple[dict, dict, float]:
+    """(selectable costs, other costs, optimizer+loss ms) of `gg` from one profile section."""
+    missing = []
+
+    def get(node, p) -> OpCost:
+        e = sec.ops.get(op_signature(node, p))
+        if e is None:
+            missing.append(op_signature(node, p))
+            return OpCost(0.0, 0.0)
+        return OpCost(e["fwd_ms"], e["bwd_ms"])
+
+    costs = {n.name: {p: get(n, p) for p in offer} for n in gg.selectable}
+    other = {n.name: {"fp32": get(n, "fp32")} for n in gg.fixed}
+    key = step_key(optimizer, gg)
+    opt = sec.optimizer.get(key)
+    if opt is None:
+        missing.append(key)
+    if missing:
+        raise Incomplete(missing)
+    return costs, other, opt
+
+
+def profile_for(group, spec_dir: Path | None = None) -> Path | None:
+    """The profile file a group should use, or None (roofline)."""
+    from .profiler import is_local
+
+    if group.profile:
+        p = Path(group.profile)
+        return p if p.is_absolute() or spec_dir is None else spec_dir / p
+    return default_profile_path() if is_local(group.device_spec) else None
+
+
+def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
+                   *, profile_on_first_use: bool = False, log=None) -> tuple[MeasuredCosts | None, str]:
+    """Measured costs of `group`, or (None, why not) when the roofline must be used."""
+    from .profiler import group_threads, profile_spec
+
+    if spec.costs == "roofline":
+        return None, "roofline (costs: roofline)"
+    path = profile_for(group)
+    if path is None:
+        if spec.costs == "measured":
+            raise SpecError(f"cluster.groups[{group.name}]: costs: measured, but device {group.device_spec.name} "
+                            "does not run here and the group has no profile: file; give one or use costs: auto")
+        return None, f"roofline ({group.device_spec.name} is not on this machine and has no profile: file)"
+    threads = group_threads(group, spec.cluster.world_size)
+    for attempt in (0, 1):
+        prof: Profile | None = _load_for(group, path) if path.exists() else None
+        sec = prof.find_section(group.env, threads) if prof else None
+        why = f"no profile at {path}" if prof is None else (
+            f"profile {path} has no section for env {group.env or '{}'} with {threads} thread(s)" if sec is None else "")
+        if sec is not None:
+            try:
+                c, o, opt = section_costs(sec, gg, offer, spec.training.optimizer)
+                first = "; profiled on first use" if attempt else ""
+                return MeasuredCosts(c, o, opt, f"measured ({path}{first})"), ""
+            except Incomplete as e:
+                why = f"profile {path} lacks {len(e.missing)} of this model's entries (e.g. {e.missing[0]!r})"
+        can_measure = group.profile is None and (profile_on_first_use or spec.costs == "measured")
+        if attempt == 1 or not can_measure:
+            if spec.costs == "measured":
+                raise ProfileError(f"cluster.groups[{group.name}]: costs: measured, but {why}; "
+                                   f"run `qsync-opt profile SPEC -o {path}`")
+            return None, f"roofline ({why}; run `qsync-opt profile SPEC`)"
+        log = log or (lambda s: print(s, file=sys.stderr))
+        log(f"note: {why}; profiling this machine now (first use; `qsync-opt profile SPEC` does it ahead)")
+        profile_spec(spec, path, groups=[group.name], allreduce=spec.cluster.world_size > 1, progress=False, log=log)
+    return None, "roofline"
+
+
+def _load_for(group, path: Path) -> Profile:
+    """A profile of this machine for devices that run here; of the group's own device otherwise."""
+    from .profiler import is_local
+
+    if is_local(group.device_spec):
+        return load_profile(path)  # refused, by name, when measured on another machine
+    prof = load_profile(path, check_machine=False)
+    m, dev = prof.machine, group.device_spec
+    if dev.kind == "cpu" or m.get("kind") != "cuda" or dev.name.lower().split("-")[0] not in m.get("gpu", "").lower().replace(" ", ""):
+        raise ProfileError(f"cluster.groups[{group.name}].profile: {path} was measured on {m.get('gpu') or m.get('cpu')!r}, "
+                           f"not on a {dev.name}; give a profile measured on that device")
+    return prof
+
+
+def measured_link(spec, path: Path | None) -> tuple[float, float] | None:
+    """(bandwidth GB/s, latency µs) equivalent of the profile's gloo fit for the world size."""
+    if path is None or not path.exists() or spec.cluster.world_size < 2:
+        return None
+    fit = load_profile(path).allreduce.get(f"gloo/{spec.cluster.world_size}")
+    if not fit:
+        return None
+    n = spec.cluster.world_size
+    beta = max(fit["beta_ms_per_byte"], 1e-15)
+    # allreduce_ms = 2(n−1)/n · B / (bw·1e6) + 2(n−1) · lat / 1e3   (comm.py)
+    return 2 * (n - 1) / n / (beta * 1e6), fit["alpha_ms"] * 1e3 / (2 * (n - 1))
+

@@ -1,0 +1,387 @@
+"""Measure the runtime's own kernels on this machine: the costs the planner should believe.
+
+Per device group that runs here (CPU groups on a CPU machine), in a subprocess that carries
+the group's `env` (ONEDNN_MAX_CPU_ISA changes which oneDNN kernels run) and its thread
+count: for every distinct (op kind, shapes) of the model's graph at the group's local batch,
+forward and backward time of the op as the runtime runs it — selectable modules swapped for
+the runtime's quantized module at every precision the group may use, everything else as
+traced — plus cast fits a·n + b and one optimizer step with the loss. Then, for a cluster of
+several ranks, a gloo all-reduce fit α + β·bytes over that many local processes.
+
+Each op runs in isolation on the very tensors the traced model feeds it (an fx Interpreter
+records them). Estimator (`robust_ms`): warm-up, then blocks of short repeats; the median of
+the block minima. The profile file is saved after every op, so an interrupted run resumes
+where it stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import importlib
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from ..errors import SpecError
+from ..models.graph import OpGraph
+from ..spec import JobSpec, load_spec
+from .profile import Profile, ProfileError, Section, load_profile, op_signature, step_key
+
+tr = importlib.import_module("qsync_opt.models.trace")  # the module (models/__init__ exports a function of that name)
+
+CAST_PAIRS = (("fp32", "bf16"), ("bf16", "fp32"), ("fp32", "fp16"), ("fp16", "fp32"), ("fp32", "int8"), ("int8", "fp32"))
+CAST_SIZES = (1 << 12, 1 << 15, 1 << 18, 1 << 20)
+
+
+#: Estimator settings; QSYNC_OPT_PROFILE_BLOCKS / _REPEATS override them (benchmarks trade
+#: precision for time with fewer).
+BLOCKS = int(os.environ.get("QSYNC_OPT_PROFILE_BLOCKS", 5))
+REPEATS = int(os.environ.get("QSYNC_OPT_PROFILE_REPEATS", 5))
+
+
+def robust_ms(fn: Callable[[], object], *, before: Callable[[], object] | None = None,
+              warmup: int = 3, blocks: int | None = None, repeats: int | None = None) -> float:
+    """Median over `blocks` of the minimum of `repeats` timed calls, in ms.
+
+    The minimum rejects preemption by other processes within a block; the median over blocks
+    rejects a block that was slow throughout. `before` runs untimed before each call.
+    """
+    blocks, repeats = blocks or BLOCKS, repeats or REPEATS
+    for _ in range(warmup):
+        if before:
+            before()
+        fn()
+    mins = []
+    for _ in range(blocks):
+        best = float("inf")
+        for _ in range(repeats):
+            if before:
+                before()
+            t = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t)
+        mins.append(best)
+    mins.sort()
+    return mins[len(mins) // 2] * 1e3
+
+
+def group_threads(group, world_size: int) -> int:
+    """Threads a rank of `group` trains with: its env's OMP_NUM_THREADS, else the launcher's split
+    of the CPU (GPU ranks: 1, their host threads do not decide the kernels)."""
+    v = group.env.get("OMP_NUM_THREADS")
+    if v:
+        return int(v)
+    return max(1, (os.cpu_count() or 1) // world_size) if group.device_spec.kind == "cpu" else 1
+
+
+def is_local(device) -> bool:
+    """Whether `device` is this machine's own kind of device, so its profile can be measured here."""
+    if device.kind == "cpu":
+        return True
+    if not torch.cuda.is_available():
+        return False
+    here = torch.cuda.get_device_name(0).lower().replace(" ", "")
+    return device.name.lower().split("-")[0] in here
+
+
+# --------------------------------------------------------------------------- graph walk
+class _Values(fx.Interpreter):
+    """One training-mode forward that keeps every node's real output (detached)."""
+
+    def __init__(self, gm):
+        super().__init__(gm)
+        self.out: dict[str, object] = {}
+        self.grad: dict[str, bool] = {}
+
+    def run_node(self, n):
+        r = super().run_node(n)
+        if isinstance(r, torch.Tensor):
+            self.out[n.name], self.grad[n.name] = r.detach(), r.requires_grad
+        else:
+            self.out[n.name] = r
+        return r
+
+
+def fx_nodes(gm: fx.GraphModule, desc: dict) -> dict[str, fx.Node]:
+    """OpGraph op name -> fx node, by the very walk and naming trace.py uses."""
+    act, used, counters, out = {}, set(), {}, {}
+    for n in gm.graph.nodes:
+        data_in = [u for u in n.all_input_nodes if tr._carries_data(desc, u)]
+        is_tensor = desc.get(n.name, ("other",))[0] in ("tensor", "tensors")
+        act[n.name] = (n.op == "placeholder" and is_tensor) or (is_tensor and any(act[u.name] for u in data_in))
+        op = tr._classify(gm, n, desc, act, data_in)
+        act[n.name] = act[n.name] or (op is not None and is_tensor)
+        if op is None:
+            continue
+        name, _ = tr._name(n, used, counters)
+        out[name] = n
+    return out
+
+
+def _op_callable(gm, n: fx.Node, vals: _Values, module_for: Callable[[nn.Module], nn.Module]):
+    """(call, leaves): a zero-argument call running node `n` alone, and its gradient leaves."""
+    leaves: list[torch.Tensor] = []
+
+    def arg(u: fx.Node):
+        v = vals.out[u.name]
+        if isinstance(v, torch.Tensor):
+            v = v.clone()
+            if vals.grad.get(u.name) and v.is_floating_point():
+                v.requires_grad_(True)
+                leaves.append(v)
+        return v
+
+    args = fx.node.map_arg(n.args, arg)
+    kwargs = fx.node.map_arg(n.kwargs, arg)
+    inplace = bool(kwargs.get("inplace"))
+    if n.op == "call_module":
+        mod = module_for(gm.get_submodule(n.target))
+        inplace = inplace or bool(getattr(mod, "inplace", False))
+        leaves += [p for p in mod.parameters() if p.requires_grad]
+        fn = lambda *a: mod(*a, **kwargs)  # noqa: E731
+    elif n.op == "call_method":
+        fn = lambda *a: getattr(a[0], n.target)(*a[1:], **kwargs)  # noqa: E731
+    else:
+        fn = lambda *a: n.target(*a, **kwargs)  # noqa: E731
+    if inplace:  # in-place ops may not write into a leaf: feed a non-leaf copy
+        return (lambda: fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])), leaves, True
+    return (lambda: fn(*args)), leaves, False
+
+
+def _outputs(r) -> list[torch.Tensor]:
+    rs = r if isinstance(r, (tuple, list)) else [r]
+    return [t for t in rs if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def time_op(call, leaves, inplace: bool, clone_ms: float) -> tuple[float, float]:
+    """(fwd_ms, bwd_ms) of one op run alone; the copy fed to an in-place op is not counted."""
+    def clear():
+        for t in leaves:
+            t.grad = None
+
+    with torch.enable_grad():
+        fwd = robust_ms(call)
+        if inplace:
+            fwd = max(0.0, fwd - clone_ms)
+        outs = _outputs(call())
+        if not outs:
+            return fwd, 0.0
+        grads = [torch.randn_like(o) for o in outs]
+        bwd = robust_ms(lambda: torch.autograd.backward(outs, grads, retain_graph=True), before=clear)
+    return fwd, bwd
+
+
+# --------------------------------------------------------------------------- one group
+def _fit_line(xs, ys) -> tuple[float, float]:
+    """Least-squares a, b of y = a·x + b, both clamped at 0."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    var = sum((x - mx) ** 2 for x in xs)
+    a = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+    a = max(a, 0.0)
+    return a, max(my - a * mx, 0.0)
+
+
+def measure_casts(spec: JobSpec) -> dict[str, dict[str, float]]:
+    """a·n + b per (src, dst) pair, timed through the runtime's own cast and quantize."""
+    from ..runtime.casts import cast, quantize
+    from ..runtime.recipe import Recipe
+
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    out = {}
+    for src, dst in CAST_PAIRS:
+        ms = []
+        for n in CAST_SIZES:
+            x = torch.randn(n)
+            if src == "int8":
+                q = quantize(x, Recipe("int8", spec.runtime.backward_precision))
+                ms.append(robust_ms(lambda: q.dequantize(torch.float32)))
+            elif dst == "int8":
+                r = Recipe("int8", spec.runtime.backward_precision)
+                ms.append(robust_ms(lambda: quantize(x, r)))
+            else:
+                x = x.to(dtypes[src])
+                ms.append(robust_ms(lambda: cast(x, dtypes[dst])))
+        a, b = _fit_line(list(CAST_SIZES), ms)
+        out[f"{src}->{dst}"] = {"a_ms_per_elem": a, "b_ms": b}
+    return out
+
+
+def measure_step(spec: JobSpec, module: nn.Module, inputs) -> float:
+    """ms of one optimizer step plus the loss's forward and backward."""
+    from ..runtime.trainer import make_optimizer
+
+    model = copy.deepcopy(module).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = make_optimizer(spec.training, params)
+    step = robust_ms(opt.step)
+    with torch.no_grad():
+        out = model(*inputs).detach()
+    logits = out.reshape(-1, out.size(-1)).float().requires_grad_(True)
+    target = torch.randint(0, logits.size(-1), (logits.size(0),))
+    loss = robust_ms(lambda: nn.functional.cross_entropy(logits, target).backward())
+    return step + loss
+
+
+def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGraph | None = None,
+                  progress: bool = True) -> Section:
+    """Measure `group`'s ops into the profile at `path` (resuming what it already holds).
+
+    Runs in the current process: the caller sets the group's env (see `profile_spec`).
+    """
+    from ..models.from_spec import build_from_spec, input_maker
+    from ..runtime.qmodules import SWAPPABLE
+    from ..runtime.recipe import Recipe
+
+    g = next((x for x in spec.cluster.groups if x.name == group), None)
+    if g is None:
+        raise SpecError(f"group {group!r} is not in cluster.groups ({', '.join(x.name for x in spec.cluster.groups)})")
+    threads = group_threads(g, spec.cluster.world_size)
+    torch.set_num_threads(threads)
+    prof = load_profile(path) if Path(path).exists() else Profile.new()
+    sec = prof.section(g.env, threads)
+    lb = spec.local_batches()[group]
+    torch.manual_seed(spec.training.seed)
+    module = build_from_spec(spec).train()
+    make = input_maker(spec)
+    if graph is None:
+        graph = tr.trace(module, make(1, torch.Generator().manual_seed(0)), model_name=spec.model.name or "custom",
+                         leaf_modules=spec.model.leaf_modules)
+    gg = graph.for_batch(lb)
+    inputs = tuple(make(lb, torch.Generator().manual_seed(0)))
+    gm = tr.symbolic_trace(module, spec.model.leaf_modules)
+    names = fx_nodes(gm, tr.record_shapes(gm, inputs))
+    vals = _Values(copy.deepcopy(gm))
+    with torch.enable_grad():
+        vals.run(*inputs)
+    rt = spec.runtime
+    todo = [(node, p) for node in gg.nodes for p in (g.allowed_precisions if node.selectable else ("fp32",))
+            if op_signature(node, p) not in sec.ops]
+    clone_cache: dict[str, float] = {}
+    bar = _progress(progress, f"profiling {group} ({spec.model.name or 'model'}, batch {lb})", len(todo))
+    for node, p in todo:
+        n = names.get(node.name)
+        if n is None:
+            raise ProfileError(f"profiler: op {node.name!r} of the graph has no fx node; cannot time it")
+
+        def module_for(m, p=p, node=node):
+            if p == "fp32" or not node.selectable or type(m) not in SWAPPABLE:
+                return m
+            return SWAPPABLE[type(m)].from_float(copy.deepcopy(m), Recipe(p, rt.backward_precision,
+                                                 rt.weight_granularity, rt.rounding, rt.kernels))
+
+        call, leaves, inplace = _op_callable(vals.module, n, vals, module_for)
+        clone_ms = 0.0
+        if inplace:
+            x = vals.out[n.all_input_nodes[0].name]
+            key = "x".join(map(str, x.shape))
+            clone_ms = clone_cache.setdefault(key, robust_ms(lambda: x.clone()))
+        fwd, bwd = time_op(call, leaves, inplace, clone_ms)
+        sec.ops[op_signature(node, p)] = {"fwd_ms": fwd, "bwd_ms": bwd}
+        prof.save(path)
+        bar.advance()
+    if not sec.casts:
+        sec.casts = measure_casts(spec)
+    key = step_key(spec.training.optimizer, gg)
+    if key not in sec.optimizer:
+        sec.optimizer[key] = measure_step(spec, module, inputs)
+    prof.save(path)
+    bar.close()
+    return sec
+
+
+class _progress:
+    """A rich progress bar on stderr (silent when disabled)."""
+
+    def __init__(self, on: bool, label: str, total: int):
+        self.p = None
+        if on and total:
+            from rich.console import Console
+            from rich.progress import Progress
+
+            self.p = Progress(console=Console(stderr=True))
+            self.p.start()
+            self.task = self.p.add_task(label, total=total)
+
+    def advance(self):
+        if self.p:
+            self.p.advance(self.task)
+
+    def close(self):
+        if self.p:
+            self.p.stop()
+
+
+# --------------------------------------------------------------------------- whole spec
+def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None = None,
+                 allreduce: bool = True, progress: bool = True, log=print) -> Profile:
+    """Profile every group of the spec whose device runs here, each in a subprocess with its env."""
+    spec = load_spec(spec_or_path)
+    src = spec_or_path if isinstance(spec_or_path, (str, Path)) else None
+    local = [g for g in spec.cluster.groups if is_local(g.device_spec) and (groups is None or g.name in groups)]
+    if not local:
+        raise SpecError("profile: no group of cluster.groups runs on this machine's device; nothing to measure")
+    seen = set()
+    for g in local:
+        key = (tuple(sorted(g.env.items())), group_threads(g, spec.cluster.world_size), spec.local_batches()[g.name])
+        if key in seen:
+            continue
+        seen.add(key)
+        log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
+        _run_group_subprocess(spec, src, g, path, progress)
+    prof = load_profile(path)
+    world = spec.cluster.world_size
+    if allreduce and world > 1 and f"gloo/{world}" not in prof.allreduce:
+        log(f"profiling gloo all-reduce over {world} local processes")
+        from .allreduce_profile import measure_allreduce
+
+        prof.allreduce[f"gloo/{world}"] = measure_allreduce(world)
+        prof.save(path)
+    return prof
+
+
+def _run_group_subprocess(spec: JobSpec, src, g, path, progress: bool) -> None:
+    import json
+    import tempfile
+
+    env = {**os.environ, "OMP_NUM_THREADS": str(group_threads(g, spec.cluster.world_size)), **g.env}
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec.model_dump(mode="json", by_alias=True), f)
+        spec_file = f.name
+    try:
+        argv = [sys.executable, "-m", "qsync_opt.predictor.profiler", spec_file, g.name, str(path)]
+        if not progress:
+            argv.append("--quiet")
+        r = subprocess.run(argv, env=env)
+    finally:
+        os.unlink(spec_file)
+    if r.returncode != 0:
+        raise ProfileError(f"profiler: group {g.name!r} failed (exit {r.returncode}); see the messages above")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Subprocess entry: `python -m qsync_opt.predictor.profiler SPEC.json GROUP PROFILE [--quiet]`."""
+    argv = sys.argv[1:] if argv is None else argv
+    spec_file, group, path = argv[:3]
+    try:
+        profile_group(load_spec(spec_file), group, path, progress="--quiet" not in argv)
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Profile files round-trip; corrupt, truncated, foreign and stale ones are refused by name;
+measured costs replace the roofline exactly where a profile covers the group."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from predictor_graphs import flat_omega, mlp_graph
+from qsync_opt.predictor.instance_builder import build_instance
+from qsync_opt.predictor.profile import (Profile, ProfileError, load_profile, machine_description, op_signature,
+                                         step_key)
+from qsync_opt.predictor.profiler import _fit_line, robust_ms
+from qsync_opt.spec import load_spec
+
+
+def _profile(graph, precisions=("fp32", "bf16", "int8"), env=None, threads=1) -> Profile:
+    prof = Profile.new()
+    sec = prof.section(env or {}, threads)
+    for i, n in enumerate(graph.nodes):
+        for p in precisions if n.selectable else ("fp32",):
+            sec.ops[op_signature(n, p)] = {"fwd_ms": 1.0 + i + 0.1 * precisions.index(p), "bwd_ms": 2.0 + i}
+    sec.casts["fp32->bf16"] = {"a_ms_per_elem": 1e-6, "b_ms": 0.01}
+    sec.optimizer[step_key("adam", graph)] = 0.5
+    prof.allreduce["gloo/2"] = {"alpha_ms": 0.2, "beta_ms_per_byte": 1e-6}
+    return prof
+
+
+def test_round_trip(tmp_path):
+    prof = _profile(mlp_graph())
+    path = tmp_path / "p.json"
+    prof.save(path)
+    back = load_profile(path)
+    assert back.machine == machine_description()
+    assert back.to_dict()["sections"] == prof.to_dict()["sections"]
+    assert back.allreduce == prof.allreduce
+    assert not list(tmp_path.glob(".*tmp"))  # written atomically, nothing left behind
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda text: text[: len(text) // 2], "not readable JSON"),
+    (lambda text: "{\x00garbage", "not readable JSON"),
+    (lambda text: json.dumps({"format": "something-else"}), "not a qsync-opt profile"),
+    (lambda text: json.dumps({**json.loads(text), "version": 99}), "version 99"),
+    (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "sections"}), "'sections'"),
+    (lambda text: text.replace('"bwd_ms": 2.0', '"bwd_ms": "fast"', 1), "not non-negative numbers"),
+], ids=["truncated", "garbage", "foreign-format", "version", "missing-field", "bad-number"])
+def test_damaged_profiles_are_refused_by_name(tmp_path, damage, match):
+    path = tmp_path / "p.json"
+    _profile(mlp_graph()).save(path)
+    path.write_text(damage(path.read_text()))
+    with pytest.raises(ProfileError, match=match) as e:
+        load_profile(path)
+    assert str(path) in str(e.value)
+
+
+def test_foreign_machine_is_refused(tmp_path):
+    prof = _profile(mlp_graph())
+    prof.machine = {**prof.machine, "cpu": "Some Other CPU 9000", "isa": ["avx2"]}
+    path = tmp_path / "other.json"
+    prof.save(path)
+    with pytest.raises(ProfileError, match="another machine") as e:
+        load_profile(path)
+    assert str(path) in str(e.value)
+
+
+ENV = {"OMP_NUM_THREADS": "1"}
+SPEC = """
+cluster:
+  groups:
+    - {name: here, device: cpu-local, profile: %s, env: {OMP_NUM_THREADS: "1"}}
+    - {name: t4, device: T4}
+model: {name: tiny-cnn}
+training: {global_batch: 32, optimizer: adam}
+objective: {max_iteration_time: 1000.0}
+"""
+
+
+def test_measured_costs_replace_the_roofline_for_the_profiled_group(tmp_path):
+    graph = mlp_graph(batch=1)
+    path = tmp_path / "p.json"
+    spec = load_spec(SPEC % path)
+    prof = _profile(graph.for_batch(16), env=ENV)
+    prof.save(path)
+    inst, ctx = build_instance(spec, graph, flat_omega(graph))
+    here, t4 = ctx.group("here"), ctx.group("t4")
+    assert here.cost_source == f"measured ({path})" and here.boundary == "fp32"
+    assert t4.cost_source.startswith("roofline")
+    sec = prof.find_section(ENV, 1)
+    for n in here.graph.selectable:
+        for p, c in here.costs[n.name].items():
+            e = sec.ops[op_signature(n, p)]
+            assert (c.fwd_ms, c.bwd_ms, c.weight_cast_ms) == (e["fwd_ms"], e["bwd_ms"], 0.0)
+    assert here.optimizer_ms == 0.5
+    assert any("costs of here: measured" in n for n in ctx.notes)
+
+
+def test_a_profile_missing_the_model_falls_back_with_the_reason(tmp_path):
+    graph = mlp_graph(batch=1)
+    path = tmp_path / "p.json"
+    _profile(graph.for_batch(8), env=ENV).save(path)  # another batch: other shapes
+    _, ctx = build_instance(load_spec(SPEC % path), graph, flat_omega(graph))
+    assert ctx.group("here").cost_source.startswith("roofline") and "lacks" in ctx.group("here").cost_source
+    with pytest.raises(ProfileError, match="costs: measured"):
+        build_instance(load_spec((SPEC % path) + "costs: measured\n"), graph, flat_omega(graph))
+
+
+def test_robust_estimator_and_line_fit():
+    calls = []
+    ms = robust_ms(lambda: calls.append(1), warmup=2, blocks=3, repeats=4)
+    assert len(calls) == 2 + 3 * 4 and ms >= 0
+    a, b = _fit_line([1, 2, 3, 4], [3.0, 5.0, 7.0, 9.0])
+    assert (a, b) == pytest.approx((2.0, 1.0))
+
+
+def test_a_remote_device_needs_a_profile_of_that_device(tmp_path):
+    from qsync_opt.hardware.device import find_device
+
+    graph = mlp_graph(batch=1)
+    prof = _profile(graph.for_batch(16), precisions=find_device("T4").precisions)
+    path = tmp_path / "t4.json"
+    prof.save(path)  # measured here (a CPU), given to a T4 group
+    spec = load_spec(f"""
+cluster:
+  groups: [{{name: t4, device: T4, profile: {path}}}]
+model: {{name: tiny-cnn}}
+training: {{global_batch: 16, optimizer: adam}}
+objective: {{max_iteration_time: 1000.0}}
+""")
+    with pytest.raises(ProfileError, match="not on a T4") as e:
+        build_instance(spec, graph, flat_omega(graph))
+    assert str(path) in str(e.value)
+    prof.machine = {"kind": "cuda", "gpu": "Tesla T4", "capability": "7.5", "cpu": "x", "isa": []}
+    prof.save(path)
+    _, ctx = build_instance(spec, graph, flat_omega(graph))
+    assert ctx.group("t4").cost_source == f"measured ({path})"

@@ -1,0 +1,70 @@
+"""The profiler covers every op of the graph, names ops as the tracer does, and resumes.
+
+Timings themselves are never asserted (machine load); only which entries exist and which
+get measured.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from qsync_opt.models.from_spec import build_from_spec, input_maker
+from qsync_opt.models.trace import trace
+from qsync_opt.predictor import profiler
+from qsync_opt.predictor.profile import load_profile, op_signature, step_key
+from qsync_opt.spec import load_spec
+
+SPEC = """
+cluster:
+  groups: [{name: here, device: cpu-local, precisions: [fp32, int8], env: {OMP_NUM_THREADS: "1"}}]
+model: {name: tiny-cnn}
+training: {global_batch: 2, optimizer: sgd}
+"""
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    monkeypatch.setattr(profiler, "BLOCKS", 1)
+    monkeypatch.setattr(profiler, "REPEATS", 1)
+    calls = []
+    real = profiler.time_op
+    monkeypatch.setattr(profiler, "time_op", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+def _graph(spec):
+    import torch
+
+    torch.manual_seed(spec.training.seed)
+    m = build_from_spec(spec)
+    return trace(m, input_maker(spec)(1, torch.Generator().manual_seed(0)), model_name=spec.model.name)
+
+
+def test_every_op_at_every_precision_and_resume(tmp_path, fast):
+    spec = load_spec(SPEC)
+    path = tmp_path / "p.json"
+    sec = profiler.profile_group(spec, "here", path, progress=False)
+    gg = _graph(spec).for_batch(2)
+    want = {op_signature(n, p) for n in gg.nodes for p in (("fp32", "int8") if n.selectable else ("fp32",))}
+    assert want <= set(sec.ops)
+    assert step_key("sgd", gg) in sec.optimizer
+    assert {"fp32->bf16", "fp32->int8", "int8->fp32"} <= set(sec.casts)
+    first = len(fast)
+    assert first == len(want)
+    # an interrupted run: drop two entries, run again -> only those two are measured
+    prof = load_profile(path)
+    s = prof.find_section({"OMP_NUM_THREADS": "1"}, 1)
+    dropped = sorted(want)[:2]
+    for sig in dropped:
+        del s.ops[sig]
+    prof.save(path)
+    profiler.profile_group(spec, "here", path, progress=False)
+    assert len(fast) == first + 2
+    assert set(dropped) <= set(load_profile(path).find_section({"OMP_NUM_THREADS": "1"}, 1).ops)
+
+
+def test_unknown_group_is_named(tmp_path):
+    from qsync_opt.errors import SpecError
+
+    with pytest.raises(SpecError, match="'nope'"):
+        profiler.profile_group(load_spec(SPEC), "nope", tmp_path / "p.json", progress=False)
