@@ -186,16 +186,16 @@ def _cmd_devices(args) -> int:
     from .hardware.device import catalog
     from .precision import PRECISIONS, PEAK_KEY
 
-    keys = list(dict.fromkeys(PEAK_KEY[p] for p in PRECISIONS))
+    # columns are the precision names a spec and a plan use (fp8_e4m3 and fp8_e5m2 share one rate)
     t = Table(title="device catalog (dense peak TFLOP/s or TOP/s; '-' = no native path)", title_justify="left")
-    for col in ("device", "memory GB", "GB/s", *keys, "source"):
+    for col in ("device", "memory GB", "GB/s", *PRECISIONS, "source"):
         t.add_column(col, justify="left" if col in ("device", "source") else "right")
     for name, dev in catalog().items():
         t.add_row(
             name,
             f"{dev.memory_gb:g}",
             f"{dev.bandwidth_gbs:g}",
-            *(f"{dev.peak_tflops[k]:g}" if k in dev.peak_tflops else "-" for k in keys),
+            *(f"{dev.peak_tflops[PEAK_KEY[p]]:g}" if dev.supports(p) else "-" for p in PRECISIONS),
             dev.source,
         )
     _console().print(t)
@@ -225,12 +225,41 @@ def _cmd_spec(args) -> int:
             key = f"{prefix}{field.alias or name}"
             default = "" if field.is_required() else f" (default: {field.get_default(call_default_factory=True)!r})"
             print(f"{key}{default}\n    {field.description or ''}".rstrip())
+            values = _allowed_values(key, field.annotation)
+            if values:
+                print(f"    allowed: {' | '.join(values)}")
             nested = model_in(field.annotation)
             if nested is not None and nested not in seen:
                 walk(nested, key + ".", seen | {nested})
 
     walk(JobSpec, "", set())
     return EXIT_OK
+
+
+def _allowed_values(key: str, annotation) -> list[str]:
+    """The values a spec field accepts, for `qsync-opt spec`: Literal choices and named presets."""
+    from typing import Literal, get_args, get_origin
+
+    from .spec import BACKEND_NAMES, INTERCONNECTS
+
+    presets = {"solver.backend": BACKEND_NAMES, "cluster.interconnect": tuple(INTERCONNECTS)}
+    if key in presets:
+        return list(presets[key])
+    if key == "cluster.groups.device":
+        from .hardware.device import catalog
+
+        return [*catalog(), "{inline device}"]
+    out: list[str] = []
+
+    def collect(ann) -> None:
+        if get_origin(ann) is Literal:
+            out.extend(str(a) for a in get_args(ann))
+        else:
+            for a in get_args(ann):
+                collect(a)
+
+    collect(annotation)
+    return list(dict.fromkeys(out))
 
 
 def _cmd_train(args) -> int:

@@ -38,6 +38,26 @@ INTERCONNECTS: dict[str, tuple[float, float]] = {
 }
 
 
+#: Solver backends a spec may name: the registry's (qsync_opt.solver.backends.BACKENDS), the
+#: uniform-lowest policy, and 'default' (the measured best; see solver.solve.DEFAULT_BACKEND).
+BACKEND_NAMES: tuple[str, ...] = ("highs", "cbc", "scip", "cpsat", "greedy", "uniform", "default")
+
+#: Group env keys that make a process load code of the spec's choosing (the dynamic loader,
+#: the interpreter, compilers of the kernels): refused unless the spec sets allow_code_env.
+CODE_ENV: tuple[str, ...] = (
+    "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "DYLD_INSERT_LIBRARIES", "DYLD_LIBRARY_PATH",
+    "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONBREAKPOINT", "PYTHONWARNINGS",
+    "PATH", "CC", "CXX", "TORCH_EXTENSIONS_DIR",
+)
+
+#: Group env keys that must be positive integers (thread pools read them at start-up).
+INT_ENV: tuple[str, ...] = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def loads_code(key: str) -> bool:
+    return key in CODE_ENV or key.startswith(("LD_", "DYLD_"))
+
+
 class _Model(BaseModel):
     model_config = _CONFIG
 
@@ -69,7 +89,32 @@ class DeviceGroup(_Model):
     role: Literal["auto", "training", "inference"] = "auto"
     """'training' groups set the synchronisation bound at their own precision; 'auto' decides by speed."""
     env: dict[str, str] = Field(default_factory=dict)
-    """Environment for this group's ranks (CPU emulation, e.g. ONEDNN_MAX_CPU_ISA)."""
+    """Environment for this group's ranks (CPU emulation, e.g. ONEDNN_MAX_CPU_ISA). Trusted input: it
+    configures processes you launch. Keys that load code (LD_PRELOAD, PYTHONPATH, PYTHONSTARTUP, PATH, ...)
+    are refused unless the spec sets allow_code_env: true."""
+
+    @field_validator("env")
+    @classmethod
+    def _env_values(cls, v):
+        for key in INT_ENV:
+            if key in v and not (v[key].strip().isdigit() and int(v[key]) >= 1):
+                raise ValueError(f"{key}={v[key]!r} is not a positive integer (a thread count); write e.g. {key}: \"2\"")
+        return v
+
+    @field_validator("memory_gb")
+    @classmethod
+    def _memory_usable(cls, v, info):
+        if v is None or "device" not in info.data:
+            return v
+        from .predictor.memory import capacity_bytes  # lazy: only specs that override memory pay for it
+
+        d = info.data["device"]
+        kind = (d if isinstance(d, DeviceSpec) else find_device(d)).kind
+        if capacity_bytes(v * 1e9, kind) <= 0:
+            need = capacity_bytes(0.0, kind) / -0.95 / 1e9
+            raise ValueError(f"{v:g} GB leaves no usable memory: the {kind} runtime itself takes about "
+                             f"{need:.2g} GB (context, allocator); give more than {need:.2g} GB, or omit memory_gb")
+        return v
 
     @field_validator("device")
     @classmethod
@@ -210,7 +255,16 @@ class Objective(_Model):
 
 class SolverSpec(_Model):
     backend: str = "default"
-    """cbc, highs, cpsat, scip, greedy, uniform, or 'default' (chosen from measurements)."""
+    """highs, cbc, scip, cpsat, greedy, uniform, or 'default' (chosen from measurements)."""
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, v):
+        if v not in BACKEND_NAMES:
+            near = difflib.get_close_matches(v, BACKEND_NAMES, n=1, cutoff=0.5)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise ValueError(f"unknown backend {v!r}{hint}; known: {', '.join(BACKEND_NAMES)}")
+        return v
     time_limit_s: float = Field(default=60.0, gt=0)
     rel_gap: float = Field(default=1e-4, ge=0, lt=1)
     threads: int = Field(default=1, ge=1)
@@ -253,6 +307,18 @@ class JobSpec(_Model):
     objective: Objective = Field(default_factory=Objective)
     solver: SolverSpec = Field(default_factory=SolverSpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    allow_code_env: bool = False
+    """Let group env set keys that load code (LD_PRELOAD, PYTHONPATH, ...): only for specs you wrote."""
+
+    @model_validator(mode="after")
+    def _no_code_env(self) -> "JobSpec":
+        if self.allow_code_env:
+            return self
+        bad = [f"cluster.groups.{i}.env.{k}" for i, g in enumerate(self.cluster.groups) for k in g.env if loads_code(k)]
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: this env key makes every rank load code chosen by the spec; "
+                             "remove it, or set allow_code_env: true at the top of a spec you trust")
+        return self
 
     @model_validator(mode="after")
     def _workload_matches_kind(self) -> "JobSpec":
@@ -271,7 +337,24 @@ class JobSpec(_Model):
                         f"local batches sum to {total} over all devices but training.global_batch is "
                         f"{self.training.global_batch}; make them agree or leave local_batch unset"
                     )
+            elif explicit:
+                self._left_for_the_rest(explicit)
         return self
+
+    def _left_for_the_rest(self, explicit: list[DeviceGroup]) -> int:
+        """Samples of the global batch left for groups without local_batch; ValueError if too few."""
+        taken = sum(g.local_batch * g.count for g in explicit)
+        rest = [g for g in self.cluster.groups if g.local_batch is None]
+        devices = sum(g.count for g in rest)
+        left = self.training.global_batch - taken
+        if left < devices:
+            fixed = " + ".join(f"{g.name} {g.count} x {g.local_batch}" for g in explicit)
+            raise ValueError(
+                f"local_batch: the groups that set it take {taken} samples ({fixed}) of training.global_batch="
+                f"{self.training.global_batch}, leaving {max(left, 0)} for the {devices} device(s) of "
+                f"{', '.join(g.name for g in rest)}, which need at least 1 each; lower local_batch, raise "
+                "global_batch, or set local_batch on every group")
+        return left
 
     def local_batches(self) -> dict[str, int]:
         """Per-device batch per group: explicit ones kept, the rest of the global batch split evenly."""
@@ -281,7 +364,10 @@ class JobSpec(_Model):
         left = self.training.global_batch - sum(fixed[g.name] * g.count for g in self.cluster.groups if g.name in fixed)
         devices = sum(g.count for g in rest)
         if rest and (left < devices):
-            raise SpecError(f"cluster.groups: only {left} samples of the global batch are left for {devices} devices")
+            try:
+                self._left_for_the_rest([g for g in self.cluster.groups if g.local_batch is not None])
+            except ValueError as e:
+                raise SpecError(str(e)) from None
         out = dict(fixed)
         for g in rest:
             out[g.name] = max(1, left // devices) if devices else 0
@@ -309,7 +395,9 @@ def load_spec(source: "str | Path | dict | JobSpec", **overrides: Any) -> JobSpe
     else:
         text, origin = _read_text(source)
         try:
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=_UniqueKeyLoader) or {}
+        except _DuplicateKey as e:
+            raise SpecError(f"{origin}: {e}") from None
         except yaml.YAMLError as e:
             raise SpecError(f"{origin}: not valid YAML: {e}") from None
         if not isinstance(data, dict):
@@ -319,6 +407,30 @@ def load_spec(source: "str | Path | dict | JobSpec", **overrides: Any) -> JobSpe
         return JobSpec.model_validate(data)
     except ValidationError as e:
         raise SpecError(format_errors(e, text, origin, JobSpec)) from None
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is an error (not 'the last wins')."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key == "<<" or key not in seen:
+                    seen[key] = line
+                    continue
+            except TypeError:  # an unhashable key: let SafeLoader report it
+                continue
+            first = seen[key]
+            raise _DuplicateKey(f"line {line}: key {key!r} is given twice in one mapping (first on line "
+                                f"{first}); YAML would silently keep only the last, so merge them into one")
+        return super().construct_mapping(node, deep=deep)
 
 
 def _read_text(source: "str | Path") -> tuple[str, str]:

@@ -115,7 +115,7 @@ def test_inline_custom_device_is_validated_like_the_catalog():
     spec = load_spec(GOOD.replace("device: T4", "device: {name: X1, memory_gb: 8, bandwidth_gbs: 100, peak_tflops: {fp32: 5, int8: 40}}").replace("[fp32, fp16, int8]", "[fp32, int8]"))
     assert spec.cluster.groups[1].device_spec.precisions == ("fp32", "int8")
     with pytest.raises(SpecError, match="peak_tflops"):
-        load_spec(GOOD.replace("device: T4", "device: {name: X1, memory_gb: 8, bandwidth_gbs: 100, peak_tflops: {int8: 40}}").replace("precisions: [fp32, fp16, int8]", "count: 1"))
+        load_spec(GOOD.replace("device: T4", "device: {name: X1, memory_gb: 8, bandwidth_gbs: 100, peak_tflops: {int8: 40}}").replace("precisions: [fp32, fp16, int8]", "role: auto"))
 
 
 def test_spec_is_frozen():
