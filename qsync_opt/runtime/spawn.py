@@ -60,7 +60,7 @@ def spawn_ranks(argv: list[str], envs: list[dict[str, str]], *, timeout_s: float
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     failure = failed_code = None
     try:
-        while any(p.poll() is None for p in procs):
+        while [p.poll() for p in procs].count(None):  # poll every rank: any() would stop at the first alive one
             bad = next((r for r, p in enumerate(procs) if p.returncode not in (None, 0, EXIT_STOPPED)), None)
             waited = time.monotonic() - t0
             if bad is not None:
