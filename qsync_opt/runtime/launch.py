@@ -147,13 +147,14 @@ def rank_envs(spec: JobSpec, threads: int, port: int) -> list[dict[str, str]]:
 def run_job(spec, plan=None, *, nproc: int | None = None, steps: int | None = None,
             checkpoint_dir: str | None = None, checkpoint_every: int = 10, resume: bool = False,
             threads: int | None = None, metrics_dir: str | None = None, timeout_s: float | None = None,
-            start_timeout_s: float | None = None, force: bool = False) -> JobResult:
+            start_timeout_s: float | None = None, force: bool = False, logs_to_stderr: bool = False) -> JobResult:
     """Validate, spawn one process per rank, watch them, and read back the metrics.
 
     `spec` is a path or a JobSpec; `plan` a path, a Plan, or None (every group in fp32).
     `threads` per rank defaults to the CPU count divided by the world size. `start_timeout_s`
     (default START_TIMEOUT_S) bounds process start-up and the rendezvous; `force` applies a
-    plan whose graph fingerprint differs from the model's.
+    plan whose graph fingerprint differs from the model's; `logs_to_stderr` sends the ranks'
+    log lines to stderr (for `train --json`, whose stdout carries the result alone).
     """
     spec = spec if isinstance(spec, JobSpec) else load_spec(spec)
     plan = plan if (plan is None or isinstance(plan, Plan)) else Plan.load(plan)
@@ -186,7 +187,8 @@ def run_job(spec, plan=None, *, nproc: int | None = None, steps: int | None = No
     offsets = {r: _size(run_dir / f"rank{r}.jsonl") if resume else 0 for r in range(world)}
     try:
         spawned = spawn_ranks(argv, envs, timeout_s=timeout_s,
-                              start_timeout_s=START_TIMEOUT_S if start_timeout_s is None else start_timeout_s)
+                              start_timeout_s=START_TIMEOUT_S if start_timeout_s is None else start_timeout_s,
+                              stdout=2 if logs_to_stderr else None)
     finally:
         shutil.rmtree(ready_dir, ignore_errors=True)
     result = _collect(spawned, run_dir, spec.training.global_batch, checkpoint_dir, offsets)
@@ -252,7 +254,7 @@ def launch(spec_path, plan_path=None, *, nproc: int | None = None, steps: int | 
     """
     result = run_job(spec_path, plan_path, nproc=nproc, steps=steps, checkpoint_dir=checkpoint_dir,
                      checkpoint_every=checkpoint_every, resume=resume, threads=threads, metrics_dir=metrics_dir,
-                     start_timeout_s=start_timeout_s, force=force)
+                     start_timeout_s=start_timeout_s, force=force, logs_to_stderr=as_json)
     out = sys.stderr if as_json else sys.stdout
     if result.failure is None and result.losses:
         print(f"trained {result.steps_done} steps: loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}, "

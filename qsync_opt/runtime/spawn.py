@@ -33,7 +33,8 @@ class Spawned:
 
 
 def spawn_ranks(argv: list[str], envs: list[dict[str, str]], *, timeout_s: float | None = None,
-                grace_s: float = 30.0, start_timeout_s: float | None = None, kill_after_s: float = 3.0) -> Spawned:
+                grace_s: float = 30.0, start_timeout_s: float | None = None, kill_after_s: float = 3.0,
+                stdout: int | None = None) -> Spawned:
     """Run `argv` once per environment and watch every rank until all have ended.
 
     When any rank exits with a code other than 0 or EXIT_STOPPED, or the ranks are not all past
@@ -41,10 +42,11 @@ def spawn_ranks(argv: list[str], envs: list[dict[str, str]], *, timeout_s: float
     outlives `timeout_s`, the others get SIGTERM and, `kill_after_s` later, SIGKILL: a rank
     blocked in a collective on a dead peer never holds the job. SIGTERM/SIGINT to the launcher
     are forwarded to every rank, which finish their step, checkpoint and exit; ranks that do
-    not exit within `grace_s` are killed.
+    not exit within `grace_s` are killed. `stdout` (a file descriptor) redirects the ranks' logs,
+    e.g. to 2 when the launcher's own stdout must carry JSON alone.
     """
     t0 = time.monotonic()
-    procs = [subprocess.Popen(argv, env=env, stderr=subprocess.PIPE) for env in envs]
+    procs = [subprocess.Popen(argv, env=env, stdout=stdout, stderr=subprocess.PIPE) for env in envs]
     tails = [collections.deque(maxlen=STDERR_TAIL) for _ in procs]
     pumps = [threading.Thread(target=_pump, args=(p.stderr, t), daemon=True) for p, t in zip(procs, tails)]
     for t in pumps:
