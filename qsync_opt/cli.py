@@ -86,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--start-timeout", type=float, metavar="S",
                    help="seconds every rank may take to start and meet at the rendezvous (default 120)")
     t.add_argument("--force", action="store_true", help="apply a plan solved for another model graph")
+    t.add_argument("--threads", type=int, metavar="N", help="CPU threads per rank (default: CPUs / ranks)")
     t.add_argument("--json", action="store_true", help="print the JSON result alone on stdout")
     t.set_defaults(func=_cmd_train)
 
@@ -263,19 +264,21 @@ def _allowed_values(key: str, annotation) -> list[str]:
 
 
 def _cmd_train(args) -> int:
-    from .runtime.torchrun import under_torchrun
+    from .torchrun import under_torchrun
 
     if args.start_timeout is not None and args.start_timeout <= 0:
         raise SpecError(f"--start-timeout: got {args.start_timeout:g}; give a positive number of seconds")
+    if args.threads is not None and args.threads < 1:
+        raise SpecError(f"--threads: got {args.threads}; give a positive number of threads per rank")
     if under_torchrun():
-        from .runtime.torchrun import train_rank
+        from .torchrun import train_rank
 
         return train_rank(args)
     from .runtime.launch import launch
 
     return launch(args.spec, args.plan, steps=args.steps, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                   checkpoint_every=args.checkpoint_every, metrics_dir=args.metrics_dir,
-                  start_timeout_s=args.start_timeout, force=args.force, as_json=args.json)
+                  start_timeout_s=args.start_timeout, force=args.force, as_json=args.json, threads=args.threads)
 
 
 def _cmd_bench_solvers(args) -> int:

@@ -4,7 +4,8 @@ torchrun starts the same command on every node and sets RANK, LOCAL_RANK, WORLD_
 MASTER_ADDR and MASTER_PORT; multi-node jobs then use torchrun's rendezvous, not ours. Each
 rank finds its device group from its global rank (groups are numbered in spec order) and
 applies that group's env to itself before torch starts its thread pools and oneDNN, which is
-why this module imports nothing heavy at the top.
+why this module lives outside `runtime` (whose package imports torch) and imports nothing heavy
+at the top.
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ def under_torchrun() -> bool:
 
 def train_rank(args) -> int:
     """Validate, take this rank's group env, train; the exit code of this rank."""
-    from ..errors import SpecError
-    from ..plan import Plan
-    from ..spec import load_spec
-    from .worker import guarded
+    from .errors import SpecError
+    from .plan import Plan
+    from .spec import load_spec
 
     spec = load_spec(args.spec)
     if spec.kind != "training" or spec.training is None:
@@ -44,13 +44,19 @@ def train_rank(args) -> int:
     if late:
         sys.stderr.write(f"rank {rank} ({group.name}): warning: env {', '.join(late)} act only at process start; "
                          "under torchrun set them on the torchrun command line\n")
+    if args.threads:  # like the launcher: --threads, unless the group's env sets its own count
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
     os.environ.update({k: v for k, v in group.env.items() if k not in STARTUP_ONLY})
     os.environ["QSYNC_GROUP"] = group.name
     plan = Plan.load(args.plan) if args.plan else None
 
+    import torch  # noqa: F401  (only now: the group's env is in place)
+
+    from .runtime.worker import guarded
+
     def run() -> int:
-        from .launch import validate
-        from .trainer import WorkerConfig, run_worker
+        from .runtime.launch import validate
+        from .runtime.trainer import WorkerConfig, run_worker
 
         validate(spec, plan, force=args.force)
         if args.resume and not args.checkpoint_dir:
@@ -58,14 +64,14 @@ def train_rank(args) -> int:
         metrics = args.metrics_dir or (os.path.join(args.checkpoint_dir, "metrics") if args.checkpoint_dir else None)
         cfg = WorkerConfig(spec=spec, plan=plan, steps=args.steps or spec.training.steps,
                            checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                           resume=args.resume, metrics_dir=metrics, threads=1, force=args.force)
+                           resume=args.resume, metrics_dir=metrics, threads=args.threads or 1, force=args.force)
         return run_worker(cfg)
 
     return guarded(run)
 
 
 def _int_env(name: str) -> int:
-    from ..errors import SpecError
+    from .errors import SpecError
 
     raw = os.environ.get(name, "")
     try:
