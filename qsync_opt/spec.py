@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import SpecError
 from .spec_errors import format_errors
+from .spec_yaml import CODE_ENV, INT_ENV, DuplicateKey, UniqueKeyLoader, loads_code  # noqa: F401 (re-exported)
 from .hardware.device import DeviceSpec, catalog, find_device
 from .precision import PrecisionName
 
@@ -41,22 +42,6 @@ INTERCONNECTS: dict[str, tuple[float, float]] = {
 #: Solver backends a spec may name: the registry's (qsync_opt.solver.backends.BACKENDS), the
 #: uniform-lowest policy, and 'default' (the measured best; see solver.solve.DEFAULT_BACKEND).
 BACKEND_NAMES: tuple[str, ...] = ("highs", "cbc", "scip", "cpsat", "greedy", "uniform", "default")
-
-#: Group env keys that make a process load code of the spec's choosing (the dynamic loader,
-#: the interpreter, compilers of the kernels): refused unless the spec sets allow_code_env.
-CODE_ENV: tuple[str, ...] = (
-    "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "DYLD_INSERT_LIBRARIES", "DYLD_LIBRARY_PATH",
-    "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONBREAKPOINT", "PYTHONWARNINGS",
-    "PATH", "CC", "CXX", "TORCH_EXTENSIONS_DIR",
-)
-
-#: Group env keys that must be positive integers (thread pools read them at start-up).
-INT_ENV: tuple[str, ...] = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-
-
-def loads_code(key: str) -> bool:
-    return key in CODE_ENV or key.startswith(("LD_", "DYLD_"))
-
 
 class _Model(BaseModel):
     model_config = _CONFIG
@@ -395,8 +380,8 @@ def load_spec(source: "str | Path | dict | JobSpec", **overrides: Any) -> JobSpe
     else:
         text, origin = _read_text(source)
         try:
-            data = yaml.load(text, Loader=_UniqueKeyLoader) or {}
-        except _DuplicateKey as e:
+            data = yaml.load(text, Loader=UniqueKeyLoader) or {}
+        except DuplicateKey as e:
             raise SpecError(f"{origin}: {e}") from None
         except yaml.YAMLError as e:
             raise SpecError(f"{origin}: not valid YAML: {e}") from None
@@ -407,30 +392,6 @@ def load_spec(source: "str | Path | dict | JobSpec", **overrides: Any) -> JobSpe
         return JobSpec.model_validate(data)
     except ValidationError as e:
         raise SpecError(format_errors(e, text, origin, JobSpec)) from None
-
-
-class _DuplicateKey(Exception):
-    pass
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.safe_load, except that a key given twice in one mapping is an error (not 'the last wins')."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            try:
-                if key == "<<" or key not in seen:
-                    seen[key] = line
-                    continue
-            except TypeError:  # an unhashable key: let SafeLoader report it
-                continue
-            first = seen[key]
-            raise _DuplicateKey(f"line {line}: key {key!r} is given twice in one mapping (first on line "
-                                f"{first}); YAML would silently keep only the last, so merge them into one")
-        return super().construct_mapping(node, deep=deep)
 
 
 def _read_text(source: "str | Path") -> tuple[str, str]:

@@ -159,12 +159,14 @@ def apply_plan(
     rounding: str = "nearest",
     strict: bool = False,
     force: bool = False,
+    device=None,
 ):
     """Swap the modules named by the plan, in place; return the module (the new one if the root itself was swapped).
 
     With dry_run=True nothing is modified and the list of `Change`s is returned instead.
     Modules absent from the plan are left as they are (unless strict=True, which is an error).
     A Plan whose graph fingerprint differs from the module's is refused unless force=True.
+    With `device` (a DeviceSpec), a precision that device's runtime cannot run is refused too.
     """
     _check_options(kernels=kernels, weight_granularity=weight_granularity,
                    backward_precision=backward_precision, rounding=rounding)
@@ -172,6 +174,11 @@ def apply_plan(
     if isinstance(plan_or_mapping, Plan) and not force:
         check_fingerprint(module, plan_or_mapping)
     problems = _problems(module, mapping, strict)
+    if device is not None:
+        from .support import precision_refusal
+
+        problems += [f"{fqn}: {why}" for fqn, p in mapping.items() if p in PRECISIONS
+                     and (why := precision_refusal(device, p)) is not None]
     if problems:
         raise RuntimeSetupError(f"cannot apply plan to {type(module).__name__} ({len(problems)} problem"
                                 f"{'s' * (len(problems) > 1)}):\n  - " + "\n  - ".join(problems))

@@ -60,7 +60,8 @@ def build_rank_model(spec: JobSpec, plan: Plan | None, group: str, force: bool =
     if plan is not None:
         rt = spec.runtime
         model = apply_plan(model, plan, group, kernels=rt.kernels, weight_granularity=rt.weight_granularity,
-                           backward_precision=rt.backward_precision, rounding=rt.rounding, force=force)
+                           backward_precision=rt.backward_precision, rounding=rt.rounding, force=force,
+                           device=next(g for g in spec.cluster.groups if g.name == group).device_spec)
     return model
 
 

@@ -85,3 +85,14 @@ def test_pipeline_plans_carry_the_fingerprint_of_their_graph():
     _, fp = _fingerprint("tiny-resnet")
     assert plan.fingerprint == fp
     assert Plan.model_validate_json(plan.to_json()).fingerprint == fp
+
+
+def test_apply_plan_with_a_device_refuses_what_its_runtime_cannot_run():
+    from qsync_opt.hardware.device import find_device
+
+    model = build_model("tiny-cnn")
+    names = list(selectable_modules(model))
+    with pytest.raises(RuntimeSetupError, match="fp16 is not run by device cpu-noamx's runtime"):
+        apply_plan(model, {names[0]: "fp16"}, device=find_device("cpu-noamx"))
+    apply_plan(model, {names[0]: "int4"}, device=find_device("cpu-noamx"))  # emulated through the int8 GEMM
+    apply_plan(model, {names[1]: "fp16"}, device=find_device("T4"))
