@@ -270,6 +270,10 @@ def _cmd_train(args) -> int:
         raise SpecError(f"--start-timeout: got {args.start_timeout:g}; give a positive number of seconds")
     if args.threads is not None and args.threads < 1:
         raise SpecError(f"--threads: got {args.threads}; give a positive number of threads per rank")
+    if args.steps is not None and args.steps < 1:
+        raise SpecError(f"--steps: got {args.steps}; give a positive number of steps (default: training.steps)")
+    if args.checkpoint_every < 0:
+        raise SpecError(f"--checkpoint-every: got {args.checkpoint_every}; give 0 (only at the end) or more")
     if under_torchrun():
         from .torchrun import train_rank
 

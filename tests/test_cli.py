@@ -153,3 +153,10 @@ def test_devices_table_spells_precisions_as_specs_and_plans_do(capsys):
     assert main(["devices"]) == 0
     out = capsys.readouterr().out
     assert "fp8_e4m3" in out and "fp8_e5m2" in out
+
+
+@pytest.mark.parametrize("flag, value", [("--threads", "0"), ("--steps", "0"), ("--checkpoint-every", "-1"),
+                                         ("--start-timeout", "0")])
+def test_bad_train_options_exit_2_naming_the_option(tmp_path, capsys, flag, value):
+    assert main(["train", TINY, "--plan", str(tmp_path / "none.json"), flag, value]) == 2
+    assert flag in capsys.readouterr().err
