@@ -246,6 +246,10 @@ def _allowed_values(key: str, annotation) -> list[str]:
     presets = {"solver.backend": BACKEND_NAMES, "cluster.interconnect": tuple(INTERCONNECTS)}
     if key in presets:
         return list(presets[key])
+    if key in ("cluster.groups.device.peak_tflops", "cluster.groups.device.efficiency"):
+        from .precision import PRECISIONS
+
+        return list(PRECISIONS)  # the names plans use; fp8_e4m3 and fp8_e5m2 share one rate
     if key == "cluster.groups.device":
         from .hardware.device import catalog
 

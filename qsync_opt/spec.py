@@ -101,6 +101,26 @@ class DeviceGroup(_Model):
                              f"{need:.2g} GB (context, allocator); give more than {need:.2g} GB, or omit memory_gb")
         return v
 
+    @field_validator("device", mode="before")
+    @classmethod
+    def _fp8_spelled_as_precisions(cls, v):
+        """Inline devices may key fp8 rates by the precision names (fp8_e4m3, fp8_e5m2), as plans do."""
+        if not isinstance(v, dict):
+            return v
+        out = dict(v)
+        for table in ("peak_tflops", "efficiency"):
+            rates = out.get(table)
+            if not isinstance(rates, dict) or not {"fp8_e4m3", "fp8_e5m2"} & set(rates):
+                continue
+            rates = dict(rates)
+            given = {k: rates.pop(k) for k in ("fp8", "fp8_e4m3", "fp8_e5m2") if k in rates}
+            if len(set(map(str, given.values()))) > 1:
+                raise ValueError(f"{table}: {given} differ; fp8_e4m3 and fp8_e5m2 share one tensor-core rate, "
+                                 "give it once")
+            rates["fp8"] = next(iter(given.values()))
+            out[table] = rates
+        return out
+
     @field_validator("device")
     @classmethod
     def _known_device(cls, v):

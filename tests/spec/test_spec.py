@@ -165,3 +165,13 @@ def test_inline_device_errors_do_not_start_with_the_string_branch():
     with pytest.raises(SpecError) as e:
         load_spec(text.replace("precisions: [fp32, fp16, int8]", "role: auto"))
     assert "valid string" not in str(e.value) and "cluster.groups.1.device.peak_tflops.fp32" in str(e.value)
+
+
+def test_inline_devices_accept_the_fp8_precision_names():
+    dev = "{name: X8, memory_gb: 80, bandwidth_gbs: 2000, peak_tflops: {fp32: 60, fp8_e4m3: 1000, fp8_e5m2: 1000}}"
+    spec = load_spec(GOOD.replace("device: T4", f"device: {dev}").replace("precisions: [fp32, fp16, int8]",
+                                                                         "precisions: [fp32, fp8_e4m3, fp8_e5m2]"))
+    assert spec.cluster.groups[1].device_spec.precisions == ("fp32", "fp8_e4m3", "fp8_e5m2")
+    with pytest.raises(SpecError, match="share one tensor-core rate"):
+        load_spec(GOOD.replace("device: T4", f"device: {dev.replace('fp8_e5m2: 1000', 'fp8_e5m2: 900')}")
+                  .replace("precisions: [fp32, fp16, int8]", "role: auto"))
