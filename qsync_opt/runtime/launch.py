@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -61,7 +62,8 @@ class JobResult:
     @property
     def ok(self) -> bool:
         """Every rank ended normally: completed, or stopped cleanly on a signal."""
-        return self.failure is None and all(rc in (0, EXIT_STOPPED) for rc in self.returncodes)
+        fine = (0, EXIT_STOPPED, -signal.SIGTERM) if self.stopped else (0, EXIT_STOPPED)
+        return self.failure is None and all(rc in fine for rc in self.returncodes)
 
     @property
     def status(self) -> str:
@@ -225,7 +227,7 @@ def _collect(spawned: Spawned, run_dir: Path, global_batch: int, checkpoint_dir,
         samples_per_s=global_batch / (slowest / 1e3) if slowest else 0.0,
         metrics_dir=str(run_dir),
         checkpoint_dir=checkpoint_dir,
-        stopped=stopped and spawned.failure is None,
+        stopped=(stopped or spawned.signalled) and spawned.failure is None,
         per_rank=per_rank,
         failure=spawned.failure,
         failed_code=spawned.failed_code,

@@ -30,6 +30,8 @@ class Spawned:
     failed_code: int | None = None
     """Exit code of the rank that failed first (None: no rank failed)."""
     wall_s: float = 0.0
+    signalled: bool = False
+    """The launcher was asked to stop (SIGTERM/SIGINT) and passed it on to the ranks."""
 
 
 def spawn_ranks(argv: list[str], envs: list[dict[str, str]], *, timeout_s: float | None = None,
@@ -54,7 +56,7 @@ def spawn_ranks(argv: list[str], envs: list[dict[str, str]], *, timeout_s: float
     forwarded = []
 
     def forward(signum, frame):
-        forwarded.append(signum)
+        forwarded.append(time.monotonic())
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -63,7 +65,9 @@ def spawn_ranks(argv: list[str], envs: list[dict[str, str]], *, timeout_s: float
     failure = failed_code = None
     try:
         while [p.poll() for p in procs].count(None):  # poll every rank: any() would stop at the first alive one
-            bad = next((r for r, p in enumerate(procs) if p.returncode not in (None, 0, EXIT_STOPPED)), None)
+            # after a forwarded stop, a rank that had not yet installed its handler ends by SIGTERM: not a failure
+            fine = (None, 0, EXIT_STOPPED, -signal.SIGTERM) if forwarded else (None, 0, EXIT_STOPPED)
+            bad = next((r for r, p in enumerate(procs) if p.returncode not in fine), None)
             waited = time.monotonic() - t0
             if bad is not None:
                 failed_code = procs[bad].returncode
@@ -82,9 +86,10 @@ def spawn_ranks(argv: list[str], envs: list[dict[str, str]], *, timeout_s: float
             if failure is not None:
                 _terminate(procs, kill_after_s)
                 break
+            if forwarded and time.monotonic() - forwarded[0] > grace_s:
+                _terminate(procs, 0.0)  # they had grace_s to finish the step and checkpoint
+                break
             time.sleep(0.05)
-        if forwarded:
-            _terminate(procs, grace_s)
         codes = [p.wait() for p in procs]
     finally:
         for s, h in old.items():
@@ -100,7 +105,7 @@ def spawn_ranks(argv: list[str], envs: list[dict[str, str]], *, timeout_s: float
                     if tail else "; stopped the other ranks (its stderr was empty)")
     elif failure is not None:
         failure += "; stopped every rank"
-    return Spawned(codes, failure, failed_code, time.monotonic() - t0)
+    return Spawned(codes, failure, failed_code, time.monotonic() - t0, signalled=bool(forwarded))
 
 
 STDERR_TAIL = 15

@@ -53,3 +53,8 @@ def test_a_line_cut_by_a_kill_is_skipped_not_fatal(tmp_path):
     (tmp_path / "rank0.jsonl").write_text(json.dumps(_steps(1, 1)[0]) + "\n" + '{"step": 2, "lo')
     res = _collect(Spawned([0]), tmp_path, 16, None, {0: 0})
     assert res.steps_done == 1
+
+
+def test_ranks_ended_by_a_forwarded_stop_before_their_first_step_count_as_stopped(tmp_path):
+    res = _collect(Spawned([-15, -15], signalled=True), tmp_path, 16, None, {})
+    assert res.status == "stopped" and res.exit_code == 4

@@ -69,3 +69,22 @@ def test_start_up_timeout_names_the_ranks_that_never_became_ready(tmp_path):
 def test_clean_and_stopped_exits_are_not_failures():
     out, _ = run(f"sys.exit(0 if r == 0 else {EXIT_STOPPED})")
     assert out.failure is None and out.codes == [0, EXIT_STOPPED]
+
+
+def test_a_forwarded_stop_ends_ranks_that_ignore_it_after_the_grace(tmp_path):
+    """SIGTERM to the launcher reaches every rank; one blocked for ever is killed grace_s later."""
+    import os
+    import signal
+    import threading
+
+    body = ("import signal, pathlib\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            f"pathlib.Path({str(tmp_path)!r}, f'r{{r}}').touch()\ntime.sleep(600)")
+
+    def stop_when_both_ignore():
+        while not all((tmp_path / f"r{r}").exists() for r in range(2)):
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop_when_both_ignore, daemon=True).start()
+    out, _ = run(body, grace_s=1.0)
+    assert out.signalled and out.failure is None and out.codes == [-9, -9]
