@@ -7,8 +7,11 @@ different device groups start with different environments (ONEDNN_MAX_CPU_ISA, t
 heterogeneity is emulated with real kernel paths, never with sleeps.
 
 Everything that can be checked is checked before a process starts: world size, plan groups
-against spec groups, local batches against the global batch, and a dry run of every group's
-plan on the model built on the meta device.
+against spec groups, local batches against the global batch, the precisions each device's
+runtime can run, the plan's graph fingerprint, a dry run of every group's plan on the model
+built on the meta device, and (for a resume) which checkpoint is valid. `spawn.py` then
+watches every rank so that no failure can leave the job hanging. Under torchrun the same
+worker runs without this launcher (`qsync_opt/torchrun.py`).
 """
 
 from __future__ import annotations
