@@ -1,6 +1,7 @@
 """`qsync-opt`: solve | devices | models | spec | train | bench | profile | predict | indicate.
 
-Exit codes: 0 ok, 2 bad input (message, no traceback), 3 infeasible, 1 any other failure.
+Exit codes: 0 ok, 2 bad input (message, no traceback), 3 infeasible, 4 `train` stopped by a
+signal after checkpointing (resume with --resume), 1 any other failure.
 With `solve --json` the plan alone goes to stdout and the readable summary to stderr, so a
 scheduler can pipe it.
 """
@@ -14,9 +15,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .errors import InfeasibleError, ModelError, QSyncError, SpecError
+from .errors import InfeasibleError, ModelError, QSyncError, RuntimeSetupError, SpecError
 
-EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 1, 2, 3
+EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_STOPPED = 0, 1, 2, 3, 4
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     except InfeasibleError as e:
         err.print(f"[bold red]infeasible:[/bold red] {e}", highlight=False)
         return EXIT_INFEASIBLE
-    except (SpecError, ModelError) as e:
+    except (SpecError, ModelError, RuntimeSetupError) as e:
         err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
         return EXIT_BAD_INPUT
     except QSyncError as e:
@@ -73,12 +74,20 @@ def _parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("spec", help="document every field of a job spec")
     sp.set_defaults(func=_cmd_spec)
 
-    t = sub.add_parser("train", help="train with a plan on torch.distributed (one process per device)")
+    t = sub.add_parser("train", help="train with a plan on torch.distributed (one process per device); "
+                       "also runs as one rank under torchrun")
     t.add_argument("spec")
     t.add_argument("--plan", required=True, help="plan file from `qsync-opt solve -o`")
     t.add_argument("--steps", type=int)
     t.add_argument("--checkpoint-dir")
-    t.add_argument("--resume", action="store_true")
+    t.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints (default 10)")
+    t.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
+    t.add_argument("--metrics-dir", help="where ranks write rank<r>.jsonl and result.json")
+    t.add_argument("--start-timeout", type=float, metavar="S",
+                   help="seconds every rank may take to start and meet at the rendezvous (default 120)")
+    t.add_argument("--force", action="store_true", help="apply a plan solved for another model graph")
+    t.add_argument("--threads", type=int, metavar="N", help="CPU threads per rank (default: CPUs / ranks)")
+    t.add_argument("--json", action="store_true", help="print the JSON result alone on stdout")
     t.set_defaults(func=_cmd_train)
 
     b = sub.add_parser("bench", help="benchmarks")
@@ -113,7 +122,7 @@ def _cmd_solve(args) -> int:
     if args.gap is not None:
         overrides["solver.rel_gap"] = args.gap
     if args.problem:
-        return pipeline.solve_saved_problem(args.problem, overrides, out)
+        return _solve_problem(args, overrides, out)
     if not args.spec:
         raise SpecError("solve needs a SPEC path (or --problem FILE)")
     if args.json:  # whatever a library prints from C, stdout carries the plan alone
@@ -134,20 +143,66 @@ def _cmd_solve(args) -> int:
     return EXIT_OK
 
 
+def _solve_problem(args, overrides: dict, out) -> int:
+    """`solve --problem FILE`: re-solve a saved program; -o writes and --json prints the result."""
+    import json
+
+    from .io import atomic_write_text
+    from .solver.backends import EXACT, available
+    from .solver.backends.base import SolveOptions
+    from .solver.export import load_problem
+    from .solver.solve import DEFAULT_BACKEND, solve_problem
+
+    backend = overrides.get("solver.backend", "default")
+    allowed = [*EXACT, "greedy", "default"]
+    if backend not in allowed:
+        why = (" ('uniform' is a policy over the model's operators, which a saved problem no longer has)"
+               if backend == "uniform" else "")
+        raise SpecError(f"--backend: {backend!r} cannot solve a saved problem{why}; use one of {', '.join(allowed)}")
+    if not Path(args.problem).exists():
+        raise SpecError(f"--problem: file {args.problem!r} does not exist; write one with "
+                        "`qsync-opt solve SPEC --export-problem p.json`")
+    problem = load_problem(args.problem)
+    backend = DEFAULT_BACKEND if backend == "default" else backend
+    if not available().get(backend, False):
+        raise SpecError(f"--backend: {backend!r} is not installed here; available: "
+                        + ", ".join(n for n, ok in available().items() if ok))
+    opts = SolveOptions(time_limit_s=overrides.get("solver.time_limit_s", 60.0),
+                        rel_gap=overrides.get("solver.rel_gap", 1e-4))
+    if args.json:
+        from .solver.backends.quiet import fd1_redirected
+
+        with fd1_redirected(2):
+            r = solve_problem(problem, backend, opts)
+    else:
+        r = solve_problem(problem, backend, opts)
+    gap = "" if r.gap is None else f", gap {r.gap:.3%}"
+    out.print(f"{args.problem}: {r.backend} -> {r.status}, objective {r.objective:.9g}{gap}, {r.wall_s * 1000:.0f} ms",
+              highlight=False)
+    result = {"problem": str(args.problem), "backend": r.backend, "status": r.status, "objective": r.objective,
+              "bound": r.bound, "gap": r.gap, "wall_s": r.wall_s, "assignment": r.assignment}
+    text = json.dumps(result, indent=2) + "\n"
+    if args.output:
+        out.print(f"result written to {atomic_write_text(args.output, text)}")
+    if args.json:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
 def _cmd_devices(args) -> int:
     from .hardware.device import catalog
     from .precision import PRECISIONS, PEAK_KEY
 
-    keys = list(dict.fromkeys(PEAK_KEY[p] for p in PRECISIONS))
+    # columns are the precision names a spec and a plan use (fp8_e4m3 and fp8_e5m2 share one rate)
     t = Table(title="device catalog (dense peak TFLOP/s or TOP/s; '-' = no native path)", title_justify="left")
-    for col in ("device", "memory GB", "GB/s", *keys, "source"):
+    for col in ("device", "memory GB", "GB/s", *PRECISIONS, "source"):
         t.add_column(col, justify="left" if col in ("device", "source") else "right")
     for name, dev in catalog().items():
         t.add_row(
             name,
             f"{dev.memory_gb:g}",
             f"{dev.bandwidth_gbs:g}",
-            *(f"{dev.peak_tflops[k]:g}" if k in dev.peak_tflops else "-" for k in keys),
+            *(f"{dev.peak_tflops[PEAK_KEY[p]]:g}" if dev.supports(p) else "-" for p in PRECISIONS),
             dev.source,
         )
     _console().print(t)
@@ -177,6 +232,9 @@ def _cmd_spec(args) -> int:
             key = f"{prefix}{field.alias or name}"
             default = "" if field.is_required() else f" (default: {field.get_default(call_default_factory=True)!r})"
             print(f"{key}{default}\n    {field.description or ''}".rstrip())
+            values = _allowed_values(key, field.annotation)
+            if values:
+                print(f"    allowed: {' | '.join(values)}")
             nested = model_in(field.annotation)
             if nested is not None and nested not in seen:
                 walk(nested, key + ".", seen | {nested})
@@ -185,10 +243,56 @@ def _cmd_spec(args) -> int:
     return EXIT_OK
 
 
+def _allowed_values(key: str, annotation) -> list[str]:
+    """The values a spec field accepts, for `qsync-opt spec`: Literal choices and named presets."""
+    from typing import Literal, get_args, get_origin
+
+    from .spec import BACKEND_NAMES, INTERCONNECTS
+
+    presets = {"solver.backend": BACKEND_NAMES, "cluster.interconnect": tuple(INTERCONNECTS)}
+    if key in presets:
+        return list(presets[key])
+    if key in ("cluster.groups.device.peak_tflops", "cluster.groups.device.efficiency"):
+        from .precision import PRECISIONS
+
+        return list(PRECISIONS)  # the names plans use; fp8_e4m3 and fp8_e5m2 share one rate
+    if key == "cluster.groups.device":
+        from .hardware.device import catalog
+
+        return [*catalog(), "{inline device}"]
+    out: list[str] = []
+
+    def collect(ann) -> None:
+        if get_origin(ann) is Literal:
+            out.extend(str(a) for a in get_args(ann))
+        else:
+            for a in get_args(ann):
+                collect(a)
+
+    collect(annotation)
+    return list(dict.fromkeys(out))
+
+
 def _cmd_train(args) -> int:
+    from .torchrun import under_torchrun
+
+    if args.start_timeout is not None and args.start_timeout <= 0:
+        raise SpecError(f"--start-timeout: got {args.start_timeout:g}; give a positive number of seconds")
+    if args.threads is not None and args.threads < 1:
+        raise SpecError(f"--threads: got {args.threads}; give a positive number of threads per rank")
+    if args.steps is not None and args.steps < 1:
+        raise SpecError(f"--steps: got {args.steps}; give a positive number of steps (default: training.steps)")
+    if args.checkpoint_every < 0:
+        raise SpecError(f"--checkpoint-every: got {args.checkpoint_every}; give 0 (only at the end) or more")
+    if under_torchrun():
+        from .torchrun import train_rank
+
+        return train_rank(args)
     from .runtime.launch import launch
 
-    return launch(args.spec, args.plan, steps=args.steps, checkpoint_dir=args.checkpoint_dir, resume=args.resume)
+    return launch(args.spec, args.plan, steps=args.steps, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
+                  checkpoint_every=args.checkpoint_every, metrics_dir=args.metrics_dir,
+                  start_timeout_s=args.start_timeout, force=args.force, as_json=args.json, threads=args.threads)
 
 
 def _cmd_bench_solvers(args) -> int:

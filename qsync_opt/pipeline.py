@@ -18,7 +18,7 @@ from .errors import InfeasibleError, SpecError
 from .models.from_spec import build_from_spec, input_maker
 from .models.graph import OpGraph
 from .models.trace import trace
-from .plan import Baseline, GroupPlan, Plan, Provenance, SolverReport
+from .plan import Baseline, GroupPlan, Plan, Provenance, SolverReport, graph_fingerprint
 from .precision import PRECISIONS
 from .predictor.context import Context
 from .predictor.indicators import compute_indicator
@@ -254,6 +254,7 @@ def _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, 
         baselines=baselines,
         provenance=Provenance(spec_digest=spec.digest(), versions=_versions()),
         boundary=spec.runtime.boundary,
+        fingerprint=graph_fingerprint(prepared.graph),
     )
 
 

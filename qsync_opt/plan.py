@@ -7,7 +7,9 @@ predicted time and memory that justify it, plus how it was solved and from which
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
@@ -86,6 +88,59 @@ class Provenance(BaseModel):
     created: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
+class GraphFingerprint(BaseModel):
+    """What model a plan was solved for: each selectable operator's name, kind and weight shape.
+
+    `apply_plan` compares it with the module it is given, so a plan never lands on another
+    model whose operator names merely overlap.
+    """
+
+    model_config = _CONFIG
+
+    digest: str
+    """SHA-256 (16 hex digits) over `ops`, for a quick equality check."""
+    ops: dict[str, str]
+    """Operator FQN -> 'kind[weight shape]', e.g. 'conv2d[16,3,3,3]', in graph order."""
+
+
+_FUNCTIONAL_OP = re.compile(r"(^|\.)[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)*_\d+$")
+"""Names the tracer gives functional ops (`<parent>.<fn>_<k>`): they have no module to compare."""
+
+
+def op_signature(kind: str, weight_shape) -> str:
+    return f"{kind}[{','.join(str(int(d)) for d in (weight_shape or ()))}]"
+
+
+def make_fingerprint(ops: dict[str, str]) -> GraphFingerprint:
+    blob = json.dumps(sorted(ops.items())).encode()
+    return GraphFingerprint(digest=hashlib.sha256(blob).hexdigest()[:16], ops=dict(ops))
+
+
+def graph_fingerprint(graph) -> GraphFingerprint:
+    """The fingerprint of a traced OpGraph: its selectable operators with their weight shapes."""
+    return make_fingerprint({n.name: op_signature(n.kind, n.weight_shape) for n in graph.nodes if n.selectable})
+
+
+def fingerprint_mismatch(want: GraphFingerprint, have: dict[str, str]) -> str | None:
+    """The first difference between a plan's fingerprint and a module's module ops, or None.
+
+    `have` holds the module's swappable modules (FQN -> signature); the plan's functional ops
+    (no module of their own) are compared only by absence from `have`.
+    """
+    if make_fingerprint(have).digest == want.digest:
+        return None
+    for name, sig in want.ops.items():
+        if name in have and have[name] != sig:
+            return f"operator {name!r} is {have[name]} in the model but {sig} in the plan"
+    for name, sig in have.items():
+        if name not in want.ops:
+            return f"operator {name!r} ({sig}) is in the model but not in the plan's graph"
+    missing = [n for n in want.ops if n not in have and not _FUNCTIONAL_OP.search(n)]
+    if missing:
+        return f"operator {missing[0]!r} ({want.ops[missing[0]]}) of the plan's graph is not in the model"
+    return None
+
+
 class Plan(BaseModel):
     model_config = _CONFIG
 
@@ -103,6 +158,8 @@ class Plan(BaseModel):
     provenance: Provenance
     boundary: Literal["edge", "fp32"] = "fp32"
     """The runtime.boundary the plan was costed for; the runtime refuses a plan made for another."""
+    fingerprint: GraphFingerprint | None = None
+    """The traced graph the plan was solved for; None in hand-written plans (then not checked)."""
 
     # --- views ---------------------------------------------------------------------------
     def to_fqn_config(self, group: str) -> dict[str, str]:
@@ -132,8 +189,15 @@ class Plan(BaseModel):
         path = Path(path)
         if not path.exists():
             raise SpecError(f"plan file {str(path)!r} does not exist")
-        text = path.read_text()
-        data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+        try:
+            text = path.read_text()
+            data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+        except (ValueError, yaml.YAMLError, OSError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise SpecError(f"plan file {str(path)!r} cannot be read ({type(e).__name__}: {e}); it may be "
+                            "truncated or corrupted: write it again with `qsync-opt solve SPEC -o FILE`") from None
+        if not isinstance(data, dict):
+            raise SpecError(f"plan file {str(path)!r} holds a {type(data).__name__}, not a plan mapping; "
+                            "write it again with `qsync-opt solve SPEC -o FILE`")
         return cls.from_dict(data, origin=str(path))
 
     @classmethod

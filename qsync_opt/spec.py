@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import SpecError
 from .spec_errors import format_errors
+from .spec_yaml import CODE_ENV, INT_ENV, DuplicateKey, UniqueKeyLoader, loads_code  # noqa: F401 (re-exported)
 from .hardware.device import DeviceSpec, catalog, find_device
 from .precision import PrecisionName
 from .serving_spec import ServingSpec  # noqa: F401  (the serving section lives beside its planner)
@@ -38,6 +39,10 @@ INTERCONNECTS: dict[str, tuple[float, float]] = {
     "loopback": (5.0, 20.0),
 }
 
+
+#: Solver backends a spec may name: the registry's (qsync_opt.solver.backends.BACKENDS), the
+#: uniform-lowest policy, and 'default' (the measured best; see solver.solve.DEFAULT_BACKEND).
+BACKEND_NAMES: tuple[str, ...] = ("highs", "cbc", "scip", "cpsat", "greedy", "uniform", "default")
 
 class _Model(BaseModel):
     model_config = _CONFIG
@@ -70,10 +75,55 @@ class DeviceGroup(_Model):
     role: Literal["auto", "training", "inference"] = "auto"
     """'training' groups set the synchronisation bound at their own precision; 'auto' decides by speed."""
     env: dict[str, str] = Field(default_factory=dict)
-    """Environment for this group's ranks (CPU emulation, e.g. ONEDNN_MAX_CPU_ISA)."""
+    """Environment for this group's ranks (CPU emulation, e.g. ONEDNN_MAX_CPU_ISA). Trusted input: it
+    configures processes you launch. Keys that load code (LD_PRELOAD, PYTHONPATH, PYTHONSTARTUP, PATH, ...)
+    are refused unless the spec sets allow_code_env: true."""
     profile: str | None = None
     """A measured profile file for this group's device (`qsync-opt profile -o`); default: this
     machine's cached profile for devices that run here, else the roofline."""
+
+    @field_validator("env")
+    @classmethod
+    def _env_values(cls, v):
+        for key in INT_ENV:
+            if key in v and not (v[key].strip().isdigit() and int(v[key]) >= 1):
+                raise ValueError(f"{key}={v[key]!r} is not a positive integer (a thread count); write e.g. {key}: \"2\"")
+        return v
+
+    @field_validator("memory_gb")
+    @classmethod
+    def _memory_usable(cls, v, info):
+        if v is None or "device" not in info.data:
+            return v
+        from .predictor.memory import capacity_bytes  # lazy: only specs that override memory pay for it
+
+        d = info.data["device"]
+        kind = (d if isinstance(d, DeviceSpec) else find_device(d)).kind
+        if capacity_bytes(v * 1e9, kind) <= 0:
+            need = capacity_bytes(0.0, kind) / -0.95 / 1e9
+            raise ValueError(f"{v:g} GB leaves no usable memory: the {kind} runtime itself takes about "
+                             f"{need:.2g} GB (context, allocator); give more than {need:.2g} GB, or omit memory_gb")
+        return v
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _fp8_spelled_as_precisions(cls, v):
+        """Inline devices may key fp8 rates by the precision names (fp8_e4m3, fp8_e5m2), as plans do."""
+        if not isinstance(v, dict):
+            return v
+        out = dict(v)
+        for table in ("peak_tflops", "efficiency"):
+            rates = out.get(table)
+            if not isinstance(rates, dict) or not {"fp8_e4m3", "fp8_e5m2"} & set(rates):
+                continue
+            rates = dict(rates)
+            given = {k: rates.pop(k) for k in ("fp8", "fp8_e4m3", "fp8_e5m2") if k in rates}
+            if len(set(map(str, given.values()))) > 1:
+                raise ValueError(f"{table}: {given} differ; fp8_e4m3 and fp8_e5m2 share one tensor-core rate, "
+                                 "give it once")
+            rates["fp8"] = next(iter(given.values()))
+            out[table] = rates
+        return out
 
     @field_validator("device")
     @classmethod
@@ -216,7 +266,16 @@ class Objective(_Model):
 
 class SolverSpec(_Model):
     backend: str = "default"
-    """cbc, highs, cpsat, scip, greedy, uniform, or 'default' (chosen from measurements)."""
+    """highs, cbc, scip, cpsat, greedy, uniform, or 'default' (chosen from measurements)."""
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, v):
+        if v not in BACKEND_NAMES:
+            near = difflib.get_close_matches(v, BACKEND_NAMES, n=1, cutoff=0.5)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise ValueError(f"unknown backend {v!r}{hint}; known: {', '.join(BACKEND_NAMES)}")
+        return v
     time_limit_s: float = Field(default=60.0, gt=0)
     rel_gap: float = Field(default=1e-4, ge=0, lt=1)
     threads: int = Field(default=1, ge=1)
@@ -278,6 +337,18 @@ class JobSpec(_Model):
     """'auto': a group's measured profile when one matches its device and covers the model, else
     the roofline; 'measured': insist (devices that run here are profiled on first use);
     'roofline': datasheet model only."""
+    allow_code_env: bool = False
+    """Let group env set keys that load code (LD_PRELOAD, PYTHONPATH, ...): only for specs you wrote."""
+
+    @model_validator(mode="after")
+    def _no_code_env(self) -> "JobSpec":
+        if self.allow_code_env:
+            return self
+        bad = [f"cluster.groups.{i}.env.{k}" for i, g in enumerate(self.cluster.groups) for k in g.env if loads_code(k)]
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: this env key makes every rank load code chosen by the spec; "
+                             "remove it, or set allow_code_env: true at the top of a spec you trust")
+        return self
 
     @model_validator(mode="after")
     def _workload_matches_kind(self) -> "JobSpec":
@@ -298,7 +369,24 @@ class JobSpec(_Model):
                         f"local batches sum to {total} over all devices but training.global_batch is "
                         f"{self.training.global_batch}; make them agree or leave local_batch unset"
                     )
+            elif explicit:
+                self._left_for_the_rest(explicit)
         return self
+
+    def _left_for_the_rest(self, explicit: list[DeviceGroup]) -> int:
+        """Samples of the global batch left for groups without local_batch; ValueError if too few."""
+        taken = sum(g.local_batch * g.count for g in explicit)
+        rest = [g for g in self.cluster.groups if g.local_batch is None]
+        devices = sum(g.count for g in rest)
+        left = self.training.global_batch - taken
+        if left < devices:
+            fixed = " + ".join(f"{g.name} {g.count} x {g.local_batch}" for g in explicit)
+            raise ValueError(
+                f"local_batch: the groups that set it take {taken} samples ({fixed}) of training.global_batch="
+                f"{self.training.global_batch}, leaving {max(left, 0)} for the {devices} device(s) of "
+                f"{', '.join(g.name for g in rest)}, which need at least 1 each; lower local_batch, raise "
+                "global_batch, or set local_batch on every group")
+        return left
 
     def local_batches(self) -> dict[str, int]:
         """Per-device batch per group: explicit ones kept, the rest of the global batch split evenly."""
@@ -308,7 +396,10 @@ class JobSpec(_Model):
         left = self.training.global_batch - sum(fixed[g.name] * g.count for g in self.cluster.groups if g.name in fixed)
         devices = sum(g.count for g in rest)
         if rest and (left < devices):
-            raise SpecError(f"cluster.groups: only {left} samples of the global batch are left for {devices} devices")
+            try:
+                self._left_for_the_rest([g for g in self.cluster.groups if g.local_batch is not None])
+            except ValueError as e:
+                raise SpecError(str(e)) from None
         out = dict(fixed)
         for g in rest:
             out[g.name] = max(1, left // devices) if devices else 0
@@ -336,7 +427,9 @@ def load_spec(source: "str | Path | dict | JobSpec", **overrides: Any) -> JobSpe
     else:
         text, origin = _read_text(source)
         try:
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=UniqueKeyLoader) or {}
+        except DuplicateKey as e:
+            raise SpecError(f"{origin}: {e}") from None
         except yaml.YAMLError as e:
             raise SpecError(f"{origin}: not valid YAML: {e}") from None
         if not isinstance(data, dict):

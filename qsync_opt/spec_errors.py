@@ -14,8 +14,9 @@ from pydantic import BaseModel, ValidationError
 
 
 def format_errors(err: ValidationError, text: str | None, origin: str, root: type[BaseModel]) -> str:
-    lines = [f"{origin}: invalid job spec ({err.error_count()} problem{'s' * (err.error_count() > 1)}):"]
-    for e in err.errors():
+    errors = _drop_union_noise(err.errors())
+    lines = [f"{origin}: invalid job spec ({len(errors)} problem{'s' * (len(errors) > 1)}):"]
+    for e in errors:
         loc = [p for p in e["loc"] if not _is_union_tag(p)]
         path = ".".join(str(p) for p in loc) or "(top level)"
         line = _line_of(text, loc) if text else None
@@ -25,9 +26,32 @@ def format_errors(err: ValidationError, text: str | None, origin: str, root: typ
             msg = f"unknown field {str(loc[-1])!r}" + _suggest_field(root, loc)
         elif e["type"] == "missing":
             msg = "required field is missing"
+        if not loc and e["type"] == "value_error":  # a whole-spec rule: its message names the fields itself
+            lines.append(f"  - {msg}")
+            continue
         got = "" if e["type"] in ("missing",) else f"; got {_short(e.get('input'))}"
         lines.append(f"  - {path}{where}: {msg}{got}")
     return "\n".join(lines)
+
+
+def _drop_union_noise(errors: list[dict]) -> list[dict]:
+    """Drop "Input should be a valid string" for a mapping given to a `str | Model` field.
+
+    The mapping was meant for the model branch (an inline device or link), whose own errors
+    say what is wrong; the string branch's complaint only misleads.
+    """
+    def loc(e):
+        return tuple(p for p in e["loc"] if not _is_union_tag(p))
+
+    deeper = [loc(e) for e in errors]
+    keep = []
+    for e in errors:
+        here = loc(e)
+        noise = (e["type"] == "string_type" and isinstance(e.get("input"), dict)
+                 and any(len(d) > len(here) and d[:len(here)] == here for d in deeper))
+        if not noise:
+            keep.append(e)
+    return keep or errors
 
 
 def _is_union_tag(p) -> bool:

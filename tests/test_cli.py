@@ -37,7 +37,7 @@ def test_bad_spec_exits_2_with_field_and_no_traceback(tmp_path):
 
 def test_infeasible_exits_3_with_diagnosis(tmp_path):
     bad = tmp_path / "tight.yaml"
-    bad.write_text(Path(TINY).read_text().replace("count: 1\n    - name: noamx", "count: 1\n      memory_gb: 0.001\n    - name: noamx"))
+    bad.write_text(Path(TINY).read_text().replace("count: 1\n    - name: noamx", "count: 1\n      memory_gb: 0.527\n    - name: noamx"))
     r = run("solve", str(bad))
     assert r.returncode == 3, r.stderr
     assert "amx: memory needs" in r.stderr
@@ -70,3 +70,93 @@ def test_bench_solvers_writes_table_csv_and_png(tmp_path, capsys):
     assert len(rows) == 1 + (3 + 2) * 2  # (3 clusters + chain + dag) x 2 backends
     assert (tmp_path / "solvers.png").stat().st_size > 1000
     assert "solver benchmark" in capsys.readouterr().out
+
+
+# ---- every verb: exit codes per the README's table, never a traceback for bad input ----------------
+def _tiny_plan(tmp_path) -> Path:
+    out = tmp_path / "plan.json"
+    assert main(["solve", TINY, "-o", str(out)]) == 0
+    return out
+
+
+def test_an_import_factory_that_raises_exits_2_naming_it(tmp_path, capsys, monkeypatch):
+    (tmp_path / "boom_models.py").write_text("def factory():\n    raise RuntimeError('no weights here')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = tmp_path / "imp.yaml"
+    spec.write_text(Path(TINY).read_text().replace("  name: tiny-resnet", '  import: "boom_models:factory"\n'
+                                                   "  input_shape: [3, 16, 16]"))
+    assert main(["solve", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert "model.import: factory 'boom_models:factory' raised RuntimeError: no weights here" in err
+
+
+def test_an_unknown_backend_exits_2_naming_solver_backend_with_the_full_list(capsys):
+    assert main(["solve", TINY, "--backend", "gurobi"]) == 2
+    err = capsys.readouterr().err
+    assert "solver.backend" in err and "unknown backend 'gurobi'" in err
+    assert "highs, cbc, scip, cpsat, greedy, uniform, default" in err
+
+
+def test_spec_backend_names_are_the_registry_plus_uniform_and_default():
+    from qsync_opt.solver.backends import BACKENDS
+    from qsync_opt.spec import BACKEND_NAMES
+
+    assert set(BACKEND_NAMES) == set(BACKENDS) | {"uniform", "default"}
+
+
+def test_solve_problem_honours_output_and_json_and_refuses_uniform(tmp_path, capsys):
+    p = tmp_path / "p.json"
+    assert main(["solve", TINY, "--export-problem", str(p)]) == 0
+    capsys.readouterr()
+    assert main(["solve", "--problem", str(p), "--backend", "uniform"]) == 2
+    assert "--backend: 'uniform' cannot solve a saved problem" in capsys.readouterr().err
+    out = tmp_path / "result.json"
+    assert main(["solve", "--problem", str(p), "-o", str(out), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(out.read_text())
+    assert printed["status"] == "optimal" and set(printed["assignment"]) == {"amx", "noamx"}
+
+
+def test_train_with_a_plan_of_other_groups_or_unknown_operators_exits_2(tmp_path, capsys):
+    plan = _tiny_plan(tmp_path)
+    capsys.readouterr()
+    other = tmp_path / "other.json"
+    other.write_text(plan.read_text().replace('"noamx"', '"gpu"'))
+    assert main(["train", TINY, "--plan", str(other)]) == 2
+    assert "plan groups ['amx', 'gpu'] do not match spec cluster.groups ['amx', 'noamx']" in capsys.readouterr().err
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(plan.read_text().replace('"layer1.0.conv1"', '"layer9.conv1"'))
+    assert main(["train", TINY, "--plan", str(unknown)]) == 2
+    assert "layer9.conv1: no such module in ResNet" in capsys.readouterr().err
+
+
+def test_a_plan_with_a_precision_the_device_cannot_run_exits_2(tmp_path, capsys):
+    plan = Plan.load(_tiny_plan(tmp_path))
+    data = plan.model_dump(mode="json")
+    data["groups"]["amx"]["precisions"] = {k: "fp16" for k in data["groups"]["amx"]["precisions"]}
+    bad = tmp_path / "fp16.json"
+    bad.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["train", TINY, "--plan", str(bad)]) == 2
+    assert "fp16 is not run by device cpu-local's runtime" in capsys.readouterr().err
+
+
+def test_spec_lists_allowed_values_of_enums_and_presets(capsys):
+    assert main(["spec"]) == 0
+    out = capsys.readouterr().out
+    assert "allowed: highs | cbc | scip | cpsat | greedy | uniform | default" in out
+    assert "allowed: auto | training | inference" in out
+    assert "ethernet-100g" in out and "fp8_e4m3 | fp8_e5m2" in out
+
+
+def test_devices_table_spells_precisions_as_specs_and_plans_do(capsys):
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    assert "fp8_e4m3" in out and "fp8_e5m2" in out
+
+
+@pytest.mark.parametrize("flag, value", [("--threads", "0"), ("--steps", "0"), ("--checkpoint-every", "-1"),
+                                         ("--start-timeout", "0")])
+def test_bad_train_options_exit_2_naming_the_option(tmp_path, capsys, flag, value):
+    assert main(["train", TINY, "--plan", str(tmp_path / "none.json"), flag, value]) == 2
+    assert flag in capsys.readouterr().err

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..errors import SpecError
+from ..errors import ModelError, QSyncError, SpecError
 from ..spec import JobSpec
 from .zoo import build_model, get_entry, load_factory
 
@@ -22,11 +22,22 @@ def build_from_spec(spec: JobSpec) -> nn.Module:
     """The spec's model with random weights (seed torch first for reproducibility)."""
     if spec.model.name is not None:
         return build_model(spec.model.name, **spec.model.kwargs)
-    factory = load_factory(spec.model.import_)
+    try:
+        factory = load_factory(spec.model.import_)
+    except QSyncError:
+        raise
+    except Exception as e:  # the user's module failed while importing: their code, our message
+        raise ModelError(f"model.import: importing {spec.model.import_!r} raised {type(e).__name__}: {e}; "
+                         "fix that module (run `python -c 'import <module>'` to see the full traceback)") from None
     try:
         module = factory(**spec.model.kwargs)
     except TypeError as e:
         raise SpecError(f"model.kwargs: {spec.model.kwargs!r} do not fit {spec.model.import_!r}: {e}") from e
+    except QSyncError:
+        raise
+    except Exception as e:
+        raise ModelError(f"model.import: factory {spec.model.import_!r} raised {type(e).__name__}: {e}; "
+                         "fix the factory (call it in Python to see the full traceback)") from None
     if not isinstance(module, nn.Module):
         raise SpecError(f"model.import: {spec.model.import_!r} returned a {type(module).__name__}, not an nn.Module")
     return module

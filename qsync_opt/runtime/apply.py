@@ -13,10 +13,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from ..errors import RuntimeSetupError
-from ..plan import GroupPlan, Plan
+from ..plan import GroupPlan, Plan, fingerprint_mismatch, op_signature
 from ..precision import PRECISIONS
 from .qfunctions import BOUNDARY
 from .qmodules import SWAPPABLE, QuantizedModule
@@ -87,6 +88,28 @@ def check_boundary(plan: Plan) -> None:
             f"plan for job {plan.job!r} was costed for runtime.boundary={plan.boundary!r}, but this runtime "
             f"returns fp32 from every quantized operator (boundary {BOUNDARY!r}); re-solve the spec with "
             f"runtime.boundary: {BOUNDARY} (the default)")
+def module_fingerprint_ops(module: nn.Module) -> dict[str, str]:
+    """FQN -> 'kind[weight shape]' of every swappable module, as `plan.graph_fingerprint` writes it."""
+    from ..models.flops import MODULE_KINDS
+
+    out = {}
+    for fqn, m in selectable_modules(module).items():
+        cls = base_type(m)
+        kind = next(k for t, k in MODULE_KINDS if issubclass(cls, t))
+        w = getattr(m, "weight", None)
+        out[fqn] = op_signature(kind, tuple(w.shape) if isinstance(w, nn.Parameter | torch.Tensor) else None)
+    return out
+
+
+def check_fingerprint(module: nn.Module, plan: Plan) -> None:
+    """RuntimeSetupError naming the first difference when `plan` was solved for another model."""
+    if plan.fingerprint is None:
+        return
+    why = fingerprint_mismatch(plan.fingerprint, module_fingerprint_ops(module))
+    if why is not None:
+        raise RuntimeSetupError(
+            f"plan for model {plan.model!r} does not fit this {type(module).__name__}: {why}; "
+            "solve a plan for this model (qsync-opt solve), or pass force=True (--force) to apply it anyway")
 
 
 def _problems(module: nn.Module, mapping: dict[str, str], strict: bool) -> list[str]:
@@ -144,18 +167,29 @@ def apply_plan(
     backward_precision: str = "bf16",
     rounding: str = "nearest",
     strict: bool = False,
+    force: bool = False,
+    device=None,
 ):
     """Swap the modules named by the plan, in place; return the module (the new one if the root itself was swapped).
 
     With dry_run=True nothing is modified and the list of `Change`s is returned instead.
     Modules absent from the plan are left as they are (unless strict=True, which is an error).
+    A Plan whose graph fingerprint differs from the module's is refused unless force=True.
+    With `device` (a DeviceSpec), a precision that device's runtime cannot run is refused too.
     """
     _check_options(kernels=kernels, weight_granularity=weight_granularity,
                    backward_precision=backward_precision, rounding=rounding)
     if isinstance(plan_or_mapping, Plan):
         check_boundary(plan_or_mapping)
     mapping = resolve_mapping(plan_or_mapping, group)
+    if isinstance(plan_or_mapping, Plan) and not force:
+        check_fingerprint(module, plan_or_mapping)
     problems = _problems(module, mapping, strict)
+    if device is not None:
+        from .support import precision_refusal
+
+        problems += [f"{fqn}: {why}" for fqn, p in mapping.items() if p in PRECISIONS
+                     and (why := precision_refusal(device, p)) is not None]
     if problems:
         raise RuntimeSetupError(f"cannot apply plan to {type(module).__name__} ({len(problems)} problem"
                                 f"{'s' * (len(problems) > 1)}):\n  - " + "\n  - ".join(problems))

@@ -7,20 +7,22 @@ different device groups start with different environments (ONEDNN_MAX_CPU_ISA, t
 heterogeneity is emulated with real kernel paths, never with sleeps.
 
 Everything that can be checked is checked before a process starts: world size, plan groups
-against spec groups, local batches against the global batch, and a dry run of every group's
-plan on the model built on the meta device.
+against spec groups, local batches against the global batch, the precisions each device's
+runtime can run, the plan's graph fingerprint, a dry run of every group's plan on the model
+built on the meta device, and (for a resume) which checkpoint is valid. `spawn.py` then
+watches every rank so that no failure can leave the job hanging. Under torchrun the same
+worker runs without this launcher (`qsync_opt/torchrun.py`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,9 +32,12 @@ from ..errors import RuntimeSetupError
 from ..io import atomic_write_text
 from ..plan import Plan
 from ..spec import JobSpec, load_spec
+from . import checkpoint as ckpt
 from .apply import apply_plan
 from .data import build_model
-from .trainer import rank_batches
+from .spawn import Spawned, spawn_ranks
+from .support import precision_refusal
+from .trainer import EXIT_STOPPED, rank_batches
 
 
 @dataclass
@@ -50,14 +55,41 @@ class JobResult:
     metrics_dir: str
     checkpoint_dir: str | None = None
     stopped: bool = False
+    """Stopped by a signal in this attempt (after checkpointing), not finished."""
     per_rank: dict[int, list[dict]] = field(default_factory=dict)
+    failure: str | None = None
+    """Which rank failed first, how, and the tail of its stderr."""
+    failed_code: int | None = None
+    wall_s: float = 0.0
 
     @property
     def ok(self) -> bool:
-        return all(rc == 0 for rc in self.returncodes)
+        """Every rank ended normally: completed, or stopped cleanly on a signal."""
+        fine = (0, EXIT_STOPPED, -signal.SIGTERM) if self.stopped else (0, EXIT_STOPPED)
+        return self.failure is None and all(rc in fine for rc in self.returncodes)
+
+    @property
+    def status(self) -> str:
+        return "failed" if not self.ok else "stopped" if self.stopped else "completed"
+
+    @property
+    def exit_code(self) -> int:
+        """`qsync-opt train`'s exit code: 0 completed, 4 stopped, 2 a rank refused its input, 1 otherwise."""
+        if self.status == "failed":
+            return 2 if self.failed_code == 2 else 1
+        return EXIT_STOPPED if self.status == "stopped" else 0
+
+    def summary(self) -> dict:
+        """The JSON result: status first, then what a scheduler needs to act on it."""
+        return {"status": self.status, "exit_code": self.exit_code, "steps_done": self.steps_done,
+                "loss_first": self.losses[0] if self.losses else None,
+                "loss_last": self.losses[-1] if self.losses else None, "samples_per_s": self.samples_per_s,
+                "step_ms": {str(r): ms for r, ms in self.step_ms.items()}, "returncodes": self.returncodes,
+                "failure": self.failure, "wall_s": round(self.wall_s, 3), "metrics_dir": self.metrics_dir,
+                "checkpoint_dir": self.checkpoint_dir}
 
 
-def validate(spec: JobSpec, plan: Plan | None, nproc: int | None = None) -> list[int]:
+def validate(spec: JobSpec, plan: Plan | None, nproc: int | None = None, *, force: bool = False) -> list[int]:
     """Check spec, plan and world size agree; return each rank's local batch."""
     if spec.kind != "training" or spec.training is None:
         raise RuntimeSetupError(f"spec kind={spec.kind!r}: only training jobs can be launched; use kind: training")
@@ -86,7 +118,14 @@ def validate(spec: JobSpec, plan: Plan | None, nproc: int | None = None) -> list
         with torch.device("meta"):
             model = build_model(spec)
         for g in spec.cluster.groups:
-            apply_plan(model, plan, g.name, dry_run=True)
+            refused = [f"{fqn}: {why}" for fqn, p in plan.groups[g.name].precisions.items()
+                       if (why := precision_refusal(g.device_spec, p)) is not None]
+            if refused:
+                raise RuntimeSetupError(
+                    f"plan group {g.name!r} asks for precisions its device {g.device_spec.name} cannot run:\n  - "
+                    + "\n  - ".join(refused[:10]) + ("\n  - ..." if len(refused) > 10 else "")
+                    + f"\nre-solve the plan for this spec (the solver only offers {list(g.allowed_precisions)})")
+            apply_plan(model, plan, g.name, dry_run=True, force=force)
     return batches
 
 
@@ -110,68 +149,29 @@ def rank_envs(spec: JobSpec, threads: int, port: int) -> list[dict[str, str]]:
     return envs
 
 
-def spawn_ranks(argv: list[str], envs: list[dict[str, str]], *, timeout_s: float | None = None,
-                grace_s: float = 30.0) -> list[int]:
-    """Run `argv` once per environment; if one rank fails, stop the rest. Returns the exit codes.
-
-    SIGTERM/SIGINT to the launcher are forwarded to every rank, which finish their step,
-    checkpoint and exit; ranks that do not exit within `grace_s` are killed.
-    """
-    procs = [subprocess.Popen(argv, env=env) for env in envs]
-    forwarded = []
-
-    def forward(signum, frame):
-        forwarded.append(signum)
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    try:
-        while any(p.poll() is None for p in procs):
-            failed = any(p.returncode not in (None, 0) for p in procs)
-            late = deadline is not None and time.monotonic() > deadline
-            if failed or late:
-                _terminate(procs, grace_s)
-                break
-            time.sleep(0.05)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    if forwarded:
-        _terminate(procs, grace_s)
-    return [p.wait() for p in procs]
-
-
-def _terminate(procs, grace_s):
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    end = time.monotonic() + grace_s
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-
-
 def run_job(spec, plan=None, *, nproc: int | None = None, steps: int | None = None,
             checkpoint_dir: str | None = None, checkpoint_every: int = 10, resume: bool = False,
-            threads: int | None = None, metrics_dir: str | None = None, timeout_s: float | None = None) -> JobResult:
-    """Validate, spawn one process per rank, wait, and read back the metrics.
+            threads: int | None = None, metrics_dir: str | None = None, timeout_s: float | None = None,
+            start_timeout_s: float | None = None, force: bool = False, logs_to_stderr: bool = False) -> JobResult:
+    """Validate, spawn one process per rank, watch them, and read back the metrics.
 
     `spec` is a path or a JobSpec; `plan` a path, a Plan, or None (every group in fp32).
-    `threads` per rank defaults to the CPU count divided by the world size.
+    `threads` per rank defaults to the CPU count divided by the world size. `start_timeout_s`
+    (default START_TIMEOUT_S) bounds process start-up and the rendezvous; `force` applies a
+    plan whose graph fingerprint differs from the model's; `logs_to_stderr` sends the ranks'
+    log lines to stderr (for `train --json`, whose stdout carries the result alone).
     """
     spec = spec if isinstance(spec, JobSpec) else load_spec(spec)
     plan = plan if (plan is None or isinstance(plan, Plan)) else Plan.load(plan)
-    validate(spec, plan, nproc)
+    validate(spec, plan, nproc, force=force)
     world = spec.cluster.world_size
     steps = steps if steps is not None else spec.training.steps
     threads = threads or max(1, (os.cpu_count() or 1) // world)
     if resume and not checkpoint_dir:
         raise RuntimeSetupError("resume=True needs checkpoint_dir (where the run saved its checkpoints)")
+    choice = ckpt.require(checkpoint_dir) if resume else None
+    if choice is not None and choice.skipped:
+        print(choice.describe(), file=sys.stderr)
     run_dir = Path(metrics_dir or (Path(checkpoint_dir) / "metrics" if checkpoint_dir else tempfile.mkdtemp(prefix="qsync-run-")))
     run_dir.mkdir(parents=True, exist_ok=True)
     spec_file = atomic_write_text(run_dir / "spec.json", json.dumps(spec.model_dump(mode="json", by_alias=True)))
@@ -181,52 +181,96 @@ def run_job(spec, plan=None, *, nproc: int | None = None, steps: int | None = No
         argv += ["--plan", str(plan.save(run_dir / "plan.json"))]
     if checkpoint_dir:
         argv += ["--checkpoint-dir", str(checkpoint_dir), "--checkpoint-every", str(checkpoint_every)]
-    if resume:
-        argv.append("--resume")
-    codes = spawn_ranks(argv, rank_envs(spec, threads, _free_port()), timeout_s=timeout_s)
-    return _collect(codes, run_dir, spec.training.global_batch, checkpoint_dir)
+    if choice is not None:
+        argv += ["--resume", "--resume-from", str(choice.path)]
+    if force:
+        argv.append("--force")
+    envs = rank_envs(spec, threads, _free_port())
+    ready_dir = Path(tempfile.mkdtemp(prefix="qsync-ready-"))
+    for r, env in enumerate(envs):
+        env["QSYNC_READY_FILE"] = str(ready_dir / f"rank{r}")
+    offsets = {r: _size(run_dir / f"rank{r}.jsonl") if resume else 0 for r in range(world)}
+    try:
+        spawned = spawn_ranks(argv, envs, timeout_s=timeout_s,
+                              start_timeout_s=START_TIMEOUT_S if start_timeout_s is None else start_timeout_s,
+                              stdout=2 if logs_to_stderr else None)
+    finally:
+        shutil.rmtree(ready_dir, ignore_errors=True)
+    result = _collect(spawned, run_dir, spec.training.global_batch, checkpoint_dir, offsets)
+    atomic_write_text(run_dir / "result.json", json.dumps(result.summary(), indent=1) + "\n")
+    return result
 
 
-def _collect(codes, run_dir: Path, global_batch: int, checkpoint_dir) -> JobResult:
+START_TIMEOUT_S = float(os.environ.get("QSYNC_START_TIMEOUT_S", 120))
+"""Default bound on process start-up plus rendezvous (torch import is slow on a loaded machine)."""
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _collect(spawned: Spawned, run_dir: Path, global_batch: int, checkpoint_dir, offsets: dict[int, int]) -> JobResult:
+    """Read the ranks' metrics; events count only from this attempt (bytes after `offsets`)."""
     per_rank, stopped = {}, False
-    for r in range(len(codes)):
+    for r in range(len(spawned.codes)):
         f = run_dir / f"rank{r}.jsonl"
-        records = [json.loads(line) for line in f.read_text().splitlines()] if f.exists() else []
-        stopped |= any(x.get("event") == "stopped" for x in records)
+        data = f.read_bytes() if f.exists() else b""
+        records = _records(data)
+        stopped |= any(x.get("event") == "stopped" for x in _records(data[offsets.get(r, 0):]))
         by_step = {x["step"]: x for x in records if "loss" in x}  # a resumed run re-logs steps after its checkpoint
         per_rank[r] = [by_step[s] for s in sorted(by_step)]
     rank0 = per_rank.get(0, [])
     step_ms = {r: sum(x["step_ms"] for x in recs) / len(recs) for r, recs in per_rank.items() if recs}
     slowest = max(step_ms.values(), default=0.0)
     return JobResult(
-        returncodes=codes,
+        returncodes=spawned.codes,
         steps_done=rank0[-1]["step"] if rank0 else 0,
         losses=[x["loss"] for x in rank0],
         step_ms=step_ms,
         samples_per_s=global_batch / (slowest / 1e3) if slowest else 0.0,
         metrics_dir=str(run_dir),
         checkpoint_dir=checkpoint_dir,
-        stopped=stopped,
+        stopped=(stopped or spawned.signalled) and spawned.failure is None,
         per_rank=per_rank,
+        failure=spawned.failure,
+        failed_code=spawned.failed_code,
+        wall_s=spawned.wall_s,
     )
+
+
+def _records(data: bytes) -> list[dict]:
+    out = []
+    for line in data.decode(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:  # a line cut by a kill -9
+            continue
+    return out
 
 
 def launch(spec_path, plan_path=None, *, nproc: int | None = None, steps: int | None = None,
            checkpoint_dir: str | None = None, resume: bool = False, checkpoint_every: int = 10,
-           threads: int | None = None) -> int:
-    """`qsync-opt train`: run the job and print a summary; returns the exit code (0 = every rank succeeded)."""
+           threads: int | None = None, metrics_dir: str | None = None, start_timeout_s: float | None = None,
+           force: bool = False, as_json: bool = False) -> int:
+    """`qsync-opt train`: run the job and print a summary; returns the exit code.
+
+    0 completed, EXIT_STOPPED (4) stopped by a signal after checkpointing, 2 a rank refused
+    its input, 1 any other failure. With `as_json` the result alone goes to stdout.
+    """
     result = run_job(spec_path, plan_path, nproc=nproc, steps=steps, checkpoint_dir=checkpoint_dir,
-                     checkpoint_every=checkpoint_every, resume=resume, threads=threads)
-    if result.ok:
-        if result.losses:
-            print(f"trained {result.steps_done} steps: loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}, "
-                  f"{result.samples_per_s:.0f} samples/s; per-rank mean step ms "
-                  + ", ".join(f"{r}: {ms:.1f}" for r, ms in result.step_ms.items())
-                  + f"; metrics in {result.metrics_dir}")
-        if result.stopped:
-            print(f"stopped on a signal after step {result.steps_done}"
-                  + (f"; continue with resume=True (--resume) and checkpoint_dir={checkpoint_dir}" if checkpoint_dir else ""))
-        return 0
-    bad = {r: rc for r, rc in enumerate(result.returncodes) if rc != 0}
-    print(f"training failed: exit codes by rank {bad}; logs above, metrics in {result.metrics_dir}", file=sys.stderr)
-    return 1
+                     checkpoint_every=checkpoint_every, resume=resume, threads=threads, metrics_dir=metrics_dir,
+                     start_timeout_s=start_timeout_s, force=force, logs_to_stderr=as_json)
+    out = sys.stderr if as_json else sys.stdout
+    if result.failure is None and result.losses:
+        print(f"trained {result.steps_done} steps: loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}, "
+              f"{result.samples_per_s:.0f} samples/s; per-rank mean step ms "
+              + ", ".join(f"{r}: {ms:.1f}" for r, ms in result.step_ms.items())
+              + f"; metrics in {result.metrics_dir}", file=out)
+    if result.status == "stopped":
+        print(f"stopped on a signal after step {result.steps_done} (exit code {EXIT_STOPPED})"
+              + (f"; continue with --resume --checkpoint-dir {checkpoint_dir}" if checkpoint_dir else ""), file=out)
+    if result.status == "failed":
+        print(f"training failed: {result.failure}\nmetrics in {result.metrics_dir}", file=sys.stderr)
+    if as_json:
+        sys.stdout.write(json.dumps(result.summary(), indent=1) + "\n")
+    return result.exit_code

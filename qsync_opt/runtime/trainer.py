@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ..errors import KernelBuildError, SpecError
 from ..plan import Plan
 from ..spec import JobSpec, TrainingSpec
 from . import checkpoint as ckpt
@@ -51,14 +53,15 @@ def make_optimizer(training: TrainingSpec, params) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=lr)
 
 
-def build_rank_model(spec: JobSpec, plan: Plan | None, group: str) -> nn.Module:
+def build_rank_model(spec: JobSpec, plan: Plan | None, group: str, force: bool = False) -> nn.Module:
     """The model with identical initial weights on every rank, and `group`'s plan applied."""
     torch.manual_seed(spec.training.seed)
     model = build_model(spec)
     if plan is not None:
         rt = spec.runtime
         model = apply_plan(model, plan, group, kernels=rt.kernels, weight_granularity=rt.weight_granularity,
-                           backward_precision=rt.backward_precision, rounding=rt.rounding)
+                           backward_precision=rt.backward_precision, rounding=rt.rounding, force=force,
+                           device=next(g for g in spec.cluster.groups if g.name == group).device_spec)
     return model
 
 
@@ -79,6 +82,32 @@ class WorkerConfig:
     resume: bool = False
     metrics_dir: str | None = None
     threads: int = 1
+    resume_from: str | None = None
+    """Checkpoint directory the launcher chose (None: rank 0 chooses the newest valid one)."""
+    force: bool = False
+    """Apply the plan even when its graph fingerprint differs from the model's."""
+
+
+EXIT_STOPPED = 4
+"""A rank (and `qsync-opt train`) stopped by SIGTERM/SIGINT after checkpointing: not done, not failed."""
+
+COLLECTIVE_TIMEOUT_S = float(os.environ.get("QSYNC_COLLECTIVE_TIMEOUT_S", 1800))
+"""How long a collective waits for a peer before gloo/NCCL raises instead of hanging for ever."""
+
+
+def env_threads(default: int) -> int:
+    """OMP_NUM_THREADS as a positive int (a group's env may set fewer threads: a slower device)."""
+    raw = os.environ.get("OMP_NUM_THREADS")
+    if raw is None or raw == "":
+        return default
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise SpecError(f"environment OMP_NUM_THREADS={raw!r} is not a positive integer; "
+                        "set the group's env OMP_NUM_THREADS to e.g. \"2\", or remove it")
+    return n
 
 
 class _StopFlag:
@@ -94,20 +123,34 @@ class _StopFlag:
 
 
 def run_worker(cfg: WorkerConfig) -> int:
-    """Train this rank (RANK/WORLD_SIZE/MASTER_* from the environment); 0 on completion or clean stop."""
+    """Train this rank (RANK/WORLD_SIZE/MASTER_* from the environment).
+
+    Returns 0 on completion, EXIT_STOPPED after a signal-requested stop.
+    """
     stop = _StopFlag()
-    # a group's env may set its own OMP_NUM_THREADS (fewer threads = a slower device); it wins
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", cfg.threads)))
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(env_threads(cfg.threads))
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
     use_cuda = torch.cuda.is_available() and os.environ.get("QSYNC_DEVICE", "auto") != "cpu"
-    dist.init_process_group("nccl" if use_cuda else "gloo")
+    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     try:
+        ready = os.environ.get("QSYNC_READY_FILE")
+        if ready:  # the launcher's start-up watchdog: this rank is past the rendezvous
+            Path(ready).touch()
         code = _train(cfg, rank, world, stop, use_cuda)
         dist.barrier()  # nobody tears down its connections while another rank still uses them
         return code
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _env_int(name: str) -> int:
+    raw = os.environ.get(name)
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        raise SpecError(f"environment {name}={raw!r}: expected an integer; start ranks with `qsync-opt train` "
+                        "or torchrun, which set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT") from None
 
 
 def _train(cfg: WorkerConfig, rank: int, world: int, stop: _StopFlag, use_cuda: bool) -> int:
@@ -121,7 +164,7 @@ def _train(cfg: WorkerConfig, rank: int, world: int, stop: _StopFlag, use_cuda: 
     offset, local = shard(batches, rank)
     weight = loss_weight(local, world, global_batch)
 
-    model = build_rank_model(spec, plan, group).to(device)
+    model = build_rank_model(spec, plan, group, cfg.force).to(device)
     ddp = DDP(model, device_ids=[device.index] if use_cuda else None)
     optimizer = make_optimizer(spec.training, model.parameters())
     task = SyntheticTask(spec)
@@ -130,7 +173,7 @@ def _train(cfg: WorkerConfig, rank: int, world: int, stop: _StopFlag, use_cuda: 
 
     start = 0
     if cfg.resume:
-        state, rng = ckpt.load(cfg.checkpoint_dir, rank, expect_meta=meta)
+        state, rng = ckpt.load(cfg.checkpoint_dir, rank, expect_meta=meta, path=_resume_dir(cfg, rank))
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         if rng is not None:
@@ -143,6 +186,8 @@ def _train(cfg: WorkerConfig, rank: int, world: int, stop: _StopFlag, use_cuda: 
                  f"precisions={counts} start_step={start}", event="start", rank=rank, group=group,
                  local_batch=local, threads=torch.get_num_threads(), precisions=counts, start_step=start,
                  env={k: os.environ.get(k) for k in spec.cluster.group_of_rank(rank).env})
+    if not use_cuda:
+        prepare_kernels(spec.runtime.kernels, counts, metrics.note)
     step = start
     while step < cfg.steps:
         inputs, targets = task.batch(step, global_batch, offset, local)
@@ -166,20 +211,69 @@ def _train(cfg: WorkerConfig, rank: int, world: int, stop: _StopFlag, use_cuda: 
             _checkpoint(cfg.checkpoint_dir, step, rank, model, optimizer, meta)
         if stopping:
             metrics.note(f"stopped on signal after step {step}", event="stopped", step=step)
-            break
+            metrics.close()
+            return EXIT_STOPPED
+    metrics.note(f"completed {step} steps", event="completed", step=step)
     metrics.close()
     return 0
+
+
+def _resume_dir(cfg: WorkerConfig, rank: int) -> str:
+    """The checkpoint every rank resumes from: the launcher's choice, else rank 0's, broadcast."""
+    if cfg.resume_from:
+        return cfg.resume_from
+    choice = [None]
+    if rank == 0:
+        try:
+            c = ckpt.require(cfg.checkpoint_dir)
+            if c.skipped:
+                sys.stderr.write(c.describe() + "\n")
+            choice = [str(c.path)]
+        except Exception as e:  # every rank must leave the broadcast, then fail with the same message
+            choice = [f"!{e}"]
+    dist.broadcast_object_list(choice, src=0)
+    if choice[0].startswith("!"):
+        from ..errors import RuntimeSetupError
+
+        raise RuntimeSetupError(choice[0][1:])
+    return choice[0]
+
+
+def prepare_kernels(kernels: str, counts: dict[str, int], note) -> None:
+    """Build (first use) or load the templated CPU kernels before step 1, saying so and how long.
+
+    Otherwise the first step silently compiles for minutes and its step time is meaningless.
+    """
+    if kernels == "torch" or not any(p in counts for p in ("int8", "int4", "fp8_e4m3", "fp8_e5m2")):
+        return
+    from ..kernels.registry import get_cpu_module
+
+    note("preparing the templated CPU kernels (compiled on first use, then cached; can take minutes)")
+    t0 = time.perf_counter()
+    try:
+        mod = get_cpu_module()
+    except KernelBuildError as e:
+        if kernels == "templated":
+            raise
+        note(f"templated kernels unavailable after {time.perf_counter() - t0:.1f} s, using the torch path: "
+             f"{str(e).splitlines()[0]}")
+        return
+    how = "built" if mod.built else "loaded from cache"
+    note(f"templated kernels {how} in {time.perf_counter() - t0:.1f} s", event="kernels", built=mod.built,
+         seconds=round(time.perf_counter() - t0, 3))
 
 
 def _checkpoint(root, step, rank, model, optimizer, meta):
     if rank == 0:
         state = master_state(model)
-        ckpt.save_rank_files(root, step, rank, model_state=state, optimizer_state=optimizer.state_dict(), meta=meta)
+        sums = ckpt.save_rank_files(root, step, rank, model_state=state, optimizer_state=optimizer.state_dict(),
+                                    meta=meta)
     else:
-        ckpt.save_rank_files(root, step, rank)
-    dist.barrier()
+        sums = ckpt.save_rank_files(root, step, rank)
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, sums)  # also the barrier: every rank has written its files
     if rank == 0:
-        ckpt.publish(root, step)
+        ckpt.publish(root, step, {k: v for part in gathered for k, v in part.items()})
     dist.barrier()
 
 

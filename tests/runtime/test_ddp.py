@@ -55,7 +55,7 @@ def test_ddp_gradient_is_the_global_batch_gradient(tmp_path):
              write_spec(tmp_path / "unequal.yaml", batches=(22, 10))]
     worker = Path(__file__).with_name("ddp_grad_worker.py")
     argv = [sys.executable, str(worker), str(tmp_path), str(tmp_path / "equal.yaml"), str(tmp_path / "unequal.yaml")]
-    codes = spawn_ranks(argv, rank_envs(specs[0], threads=1, port=_free_port()), timeout_s=180)
+    codes = spawn_ranks(argv, rank_envs(specs[0], threads=1, port=_free_port()), timeout_s=180).codes
     assert codes == [0, 0]
     torch.set_num_threads(1)
     for i, spec in enumerate(specs):

@@ -26,6 +26,7 @@ from qsync_opt.runtime import selectable_modules
 from qsync_opt.runtime import checkpoint as ckpt
 from qsync_opt.runtime.checkpoint import latest
 from qsync_opt.runtime.launch import run_job
+from qsync_opt.runtime.trainer import EXIT_STOPPED
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -125,7 +126,7 @@ def test_sigterm_finishes_the_step_checkpoints_and_resumes_exactly(tmp_path):
         assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 0, "SIGTERM must end the run cleanly"
+    assert proc.wait(timeout=120) == EXIT_STOPPED, "SIGTERM must end the run cleanly, as stopped (not done)"
 
     stopped = {r: [json.loads(x) for x in (ck / "metrics" / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)}
     k = next(x["step"] for x in stopped[0] if x.get("event") == "stopped")

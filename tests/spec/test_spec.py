@@ -115,7 +115,7 @@ def test_inline_custom_device_is_validated_like_the_catalog():
     spec = load_spec(GOOD.replace("device: T4", "device: {name: X1, memory_gb: 8, bandwidth_gbs: 100, peak_tflops: {fp32: 5, int8: 40}}").replace("[fp32, fp16, int8]", "[fp32, int8]"))
     assert spec.cluster.groups[1].device_spec.precisions == ("fp32", "int8")
     with pytest.raises(SpecError, match="peak_tflops"):
-        load_spec(GOOD.replace("device: T4", "device: {name: X1, memory_gb: 8, bandwidth_gbs: 100, peak_tflops: {int8: 40}}").replace("precisions: [fp32, fp16, int8]", "count: 1"))
+        load_spec(GOOD.replace("device: T4", "device: {name: X1, memory_gb: 8, bandwidth_gbs: 100, peak_tflops: {int8: 40}}").replace("precisions: [fp32, fp16, int8]", "role: auto"))
 
 
 def test_spec_is_frozen():
@@ -128,3 +128,50 @@ def test_spec_is_frozen():
 def test_digest_changes_with_content():
     assert load_spec(GOOD).digest() == load_spec(GOOD).digest()
     assert load_spec(GOOD).digest() != load_spec(GOOD, **{"training.global_batch": 64}).digest()
+
+
+def test_duplicate_keys_are_an_error_naming_the_line():
+    with pytest.raises(SpecError, match=r"line 10: key 'count' is given twice in one mapping \(first on line 9\)"):
+        load_spec(GOOD.replace("      precisions: [fp32, fp16, int8]", "      count: 3"))
+    with pytest.raises(SpecError, match="key 'groups' is given twice"):
+        load_spec(GOOD.replace("  interconnect: pcie3", "  groups: []\n  interconnect: pcie3"))
+
+
+def test_code_loading_env_needs_allow_code_env():
+    bad = GOOD.replace("      count: 2\n    - name: t4", "      count: 2\n      env: {LD_PRELOAD: x.so}\n"
+                       "    - name: t4")
+    with pytest.raises(SpecError, match=r"cluster.groups.0.env.LD_PRELOAD: this env key makes every rank load code"):
+        load_spec(bad)
+    assert load_spec("allow_code_env: true\n" + bad).cluster.groups[0].env == {"LD_PRELOAD": "x.so"}
+
+
+def test_local_batch_that_leaves_nothing_names_the_field_and_the_fix():
+    text = GOOD.replace("      count: 2\n    - name: t4", "      count: 2\n      local_batch: 100\n"
+                        "    - name: t4")
+    with pytest.raises(SpecError, match=r"local_batch: the groups that set it take 200 samples \(v100 2 x 100\) of "
+                                        r"training.global_batch=128, leaving 0 for the 2 device\(s\) of t4") as e:
+        load_spec(text)
+    assert "-72" not in str(e.value)
+
+
+def test_a_memory_override_below_the_runtime_overhead_names_memory_gb():
+    text = GOOD.replace("precisions: [fp32, fp16, int8]", "memory_gb: 0.1")
+    with pytest.raises(SpecError, match=r"cluster.groups.1.memory_gb \(line \d+\): 0.1 GB leaves no usable memory"):
+        load_spec(text)
+
+
+def test_inline_device_errors_do_not_start_with_the_string_branch():
+    text = GOOD.replace("device: T4", "device: {name: X, memory_gb: 8, bandwidth_gbs: 100, peak_tflops: {fp32: x}}")
+    with pytest.raises(SpecError) as e:
+        load_spec(text.replace("precisions: [fp32, fp16, int8]", "role: auto"))
+    assert "valid string" not in str(e.value) and "cluster.groups.1.device.peak_tflops.fp32" in str(e.value)
+
+
+def test_inline_devices_accept_the_fp8_precision_names():
+    dev = "{name: X8, memory_gb: 80, bandwidth_gbs: 2000, peak_tflops: {fp32: 60, fp8_e4m3: 1000, fp8_e5m2: 1000}}"
+    spec = load_spec(GOOD.replace("device: T4", f"device: {dev}").replace("precisions: [fp32, fp16, int8]",
+                                                                         "precisions: [fp32, fp8_e4m3, fp8_e5m2]"))
+    assert spec.cluster.groups[1].device_spec.precisions == ("fp32", "fp8_e4m3", "fp8_e5m2")
+    with pytest.raises(SpecError, match="share one tensor-core rate"):
+        load_spec(GOOD.replace("device: T4", f"device: {dev.replace('fp8_e5m2: 1000', 'fp8_e5m2: 900')}")
+                  .replace("precisions: [fp32, fp16, int8]", "role: auto"))
