@@ -90,21 +90,6 @@ class DeviceGroup(_Model):
                 raise ValueError(f"{key}={v[key]!r} is not a positive integer (a thread count); write e.g. {key}: \"2\"")
         return v
 
-    @field_validator("memory_gb")
-    @classmethod
-    def _memory_usable(cls, v, info):
-        if v is None or "device" not in info.data:
-            return v
-        from .predictor.memory import capacity_bytes  # lazy: only specs that override memory pay for it
-
-        d = info.data["device"]
-        kind = (d if isinstance(d, DeviceSpec) else find_device(d)).kind
-        if capacity_bytes(v * 1e9, kind) <= 0:
-            need = capacity_bytes(0.0, kind) / -0.95 / 1e9
-            raise ValueError(f"{v:g} GB leaves no usable memory: the {kind} runtime itself takes about "
-                             f"{need:.2g} GB (context, allocator); give more than {need:.2g} GB, or omit memory_gb")
-        return v
-
     @field_validator("device", mode="before")
     @classmethod
     def _fp8_spelled_as_precisions(cls, v):
@@ -348,6 +333,26 @@ class JobSpec(_Model):
         if bad:
             raise ValueError(f"{', '.join(bad)}: this env key makes every rank load code chosen by the spec; "
                              "remove it, or set allow_code_env: true at the top of a spec you trust")
+        return self
+
+    @model_validator(mode="after")
+    def _training_memory_usable(self) -> "JobSpec":
+        """A training group's memory_gb must leave room beyond the training runtime's own overhead
+        (serving specs carry their own overhead model in serving.runtime_overhead_gb)."""
+        if self.kind != "training":
+            return self
+        from .predictor.memory import capacity_bytes  # lazy: only specs that override memory pay for it
+
+        for i, g in enumerate(self.cluster.groups):
+            if g.memory_gb is None:
+                continue
+            kind = g.device_spec.kind
+            if capacity_bytes(g.memory_gb * 1e9, kind) <= 0:
+                need = capacity_bytes(0.0, kind) / -0.95 / 1e9
+                raise ValueError(
+                    f"cluster.groups.{i}.memory_gb: {g.memory_gb:g} GB leaves no usable memory: the {kind} runtime "
+                    f"itself takes about {need:.2g} GB (context, allocator); give more than {need:.2g} GB, "
+                    "or omit memory_gb")
         return self
 
     @model_validator(mode="after")

@@ -7,6 +7,7 @@ and for a mistyped key the nearest allowed name: a typo should cost seconds, not
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Any, get_args
 
 import yaml
@@ -27,11 +28,22 @@ def format_errors(err: ValidationError, text: str | None, origin: str, root: typ
         elif e["type"] == "missing":
             msg = "required field is missing"
         if not loc and e["type"] == "value_error":  # a whole-spec rule: its message names the fields itself
-            lines.append(f"  - {msg}")
+            lines.append(f"  - {_with_line(msg, text)}")
             continue
         got = "" if e["type"] in ("missing",) else f"; got {_short(e.get('input'))}"
         lines.append(f"  - {path}{where}: {msg}{got}")
     return "\n".join(lines)
+
+
+def _with_line(msg: str, text: str | None) -> str:
+    """A whole-spec rule whose message starts with a field path ('cluster.groups.1.memory_gb: ...')
+    gets that field's YAML line, like a field rule."""
+    m = re.match(r"([A-Za-z_][\w]*(?:\.[\w]+)+): ", msg)
+    if not (m and text):
+        return msg
+    loc = [int(p) if p.isdigit() else p for p in m.group(1).split(".")]
+    line = _line_of(text, loc)
+    return f"{m.group(1)} (line {line}): {msg[m.end():]}" if line else msg
 
 
 def _drop_union_noise(errors: list[dict]) -> list[dict]:

@@ -140,7 +140,7 @@ def test_duplicate_keys_are_an_error_naming_the_line():
 def test_code_loading_env_needs_allow_code_env():
     bad = GOOD.replace("      count: 2\n    - name: t4", "      count: 2\n      env: {LD_PRELOAD: x.so}\n"
                        "    - name: t4")
-    with pytest.raises(SpecError, match=r"cluster.groups.0.env.LD_PRELOAD: this env key makes every rank load code"):
+    with pytest.raises(SpecError, match=r"cluster.groups.0.env.LD_PRELOAD \(line \d+\): this env key makes every rank load code"):
         load_spec(bad)
     assert load_spec("allow_code_env: true\n" + bad).cluster.groups[0].env == {"LD_PRELOAD": "x.so"}
 
@@ -168,7 +168,7 @@ def test_inline_device_errors_do_not_start_with_the_string_branch():
 
 
 def test_inline_devices_accept_the_fp8_precision_names():
-    dev = "{name: X8, memory_gb: 80, bandwidth_gbs: 2000, peak_tflops: {fp32: 60, fp8_e4m3: 1000, fp8_e5m2: 1000}}"
+    dev = "{name: X8, sm: 90, memory_gb: 80, bandwidth_gbs: 2000, peak_tflops: {fp32: 60, fp8_e4m3: 1000, fp8_e5m2: 1000}}"
     spec = load_spec(GOOD.replace("device: T4", f"device: {dev}").replace("precisions: [fp32, fp16, int8]",
                                                                          "precisions: [fp32, fp8_e4m3, fp8_e5m2]"))
     assert spec.cluster.groups[1].device_spec.precisions == ("fp32", "fp8_e4m3", "fp8_e5m2")
