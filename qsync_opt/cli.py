@@ -8,6 +8,7 @@ scheduler can pipe it.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from rich.table import Table
 
 from .errors import InfeasibleError, ModelError, QSyncError, SpecError
 
-EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 1, 2, 3
+EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_MISSES_BOUNDS = 0, 1, 2, 3, 4
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,7 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--gap", type=float, help="relative optimality gap")
     s.add_argument("--json", action="store_true", help="print the plan JSON alone on stdout")
     s.add_argument("--export-problem", metavar="FILE", help="also save the integer program (.json, .mps or .lp)")
-    s.add_argument("--problem", metavar="FILE", help="solve a saved problem JSON instead of a spec")
+    s.add_argument("--problem", metavar="FILE", help="solve a saved problem (.json, or .mps/.lp with its JSON twin) instead of a spec")
+    s.add_argument("--strict", action="store_true",
+                   help=f"exit {4} when the plan misses a bound (meets_bounds: false) instead of 0")
     s.set_defaults(func=_cmd_solve)
 
     d = sub.add_parser("devices", help="list the device catalog")
@@ -92,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     bs.add_argument("--backends", help="comma-separated backends (default: all available)")
     bs.add_argument("--limit", type=float, default=60.0, help="time limit per solve, s")
     bs.add_argument("--gap", type=float, default=1e-3, help="relative gap")
+    bs.add_argument("--formulations", help="comma-separated cast linearisations: mccormick (products), marginal (arcs)")
+    bs.add_argument("--kinds", help="comma-separated synthetic kinds (default chain,dag)")
     bs.set_defaults(func=_cmd_bench_solvers)
     return p
 
@@ -125,6 +130,11 @@ def _cmd_solve(args) -> int:
         out.print(f"plan written to {path}")
     if args.json:
         sys.stdout.write(plan.to_json() + "\n")
+    if not plan.meets_bounds:
+        _console(stderr=True).print("[bold yellow]warning:[/bold yellow] the plan misses a bound (meets_bounds: false); "
+                                    "see the solver notes", highlight=False)
+        if args.strict:
+            return EXIT_MISSES_BOUNDS
     return EXIT_OK
 
 
@@ -186,12 +196,13 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_bench_solvers(args) -> int:
-    from .solver.bench import run_benchmark
+    from .bench_solvers import run_benchmark
 
     split = lambda text, conv=str: [conv(x) for x in text.split(",")] if text else None  # noqa: E731
     run_benchmark(out_dir=Path(args.out), instances_dir=args.instances, quick=args.quick,
                   models=split(args.models), sizes=split(args.sizes, int), backends=split(args.backends),
-                  limit=args.limit, gap=args.gap)
+                  limit=args.limit, gap=args.gap, formulations=split(args.formulations), kinds=split(args.kinds),
+                  command=" ".join(shlex.quote(a) for a in sys.argv))
     return EXIT_OK
 
 
