@@ -121,7 +121,7 @@ def run_benchmark(out_dir: Path, instances_dir: str | None = None, quick: bool =
                   models: list[str] | None = None, sizes: list[int] | None = None,
                   backends: list[str] | None = None, limit: float = 60.0, gap: float = 1e-3,
                   formulations: list[str] | None = None, kinds: list[str] | None = None,
-                  command: str | None = None) -> list[dict]:
+                  command: str | None = None, name: str = "solvers", limit_check: float | None = None) -> list[dict]:
     """Every case x formulation x backend; each CSV row is written (and flushed) as soon as it is measured."""
     console = Console()
     ok = available()
@@ -129,14 +129,17 @@ def run_benchmark(out_dir: Path, instances_dir: str | None = None, quick: bool =
     formulations = formulations or ["mccormick"]
     if models is None:
         models = ["resnet18", "bert-base"] if quick else list_models_default()
+    models = [m for m in models if m != "none"]
     if quick and limit == 60.0:
         limit = 5.0
+    if quick and limit_check is None:
+        limit_check = 0.05
     sizes = sizes or ([50, 1000] if quick else [50, 200, 1000, 5000])
     console.print(f"machine load (1/5/15 min): {_load()}  cores: {os.cpu_count()}")
     console.print(f"building instances: {len(models)} models x {len(CLUSTERS)} clusters, synthetic sizes {sizes}")
     cases = zoo_cases(models) + synthetic_cases(sizes, kinds) + (saved_cases(instances_dir) if instances_dir else [])
     out_dir.mkdir(parents=True, exist_ok=True)
-    csv_path = out_dir / "solvers.csv"
+    csv_path = out_dir / f"{name}.csv"
     rows = []
     with open(csv_path, "w", encoding="utf-8", newline="") as f:
         f.write(f"# command: {command or 'qsync-opt bench solvers'}\n")
@@ -159,11 +162,48 @@ def run_benchmark(out_dir: Path, instances_dir: str | None = None, quick: bool =
                     rows.append(row)
                     console.print(f"  {case.name:24s} {formulation:9s} {b:7s} {row['status']:10s} "
                                   f"build {row['build_s'] or 0:7.2f}s solve {row['solve_s'] or 0:7.2f}s  load {row['load1']}")
+        if limit_check:
+            for row in limit_rows(max((n for n in sizes if n <= 1000), default=sizes[0]), limit_check):
+                row["load1"] = round(os.getloadavg()[0], 2)
+                w.writerow(row)
+                f.flush()
+                rows.append(row)
+                console.print(f"  {row['case']:24s} wall {row['wall_s']:.3f}s = build {row['build_s']:.3f}s + solve "
+                              f"{row['solve_s']:.3f}s (+ the rest: greedy, decode) -> {row['status']}")
     _table(rows, console)
-    _plot(rows, out_dir / "solvers.png")
+    _plot(rows, out_dir / f"{name}.png")
     console.print(f"machine load at the end: {_load()}")
-    console.print(f"wrote {csv_path} and {out_dir / 'solvers.png'}")
+    console.print(f"wrote {csv_path} and {out_dir / f'{name}.png'}")
     return rows
+
+
+def limit_rows(n: int, limit: float) -> list[dict]:
+    """The whole call under a tiny limit, on a DAG with no plan (bounds halved): wall vs limit + build.
+
+    Before the shared budget, the diagnosis's side-solves ran on their own 60 s limits (125-290 s)."""
+    from dataclasses import replace
+
+    from .solver.budget import Budget
+    from .solver.solve import solve_instance
+
+    inst = synthetic(n, 5, 4, "dag", seed=1)
+    inst = replace(inst, groups=tuple(replace(g, time_bound_ms=g.time_bound_ms * 0.5) for g in inst.groups))
+    out = []
+    for backend in ("highs",):
+        budget = Budget(limit)
+        t0 = time.perf_counter()
+        try:
+            solve_instance(inst, backend=backend, time_limit_s=limit, threads=1, budget=budget)
+            status = "plan?!"
+        except InfeasibleError:
+            status = "infeasible"
+        except QSyncError:
+            status = "unknown"
+        wall = time.perf_counter() - t0
+        out.append({"case": f"dag-{n} no plan, limit {limit:g}s", "family": "limit", "size": n, "backend": backend,
+                    "status": status, "wall_s": wall, "build_s": budget.build_s, "solve_s": budget.spent_s,
+                    "formulation": "mccormick", "objective": None, "bound": None, "gap": None})
+    return out
 
 
 def list_models_default() -> list[str]:
@@ -203,10 +243,12 @@ def _plot(rows: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, family in zip(axes, ("synthetic-chain", "synthetic-dag")):
-        for b in sorted({r["backend"] for r in rows}):
-            pts = sorted((r["size"], r["wall_s"]) for r in rows if r["family"] == family and r["backend"] == b and r["wall_s"])
+        many = len({r["formulation"] for r in rows}) > 1
+        for b, form in sorted({(r["backend"], r["formulation"]) for r in rows}):
+            pts = sorted((r["size"], r["wall_s"]) for r in rows
+                         if r["family"] == family and r["backend"] == b and r["formulation"] == form and r["wall_s"])
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=b)
+                ax.plot(*zip(*pts), marker="o", label=f"{b} ({form})" if many else b)
         ax.set(xscale="log", yscale="log", xlabel="selectable ops per group (x5 precisions x4 groups)", title=family)
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("wall time to gap, s")

@@ -90,13 +90,15 @@ def _parser() -> argparse.ArgumentParser:
     bs.add_argument("--instances", help="directory of saved problem JSON files to include")
     bs.add_argument("--out", default="results", help="directory for CSV and PNG")
     bs.add_argument("--quick", action="store_true", help="small models, synthetic sizes up to 1,000")
-    bs.add_argument("--models", help="comma-separated zoo models (default: all)")
+    bs.add_argument("--models", help="comma-separated zoo models (default: all; 'none' for synthetic only)")
     bs.add_argument("--sizes", help="comma-separated synthetic sizes (default 50,200,1000,5000)")
     bs.add_argument("--backends", help="comma-separated backends (default: all available)")
     bs.add_argument("--limit", type=float, default=60.0, help="time limit per solve, s")
     bs.add_argument("--gap", type=float, default=1e-3, help="relative gap")
     bs.add_argument("--formulations", help="comma-separated cast linearisations: mccormick (products), marginal (arcs)")
     bs.add_argument("--kinds", help="comma-separated synthetic kinds (default chain,dag)")
+    bs.add_argument("--name", default="solvers", help="file stem of the CSV and PNG (default solvers)")
+    bs.add_argument("--limit-check", type=float, help="also time a whole no-plan call under this limit (--quick: 0.05)")
     bs.set_defaults(func=_cmd_bench_solvers)
     return p
 
@@ -202,7 +204,7 @@ def _cmd_bench_solvers(args) -> int:
     run_benchmark(out_dir=Path(args.out), instances_dir=args.instances, quick=args.quick,
                   models=split(args.models), sizes=split(args.sizes, int), backends=split(args.backends),
                   limit=args.limit, gap=args.gap, formulations=split(args.formulations), kinds=split(args.kinds),
-                  command=" ".join(shlex.quote(a) for a in sys.argv))
+                  command=" ".join(shlex.quote(a) for a in sys.argv), name=args.name, limit_check=args.limit_check)
     return EXIT_OK
 
 

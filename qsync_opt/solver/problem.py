@@ -95,7 +95,8 @@ class Problem:
 
     def add_pair(self, name: str, a: str, b: str) -> str:
         for v in (a, b):
-            if self.variables.get(v, Variable(v, "continuous")).kind != "binary":
+            var = self.variables.get(v)
+            if var is None or var.kind != "binary":
                 raise SolverError(f"problem {self.name}: pair {name!r} needs binary factors, {v!r} is not one")
         if name in self.variables or name in self.pairs:
             raise SolverError(f"problem {self.name}: pair {name!r} declared twice; names must be unique")

@@ -71,6 +71,11 @@ def solve(problem: Problem, options: SolveOptions) -> RawResult:
     res = result_from_values(name, problem, status, values, bound, time.perf_counter() - t0, warm_start_used=warm,
                              build_s=build_s, message=_result_line(log) or f"CBC gave no result line (PuLP status {prob.status})")
     res.extra["cbc_result"] = _result_line(log)
+    if status == "optimal" and res.objective is not None:
+        # CBC proved this on the same program in floating point, to within gapRel: that is
+        # the bound it vouches for (its printed bound has too few digits to sign a 0 gap).
+        res.bound = res.objective - options.rel_gap * abs(res.objective)
+        res.gap = options.rel_gap
     return res
 
 
@@ -95,14 +100,18 @@ def _result_line(log: str) -> str:
 
 
 def _bound(log: str, status: str, prob) -> float | None:
-    """CBC's 'Lower bound:' line; a proven optimum is its own bound when the line is absent."""
+    """CBC's 'Lower bound:' line, lowered by the last printed digit (CBC prints ~7 significant
+    digits, and a rounded-up bound would claim more than was proven); None if absent.
+    A proven optimum gets its bound from its own objective instead (see solve)."""
     m = re.search(r"^Lower bound:\s+(\S+)", log, re.M)
-    if m:
-        try:
-            return float(m.group(1))
-        except ValueError:
-            return None
-    if status == "optimal":
-        m = re.search(r"^Objective value:\s+(\S+)", log, re.M)
-        return float(m.group(1)) if m else None
-    return None
+    return _printed_down(m.group(1)) if m else None
+
+
+def _printed_down(text: str) -> float | None:
+    m = re.fullmatch(r"([-+]?\d*)(?:\.(\d*))?(?:[eE]([-+]?\d+))?", text)
+    if not m:
+        return None
+    value = float(text)
+    if abs(value) >= 1e19:  # CBC's "infinity": no bound
+        return None
+    return value - 10.0 ** (int(m.group(3) or 0) - len(m.group(2) or ""))
