@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     bs = bsub.add_parser("solvers", help="time every backend on zoo and synthetic instances")
     bs.add_argument("--instances", help="directory of saved problem JSON files to include")
     bs.add_argument("--out", default="results", help="directory for CSV and PNG")
-    bs.add_argument("--quick", action="store_true", help="small models, synthetic sizes up to 1,000")
+    bs.add_argument("--quick", action="store_true", help="resnet18 on three clusters, synthetic 50 and 300 ops, 5 s limit, plus a 0.05 s limit check (< 5 min)")
     bs.add_argument("--models", help="comma-separated zoo models (default: all; 'none' for synthetic only)")
     bs.add_argument("--sizes", help="comma-separated synthetic sizes (default 50,200,1000,5000)")
     bs.add_argument("--backends", help="comma-separated backends (default: all available)")

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 
 from qsync_opt.solver.backends import EXACT, available, get_backend
 from qsync_opt.solver.backends.base import RawResult, SolveOptions
 from qsync_opt.solver.budget import Budget
 from qsync_opt.solver.instance import TrainingInstance
-from qsync_opt.solver.problem import Problem
 from qsync_opt.solver.training import compile_training
 
 DEFAULT_EXACT = "highs"
@@ -55,7 +55,7 @@ def diagnose(instance: TrainingInstance, time_limit_s: float = 60.0, budget: Bud
                 )
     if not lines and instance.max_degradation is not None:
         relaxed = replace(instance, objective="accuracy_degradation", max_degradation=None)
-        least = _proven_least(_exact(compile_training(relaxed), budget))
+        least = _proven_least(_exact(relaxed, budget))
         if least is not None and least > instance.max_degradation * (1 + 1e-9):
             lines.append(
                 f"indicator budget: the least share-weighted indicator within the time and memory bounds is "
@@ -68,7 +68,7 @@ def diagnose(instance: TrainingInstance, time_limit_s: float = 60.0, budget: Bud
 
 def _least_time(instance: TrainingInstance, g, budget: Budget) -> float | None:
     sub = TrainingInstance(groups=(g,), omega=instance.omega, objective="iteration_time")
-    return _proven_least(_exact(compile_training(sub), budget))
+    return _proven_least(_exact(sub, budget))
 
 
 def _proven_least(raw: RawResult) -> float | None:
@@ -78,9 +78,16 @@ def _proven_least(raw: RawResult) -> float | None:
     return raw.bound if raw.status == "feasible" else None
 
 
-def _exact(problem: Problem, budget: Budget) -> RawResult:
-    ok = available()
-    name = DEFAULT_EXACT if ok.get(DEFAULT_EXACT) else next(n for n in EXACT if ok[n])
+def _exact(instance: TrainingInstance, budget: Budget) -> RawResult:
+    """An exact side-solve on what remains of `budget`; compiling it counts as build time."""
+    if budget.exhausted:
+        return RawResult(DEFAULT_EXACT, "unknown", message="time limit spent")
+    name = DEFAULT_EXACT if get_backend(DEFAULT_EXACT).available() else next(n for n, ok in available().items() if ok and n in EXACT)
+    if budget.exhausted:
+        return RawResult(name, "unknown", message="time limit spent")
+    t0 = time.perf_counter()
+    problem = compile_training(instance)
+    budget.charge(time.perf_counter() - t0, build_s=time.perf_counter() - t0)
     given = budget.grant(f"diagnosis {problem.name}")
     if given is None:
         return RawResult(name, "unknown", message="time limit spent")
