@@ -29,10 +29,11 @@ def solve_by_group(instance: TrainingInstance, backend: str, options: SolveOptio
         left = len(instance.groups) - k
         share = Budget(budget.remaining() / left)  # an equal share of what remains
         sub = TrainingInstance(groups=(g,), omega=instance.omega, objective=instance.objective)
-        r = solve_problem(_compiled(sub, share), backend, options, warm_start=warm_start, budget=share)
-        budget.charge(share.spent_s + share.build_s, share.build_s)
-        budget.grants.extend((f"group {g.name}: {label}", given, left_s) for label, given, left_s in share.grants)
-        parts.append(r)
+        try:
+            parts.append(solve_problem(_compiled(sub, share), backend, options, warm_start=warm_start, budget=share))
+        finally:  # charged whether the group found a plan or not
+            budget.charge(share.spent_s + share.build_s, share.build_s)
+            budget.grants.extend((f"group {g.name}: {label}", given, left_s) for label, given, left_s in share.grants)
     assignment = {g: ops for r in parts for g, ops in r.assignment.items()}
     ev = evaluate(instance, assignment)
     bounds = [r.bound for r in parts]
@@ -49,7 +50,8 @@ def solve_by_group(instance: TrainingInstance, backend: str, options: SolveOptio
         warm_start_used=any(r.warm_start_used for r in parts),
         scaling=parts[0].scaling,
         evaluation=ev,
-        message="; ".join(f"{g.name}: {r.status}" for g, r in zip(instance.groups, parts)) + " (solved per group: separable)",
+        message="; ".join(f"{g.name}: {r.status}" + (f" ({r.message})" if r.message else "")
+                          for g, r in zip(instance.groups, parts)) + " (solved per group: separable)",
         problem_stats={k: sum(r.problem_stats.get(k, 0) for r in parts) for k in parts[0].problem_stats},
         build_s=sum(r.build_s for r in parts),
         solve_s=sum(r.solve_s for r in parts),

@@ -9,6 +9,7 @@ program), so no backend's own word, nor a scaled copy's, reaches the user unchec
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from qsync_opt.errors import InfeasibleError, SolverError
@@ -148,6 +149,9 @@ def sign(problem: Problem, raw: RawResult, options: SolveOptions) -> RawResult:
     if raw.status == "error" and options.hint is None:
         return raw
     bound = raw.bound if raw.bound_in_plan_units else None
+    trivial = problem.trivial_bound() if raw.backend in EXACT else -math.inf  # valid whatever the solver did;
+    if math.isfinite(trivial) and (bound is None or trivial > bound):  # it decides when the optimum is 0
+        bound = trivial
     candidates = []
     if raw.values is not None and raw.objective is not None:
         candidates.append((raw.objective, raw.values, False))
