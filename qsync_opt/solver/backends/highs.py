@@ -20,10 +20,10 @@ from qsync_opt.solver.backends.quiet import swallow_highs_banner
 from qsync_opt.solver.problem import Problem
 
 name = "highs"
-PRESOLVE_OFF_ABOVE_COLUMNS = 250_000
-"""HiGHS 1.16's presolve probing ignores the time limit on very large models (5,000 ops x 5
-precisions x 4 groups, 460k columns: 107 s in probing under a 20 s limit); above this size
-presolve is turned off, which keeps the limit (and the solve is no slower there)."""
+PRESOLVE_OFF_ABOVE_COLUMNS = 50_000
+"""HiGHS 1.16's presolve probing ignores the time limit on large models: 107 s under a 20 s limit
+at 460k columns, and, per group (110k-195k columns) at 5,000 ops, 388 s (chain) and 156 s (DAG)
+under a 60 s budget (benchmarks/results/solvers_scale.csv). Above this size presolve is off."""
 
 
 def available() -> bool:
