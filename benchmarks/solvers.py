@@ -1,7 +1,9 @@
-"""Solver benchmark: `python benchmarks/solvers.py [--quick] [--out results] [--models ...] [--sizes ...]`.
+"""Solver benchmark: `python benchmarks/solvers.py [--quick] [--out DIR] [--sizes ...] [--formulations ...]`.
 
-The same as `qsync-opt bench solvers` (see `--help`): every backend on zoo-model and synthetic
-instances; prints a table and writes results/solvers.csv and results/solvers.png.
+The same as `qsync-opt bench solvers` (see `--help`): every backend (and, with
+--formulations mccormick,marginal, both cast linearisations) on zoo-model and synthetic
+instances. Prints the machine load and a table; writes DIR/solvers.csv row by row (the
+command and the load in its header comments) and DIR/solvers.png.
 """
 
 import sys

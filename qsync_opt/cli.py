@@ -1,7 +1,8 @@
 """`qsync-opt`: solve | devices | models | spec | train | bench | profile | predict | indicate.
 
 Exit codes: 0 ok, 2 bad input (message, no traceback), 3 infeasible, 4 `train` stopped by a
-signal after checkpointing (resume with --resume), 1 any other failure.
+signal after checkpointing (resume with --resume), 5 `solve --strict` whose plan misses a bound
+by the replayer, 1 any other failure.
 With `solve --json` the plan alone goes to stdout and the readable summary to stderr, so a
 scheduler can pipe it.
 """
@@ -9,6 +10,7 @@ scheduler can pipe it.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from rich.table import Table
 
 from .errors import InfeasibleError, ModelError, QSyncError, RuntimeSetupError, SpecError
 
-EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_STOPPED = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_STOPPED, EXIT_MISSES_BOUNDS = 0, 1, 2, 3, 4, 5
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--gap", type=float, help="relative optimality gap")
     s.add_argument("--json", action="store_true", help="print the plan JSON alone on stdout")
     s.add_argument("--export-problem", metavar="FILE", help="also save the integer program (.json, .mps or .lp)")
-    s.add_argument("--problem", metavar="FILE", help="solve a saved problem JSON instead of a spec")
+    s.add_argument("--problem", metavar="FILE", help="solve a saved problem (.json, or .mps/.lp with its JSON twin) instead of a spec")
+    s.add_argument("--strict", action="store_true",
+                   help=f"exit {4} when the plan misses a bound (meets_bounds: false) instead of 0")
     s.set_defaults(func=_cmd_solve)
 
     d = sub.add_parser("devices", help="list the device catalog")
@@ -95,12 +99,16 @@ def _parser() -> argparse.ArgumentParser:
     bs = bsub.add_parser("solvers", help="time every backend on zoo and synthetic instances")
     bs.add_argument("--instances", help="directory of saved problem JSON files to include")
     bs.add_argument("--out", default="results", help="directory for CSV and PNG")
-    bs.add_argument("--quick", action="store_true", help="small models, synthetic sizes up to 1,000")
-    bs.add_argument("--models", help="comma-separated zoo models (default: all)")
+    bs.add_argument("--quick", action="store_true", help="resnet18 on three clusters, synthetic 50 and 300 ops, 5 s limit, plus a 0.05 s limit check (< 5 min)")
+    bs.add_argument("--models", help="comma-separated zoo models (default: all; 'none' for synthetic only)")
     bs.add_argument("--sizes", help="comma-separated synthetic sizes (default 50,200,1000,5000)")
     bs.add_argument("--backends", help="comma-separated backends (default: all available)")
     bs.add_argument("--limit", type=float, default=60.0, help="time limit per solve, s")
     bs.add_argument("--gap", type=float, default=1e-3, help="relative gap")
+    bs.add_argument("--formulations", help="comma-separated cast linearisations: mccormick (products), marginal (arcs)")
+    bs.add_argument("--kinds", help="comma-separated synthetic kinds (default chain,dag)")
+    bs.add_argument("--name", default="solvers", help="file stem of the CSV and PNG (default solvers)")
+    bs.add_argument("--limit-check", type=float, help="also time a whole no-plan call under this limit (--quick: 0.05)")
     bs.set_defaults(func=_cmd_bench_solvers)
 
     from .cli_predict import register  # profile | predict | indicate
@@ -140,6 +148,11 @@ def _cmd_solve(args) -> int:
         out.print(f"plan written to {path}")
     if args.json:
         sys.stdout.write(plan.to_json() + "\n")
+    if not plan.meets_bounds:
+        _console(stderr=True).print("[bold yellow]warning:[/bold yellow] the plan misses a bound (meets_bounds: false); "
+                                    "see the solver notes", highlight=False)
+        if args.strict:
+            return EXIT_MISSES_BOUNDS
     return EXIT_OK
 
 
@@ -296,12 +309,13 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_bench_solvers(args) -> int:
-    from .solver.bench import run_benchmark
+    from .bench_solvers import run_benchmark
 
     split = lambda text, conv=str: [conv(x) for x in text.split(",")] if text else None  # noqa: E731
     run_benchmark(out_dir=Path(args.out), instances_dir=args.instances, quick=args.quick,
                   models=split(args.models), sizes=split(args.sizes, int), backends=split(args.backends),
-                  limit=args.limit, gap=args.gap)
+                  limit=args.limit, gap=args.gap, formulations=split(args.formulations), kinds=split(args.kinds),
+                  command=" ".join(shlex.quote(a) for a in sys.argv), name=args.name, limit_check=args.limit_check)
     return EXIT_OK
 
 

@@ -80,111 +80,102 @@ def solve(spec_or_path: "str | Path | dict | JobSpec", *, export_problem: "str |
 
 
 def plan_training(spec: JobSpec, prepared: Prepared, *, export_problem: "str | Path | None" = None) -> Plan:
-    from .solver.batching import choose_split
+    """One budget of `solver.time_limit_s` for everything below: split search, solve, tie-break,
+    refine rounds and diagnosis; model building is timed apart and reported beside it."""
+    from .batch_split import choose_split
+    from .refine import solve_and_refine
+    from .solver.budget import Budget
 
     t0 = time.perf_counter()
+    budget = Budget(spec.solver.time_limit_s)
     notes: list[str] = []
     if spec.training.batch_split == "auto":
-        split = choose_split(spec, prepared)
+        split = choose_split(spec, prepared, budget)
         spec, local_batches, extra = split.spec, split.local_batches, split.baselines
         notes.extend(split.notes)
     else:
         local_batches, extra = None, {}
-    instance, ctx = build_instance(
-        spec, prepared.graph, prepared.sensitivity, local_batches=local_batches, boundary=spec.runtime.boundary
-    )
+    instance, ctx = build_training_instance(spec, prepared, local_batches)
     if export_problem:
         from .solver.export import save_problem
         from .solver.training import compile_training
 
-        save_problem(compile_training(instance), export_problem)
+        save_problem(compile_training(instance), str(export_problem))
         notes.append(f"problem exported to {export_problem}")
     if prepared.indicator_note:
         notes.append(prepared.indicator_note)
-    original = instance
-    result, _, rounds = solve_and_refine(spec, instance, ctx)
+    greedy_result = _greedy_result(instance) if spec.solver.refine_rounds > 0 else None
+    result, rounds, meets = solve_and_refine(spec, instance, ctx, lambda inst: run_backend(spec, inst, budget),
+                                             budget, greedy_result)
     notes.extend(result["notes"])
-    if rounds:
+    if rounds and result["backend"] != "greedy":
         notes.append(f"status {result['status']!r} and the gap are those of the model tightened by {rounds} "
                      "refine round(s), not of the original linear model")
-    baselines = {**_baselines(original, ctx), **extra}
-    return _make_plan(spec, prepared, original, ctx, result, rounds, baselines, notes, time.perf_counter() - t0)
+    baselines = {**_baselines(instance, ctx), **extra}
+    timing = {"build_s": budget.build_s, "solve_s": budget.spent_s}
+    return _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, time.perf_counter() - t0,
+                      meets, timing)
 
 
-def run_backend(spec: JobSpec, instance: TrainingInstance) -> dict:
-    """One solve with the spec's backend; a dict the plan writer understands."""
+def build_training_instance(spec: JobSpec, prepared: Prepared, local_batches=None) -> tuple[TrainingInstance, Context]:
+    """The predictor's instance, with a percentage indicator budget ("5%") made absolute."""
+    instance, ctx = build_instance(
+        spec, prepared.graph, prepared.sensitivity, local_batches=local_batches, boundary=spec.runtime.boundary
+    )
+    return resolve_budget(spec, instance), ctx
+
+
+def resolve_budget(spec: JobSpec, instance: TrainingInstance) -> TrainingInstance:
+    """`max_accuracy_degradation: "5%"` -> 5% of the uniform-lowest plan's share-weighted indicator."""
+    raw = spec.objective.max_accuracy_degradation
+    if not isinstance(raw, str):
+        return instance
+    free = replace(instance, max_degradation=None)
+    lowest = evaluate(free, baseline(free, "lowest")).degradation
+    return replace(instance, max_degradation=float(raw.rstrip("%")) / 100.0 * lowest)
+
+
+def _greedy_result(instance: TrainingInstance) -> dict | None:
+    from .solver.greedy import greedy
+
+    g = greedy(instance)
+    if not g.feasible:
+        return None
+    return dict(assignment=g.assignment, backend="greedy", status="heuristic",
+                objective=evaluate(instance, g.assignment).objective(instance), bound=None, gap=None, wall_s=0.0, notes=[])
+
+
+def run_backend(spec: JobSpec, instance: TrainingInstance, budget=None) -> dict:
+    """One solve with the spec's backend on `budget` (the spec's time limit if None)."""
+    from .solver.budget import Budget
     from .solver.solve import DEFAULT_BACKEND, diagnose, solve_instance
     from .solver.uniform import uniform_policy
 
+    budget = budget or Budget(spec.solver.time_limit_s)
     backend = DEFAULT_BACKEND if spec.solver.backend == "default" else spec.solver.backend
     t0 = time.perf_counter()
     if backend == "uniform":
         try:
             assignment = uniform_policy(instance)
         except InfeasibleError as e:
-            raise InfeasibleError(str(e).splitlines()[0], diagnose(instance) or e.diagnosis) from None
+            raise InfeasibleError(str(e).splitlines()[0], diagnose(instance, budget=budget) or e.diagnosis) from None
         ev = evaluate(instance, assignment)
+        budget.charge(time.perf_counter() - t0)
         return dict(assignment=assignment, backend="uniform", status="heuristic", objective=ev.objective(instance),
                     bound=None, gap=None, wall_s=time.perf_counter() - t0, notes=[])
     s = spec.solver
-    r = solve_instance(instance, backend=backend, time_limit_s=s.time_limit_s, rel_gap=s.rel_gap,
-                       threads=s.threads, seed=s.seed)
+    r = solve_instance(instance, backend=backend, time_limit_s=budget.remaining(), rel_gap=s.rel_gap,
+                       threads=s.threads, seed=s.seed, budget=budget)
     notes = []
     if r.scaling:
         notes.append(f"cpsat integer scaling: {r.scaling}")
     if r.warm_start_used:
         notes.append("warm-started from the greedy plan")
+    if r.message:
+        notes.append(f"{r.backend}: {r.message}")
     status = "heuristic" if r.backend == "greedy" else r.status
     return dict(assignment=r.assignment, backend=r.backend, status=status, objective=r.objective,
                 bound=r.bound, gap=r.gap, wall_s=r.wall_s, notes=notes)
-
-
-def solve_and_refine(spec: JobSpec, instance: TrainingInstance, ctx: Context) -> tuple[dict, TrainingInstance, int]:
-    """Solve, let the replayer judge, and tighten a group's bound by what the linear model missed.
-
-    The instance charges each group the all-reduce exposure of its highest-precision plan; a
-    faster (lower-precision) backward hides less of the all-reduce, which only the replayer's
-    timeline sees. Each round lowers the group's bound by its remaining excess over the
-    *original* bound and solves again; what still exceeds it after the last round is said in
-    the plan's notes rather than hidden.
-    """
-    original = {g.name: g.time_bound_ms for g in instance.groups}
-    result = run_backend(spec, instance)
-    rounds = 0
-    while True:
-        timeline = replay(ctx, result["assignment"])
-        excess = {
-            g.name: timeline.groups[g.name].iteration_ms - original[g.name]
-            for g in instance.groups
-            if original[g.name] is not None and timeline.groups[g.name].iteration_ms > original[g.name] * (1 + 1e-6)
-        }
-        if not excess:
-            break
-        if rounds == spec.solver.refine_rounds:
-            result["notes"].append(
-                "replayer: still over the bound after "
-                f"{rounds} refine rounds: {', '.join(f'{n} by {v:.3f} ms' for n, v in excess.items())} "
-                "(raise solver.refine_rounds, or accept the predicted slowdown)"
-            )
-            break
-        rounds += 1
-        instance = replace(instance, groups=tuple(
-            replace(g, time_bound_ms=g.time_bound_ms - excess[g.name]) if g.name in excess else g
-            for g in instance.groups
-        ))
-        try:
-            nxt = run_backend(spec, instance)
-        except InfeasibleError:
-            result["notes"].append(
-                f"refine round {rounds}: no plan meets the tightened bound; keeping the previous plan, "
-                f"over by {', '.join(f'{n} {v:.3f} ms' for n, v in excess.items())}"
-            )
-            break
-        nxt["notes"] = result["notes"] + nxt["notes"] + [
-            f"refine round {rounds}: replayer found {', '.join(f'{n} over by {v:.3f} ms' for n, v in excess.items())}; tightened and re-solved"
-        ]
-        result = nxt
-    return result, instance, rounds
 
 
 def _baselines(instance: TrainingInstance, ctx: Context) -> dict[str, Baseline]:
@@ -215,7 +206,7 @@ def _as_baseline(instance: TrainingInstance, ctx: Context, a: Assignment) -> Bas
     )
 
 
-def _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, wall_s) -> Plan:
+def _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, wall_s, meets=True, timing=None) -> Plan:
     a = result["assignment"]
     tl = replay(ctx, a)
     ev = evaluate(instance, a)
@@ -240,7 +231,8 @@ def _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, 
     timings = ", ".join(f"{k} {v:.2f}s" for k, v in prepared.timings_s.items())
     report = SolverReport(
         backend=result["backend"], status=result["status"], objective=result["objective"],
-        best_bound=result["bound"], gap=result["gap"], wall_s=result["wall_s"], refine_rounds=rounds,
+        best_bound=result["bound"], gap=result["gap"], wall_s=wall_s, refine_rounds=rounds,
+        build_s=(timing or {}).get("build_s", 0.0), solve_s=(timing or {}).get("solve_s", 0.0),
         notes=list(dict.fromkeys([*ctx.notes, *notes, f"{timings}, plan {wall_s:.2f}s"])),  # once each, in order
     )
     return Plan(
@@ -251,6 +243,7 @@ def _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, 
         iteration_ms=tl.iteration_ms,
         indicator=ev.degradation,
         solver=report,
+        meets_bounds=meets,
         baselines=baselines,
         provenance=Provenance(spec_digest=spec.digest(), versions=_versions()),
         boundary=spec.runtime.boundary,
@@ -271,9 +264,9 @@ def _versions() -> dict[str, str]:
 
 
 def solve_saved_problem(path: str, overrides: dict, console) -> int:
-    """`qsync-opt solve --problem FILE`: re-solve an exported program without the model."""
-    from .solver.export import load_problem
+    """`qsync-opt solve --problem FILE`: re-solve an exported program (.json, .mps, .lp) without the model."""
     from .solver.backends.base import SolveOptions
+    from .solver.export import load_problem
     from .solver.solve import DEFAULT_BACKEND, solve_problem
 
     problem = load_problem(path)
@@ -282,5 +275,11 @@ def solve_saved_problem(path: str, overrides: dict, console) -> int:
     opts = SolveOptions(time_limit_s=overrides.get("solver.time_limit_s", 60.0), rel_gap=overrides.get("solver.rel_gap", 1e-4))
     r = solve_problem(problem, backend, opts)
     gap = "" if r.gap is None else f", gap {r.gap:.3%}"
-    console.print(f"{path}: {r.backend} -> {r.status}, objective {r.objective:.9g}{gap}, {r.wall_s * 1000:.0f} ms")
+    console.print(f"{path}: {r.backend} -> {r.status}, objective {r.objective:.9g} (plan units){gap}, "
+                  f"build {r.build_s * 1000:.0f} ms, solve {r.solve_s * 1000:.0f} ms")
+    if problem.source is not None:
+        console.print(f"plan checked against the instance: {len(r.assignment)} groups, "
+                      + ", ".join(f"{g}: {len(ops)} ops" for g, ops in r.assignment.items()))
+    elif not problem.choices:
+        console.print("no JSON twin beside the file: objective and status only (no plan to decode)")
     return 0

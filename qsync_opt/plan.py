@@ -65,6 +65,10 @@ class SolverReport(BaseModel):
     gap: float | None = None
     wall_s: float
     refine_rounds: int = 0
+    build_s: float = 0.0
+    """Seconds spent building models (not bounded by time_limit_s; a solver cannot stop inside it)."""
+    solve_s: float = 0.0
+    """Seconds spent in solvers, shared by every round: at most time_limit_s (plus one solver's overshoot)."""
     notes: list[str] = Field(default_factory=list)
 
 
@@ -154,6 +158,9 @@ class Plan(BaseModel):
     indicator: float
     """Σ_g share_g · indicator_g: the accuracy-degradation estimate that was minimised."""
     solver: SolverReport
+    meets_bounds: bool = True
+    """False when no plan found meets every bound by the replayer's timeline: this is then the
+    closest one, and `qsync-opt solve --strict` exits non-zero."""
     baselines: dict[str, Baseline] = Field(default_factory=dict)
     provenance: Provenance
     boundary: Literal["edge", "fp32"] = "fp32"

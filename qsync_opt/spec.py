@@ -238,8 +238,25 @@ class Objective(_Model):
     minimize: Literal["accuracy_degradation", "iteration_time"] = "accuracy_degradation"
     max_iteration_time: Union[Literal["auto"], float] = "auto"
     """Bound in ms; 'auto' = the training groups' own time at their own precision (QSync)."""
-    max_accuracy_degradation: float | None = Field(default=None, ge=0)
-    """Budget on the indicator sum, for minimize: iteration_time."""
+    max_accuracy_degradation: Union[float, str, None] = None
+    """Budget on the share-weighted indicator sum, for minimize: iteration_time: an absolute
+    number (>= 0), or a percentage such as "5%" of the uniform-lowest-precision plan's indicator."""
+
+    @field_validator("max_accuracy_degradation")
+    @classmethod
+    def _budget(cls, v):
+        if isinstance(v, str):
+            text = v.strip()
+            try:
+                pct = float(text[:-1]) if text.endswith("%") else None
+            except ValueError:
+                pct = None
+            if pct is None or not 0 <= pct < float("inf"):
+                raise ValueError(f"max_accuracy_degradation: {v!r}; give a number >= 0 or a percentage such as '5%'")
+            return f"{pct:g}%"
+        if v is not None and not v >= 0:
+            raise ValueError(f"max_accuracy_degradation: {v!r}; give a number >= 0 or a percentage such as '5%'")
+        return v
 
     @field_validator("max_iteration_time")
     @classmethod

@@ -65,7 +65,7 @@ def test_bench_solvers_writes_table_csv_and_png(tmp_path, capsys):
     code = main(["bench", "solvers", "--models", "tiny-resnet", "--sizes", "12", "--backends", "highs,greedy",
                  "--limit", "10", "--out", str(tmp_path)])
     assert code == 0
-    rows = (tmp_path / "solvers.csv").read_text().splitlines()
+    rows = [r for r in (tmp_path / "solvers.csv").read_text().splitlines() if not r.startswith("#")]  # header comments: command, load
     assert rows[0].startswith("case,family,size,backend,status,wall_s")
     assert len(rows) == 1 + (3 + 2) * 2  # (3 clusters + chain + dag) x 2 backends
     assert (tmp_path / "solvers.png").stat().st_size > 1000

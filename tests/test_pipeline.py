@@ -125,6 +125,8 @@ def test_refine_rounds_fix_what_the_linear_model_missed():
     t4 = unrefined.groups["t4"]
     assert t4.iteration_ms > t4.time_bound_ms  # the linear model's plan, judged by the replayer
     assert any("still over the bound" in n for n in unrefined.solver.notes)
+    assert unrefined.meets_bounds is False  # said in the JSON, never hidden
+    assert '"meets_bounds": false' in unrefined.to_json()
 
     refined = plan_training(load_spec(spec, **{"solver.refine_rounds": 5}), prepared)
     t4 = refined.groups["t4"]
@@ -132,3 +134,34 @@ def test_refine_rounds_fix_what_the_linear_model_missed():
     assert t4.time_bound_ms == unrefined.groups["t4"].time_bound_ms  # the plan reports the real bound
     assert t4.iteration_ms <= t4.time_bound_ms * (1 + 1e-6)
     assert refined.indicator >= unrefined.indicator  # keeping pace costs accuracy, never the reverse
+    assert refined.meets_bounds is True
+
+
+def test_strict_exits_non_zero_when_a_bound_is_missed(tmp_path):
+    from qsync_opt.cli import EXIT_MISSES_BOUNDS, main
+
+    spec = load_spec(dict(SPEC, cluster={**SPEC["cluster"], "interconnect": "ethernet-25g",
+                                         "groups": [{"name": "v100", "device": "V100-16GB", "count": 4, "role": "training"},
+                                                    {"name": "t4", "device": "T4", "count": 4}]},
+                          solver={**SPEC["solver"], "refine_rounds": 0}))
+    path = tmp_path / "job.yaml"
+    path.write_text(spec.to_yaml())
+    assert main(["solve", str(path)]) == 0  # a warning, the plan, exit 0 ...
+    assert main(["solve", str(path), "--strict"]) == EXIT_MISSES_BOUNDS  # ... unless --strict
+
+
+def test_plan_reports_build_and_solve_time_and_keeps_the_limit_budget(prepared):
+    plan = plan_training(load_spec(SPEC), prepared)
+    assert plan.solver.build_s > 0 and plan.solver.solve_s > 0
+    assert plan.meets_bounds
+
+
+def test_percentage_budget_is_a_share_of_the_uniform_lowest_indicator(prepared):
+    spec = load_spec(SPEC, **{"objective.minimize": "iteration_time", "objective.max_accuracy_degradation": "5%",
+                              "cluster.groups": [{"name": "v100", "device": "V100-16GB", "count": 2},
+                                                 {"name": "t4", "device": "T4", "count": 2}]})
+    plan = plan_training(spec, prepared)
+    lowest = plan.baselines["uniform lowest"].indicator
+    assert plan.indicator <= 0.05 * lowest * (1 + 1e-6)
+    with pytest.raises(SpecError, match="percentage such as '5%'"):
+        load_spec(SPEC, **{"objective.max_accuracy_degradation": "five"})

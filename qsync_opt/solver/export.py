@@ -2,9 +2,8 @@
 
 JSON keeps the Problem itself — pairs stay pairs, the decode map and, optionally, the
 TrainingInstance it came from — so `solve --problem out.json` can solve, decode and check
-a plan with no model at hand. MPS and LP hold one linearisation (PuLP's writers, 13 significant digits), with
-the objective unit folded in and the constant carried by a variable fixed at 1, so any MILP solver reading them reports the same
-optimum as `solve_problem` does. Floats go through `repr` and back: bit-exact.
+a plan with no model at hand. Floats go through `repr` and back: bit-exact. MPS and LP
+(linear_file.py) hold one linearisation, written scaled, with a JSON twin beside them.
 """
 
 from __future__ import annotations
@@ -16,8 +15,6 @@ import tempfile
 from typing import Any
 
 from qsync_opt.errors import SpecError
-from qsync_opt.solver.backends.linear import linearize
-from qsync_opt.solver.backends.pulp_model import build_pulp
 from qsync_opt.solver.instance import GroupInstance, TrainingInstance
 from qsync_opt.solver.problem import Constraint, OneHot, PairTerm, Problem, Variable
 
@@ -86,19 +83,33 @@ def read_json(path: str) -> Problem:
 
 
 def save_problem(problem: Problem, path: str, formulation: str = "mccormick") -> None:
-    """Write `problem` in the format its suffix names: .json (re-solvable), .mps or .lp."""
+    """Write `problem` in the format its suffix names: .json (re-solvable), .mps or .lp.
+
+    An .mps or .lp file gets its JSON twin beside it (same name, .json): the decode map and the
+    instance, so `solve --problem p.mps` can turn the MPS optimum back into a checked plan.
+    """
+    from qsync_opt.solver.linear_file import write_linear
+
     ext = os.path.splitext(path)[1].lower()
-    writers = {".json": lambda: write_json(problem, path), ".mps": lambda: write_mps(problem, path, formulation),
-               ".lp": lambda: write_lp(problem, path, formulation)}
-    if ext not in writers:
+    if ext not in (".json", ".mps", ".lp"):
         raise SpecError(f"problem file {path!r}: suffix {ext or '(none)'!r} unknown; use .json, .mps or .lp")
-    writers[ext]()
+    if ext != ".json":
+        write_linear(problem, path, formulation)
+        path = os.path.splitext(path)[0] + ".json"
+    write_json(problem, path)
 
 
 def load_problem(path: str) -> Problem:
-    """Read a problem written by save_problem as JSON (MPS/LP lose the decode map: not readable back)."""
-    if os.path.splitext(path)[1].lower() != ".json":
-        raise SpecError(f"problem file {path!r}: only .json problems can be solved again; export with a .json suffix")
+    """Read a problem file: JSON as written, or MPS/LP (through linear_file, with its twin if any)."""
+    ext = os.path.splitext(path)[1].lower()
+    if not os.path.exists(path):
+        raise SpecError(f"problem file {path!r} does not exist; write one with `qsync-opt solve SPEC --export-problem {path}`")
+    if ext in (".mps", ".lp"):
+        from qsync_opt.solver.linear_file import read_linear
+
+        return read_linear(path)
+    if ext != ".json":
+        raise SpecError(f"problem file {path!r}: suffix {ext or '(none)'!r} unknown; use .json, .mps or .lp")
     return read_json(path)
 
 
@@ -145,32 +156,6 @@ def instance_from_dict(d: dict[str, Any]) -> TrainingInstance:
         for g in d["groups"]
     )
     return TrainingInstance(groups=groups, omega=d["omega"], objective=d["objective"], max_degradation=d["max_degradation"])
-
-
-# ---- MPS / LP -----------------------------------------------------------------------------
-def write_mps(problem: Problem, path: str, formulation: str = "mccormick") -> None:
-    """Free MPS of the linearised model; objective = the Problem's, in the user's units."""
-    prob = _pulp_in_user_units(problem, formulation)
-    _atomic(path, lambda tmp: prob.writeMPS(tmp))
-
-
-def write_lp(problem: Problem, path: str, formulation: str = "mccormick") -> None:
-    prob = _pulp_in_user_units(problem, formulation)
-    _atomic(path, lambda tmp: prob.writeLP(tmp))
-
-
-def _pulp_in_user_units(problem: Problem, formulation: str):
-    import pulp
-
-    model = linearize(problem, formulation)
-    model.objective = {v: c * problem.objective_unit for v, c in model.objective.items()}
-    prob, xs = build_pulp(model, problem.name)
-    terms = [(xs[v], c) for v, c in model.objective.items()]
-    const = model.objective_constant * problem.objective_unit
-    if const:  # PuLP's writers drop objective constants: carry it on a variable fixed at 1
-        terms.append((prob.add_variable("objective_constant", lowBound=1, upBound=1), const))
-    prob.setObjective(pulp.LpAffineExpression(terms))
-    return prob
 
 
 # ---- helpers ------------------------------------------------------------------------------

@@ -95,7 +95,8 @@ class Problem:
 
     def add_pair(self, name: str, a: str, b: str) -> str:
         for v in (a, b):
-            if self.variables.get(v, Variable(v, "continuous")).kind != "binary":
+            var = self.variables.get(v)
+            if var is None or var.kind != "binary":
                 raise SolverError(f"problem {self.name}: pair {name!r} needs binary factors, {v!r} is not one")
         if name in self.variables or name in self.pairs:
             raise SolverError(f"problem {self.name}: pair {name!r} declared twice; names must be unique")
@@ -182,6 +183,20 @@ class Problem:
         """Complete variable values for an Assignment (for warm starts and checks)."""
         values = {v: float(assignment.get(g, {}).get(op) == p) for v, (g, op, p) in self.choices.items()}
         return self.complete(values)
+
+    def trivial_bound(self) -> float:
+        """A bound no plan beats, in plan units, from the variables' bounds alone: each one-hot
+        at its cheapest member, every other term at its cheapest end (products within [0, 1])."""
+        in_onehot = {v for oh in self.onehots for v in oh.variables}
+        total = self.objective_constant
+        for oh in self.onehots:
+            total += min((self.objective.get(v, 0.0) for v in oh.variables), default=0.0)
+        for v, c in self.objective.items():
+            if v in in_onehot:
+                continue
+            lb, ub = (0.0, 1.0) if v in self.pairs else (self.variables[v].lb, self.variables[v].ub)
+            total += c * (lb if c > 0 else ub)
+        return total * self.objective_unit if math.isfinite(total) else -math.inf
 
     def stats(self) -> dict[str, int]:
         return {

@@ -1,8 +1,10 @@
 """solve_instance: TrainingInstance -> checked plan, or an infeasibility diagnosis.
 
-compile -> (greedy warm start) -> backend -> decode -> instance.evaluate. The reported
-objective is always evaluate's, computed from the instance alone; a backend plan that
-evaluate finds in breach of a bound is an error, never a result.
+compile -> (greedy warm start) -> backend -> sign -> decode -> instance.evaluate. The
+reported objective is always evaluate's, computed from the instance alone; a backend plan
+that evaluate finds in breach of a bound is an error, never a result. `sign` decides the
+status from facts in plan units only (the true gap against a bound that holds for the real
+program), so no backend's own word, nor a scaled copy's, reaches the user unchecked.
 """
 
 from __future__ import annotations
@@ -12,17 +14,20 @@ from dataclasses import dataclass, field, replace
 
 from qsync_opt.errors import InfeasibleError, SolverError
 from qsync_opt.solver.backends import EXACT, available, get_backend
-from qsync_opt.solver.backends.base import RawResult, SolveOptions, Status, constant_infeasibility
+from qsync_opt.solver.backends.base import OPTIMALITY_TOL, RawResult, SolveOptions, Status, constant_infeasibility, proven_within
+from qsync_opt.solver.budget import Budget
+from qsync_opt.solver.diagnose import diagnose
 from qsync_opt.solver.greedy import greedy
 from qsync_opt.solver.instance import Assignment, Evaluation, TrainingInstance, evaluate
 from qsync_opt.solver.problem import Problem
 from qsync_opt.solver.training import compile_training
 
+__all__ = ["DEFAULT_BACKEND", "OPTIMALITY_TOL", "SolveResult", "diagnose", "sign", "solve_instance", "solve_problem"]
+
 DEFAULT_BACKEND = "highs"
-"""Measured with tests/solver/measure_backends.py (synthetic, 5 precisions x 4 groups, gap 0.1%,
-60 s limit, 2 cores): HiGHS was fastest on 6 of 8 sizes and the only backend to reach the gap
-on every instance up to 1,000 ops (DAG-1000: 50 s; CBC 60 s, SCIP/CP-SAT at 6% gap); at
-5,000 ops no backend closed the gap in 60 s and HiGHS held the best plan on the chain."""
+"""Measured with `qsync-opt bench solvers` (synthetic, 5 precisions x 4 groups): HiGHS was the
+fastest exact backend on most sizes; see benchmarks/results/ for the table and its command."""
+
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,7 @@ class SolveResult:
     objective: float
     """instance.evaluate's objective of the plan (Problem objective for a bare Problem)."""
     bound: float | None
+    """A value no plan beats, in plan units (None when none is proven)."""
     gap: float | None
     wall_s: float
     backend: str
@@ -41,6 +47,10 @@ class SolveResult:
     evaluation: Evaluation | None = None
     message: str = ""
     problem_stats: dict = field(default_factory=dict)
+    build_s: float = 0.0
+    """Seconds spent building models (compile, linearise, hand to the solver)."""
+    solve_s: float = 0.0
+    """Seconds spent in solvers and heuristics: what time_limit_s bounds."""
 
 
 def solve_instance(
@@ -52,48 +62,115 @@ def solve_instance(
     seed: int = 0,
     warm_start: bool = True,
     formulation: str = "mccormick",
+    tie_break: bool = True,
+    budget: Budget | None = None,
+    decompose: bool = True,
 ) -> SolveResult:
-    """The best plan `backend` finds within the limits; InfeasibleError (with diagnosis) if none exists."""
-    problem = compile_training(instance)
+    """The best plan `backend` finds within the limits; InfeasibleError (with diagnosis) if none exists.
+
+    With `tie_break`, a second solve keeps the first objective at its value and optimises the
+    other one (iteration time -> indicator, indicator -> iteration time), so no group is lowered
+    for nothing; it shares the time limit and is skipped, with a note, when none is left.
+    With `decompose`, a separable instance (decompose.py) is solved one group at a time.
+    """
+    from qsync_opt.solver.decompose import separable, solve_by_group
+    from qsync_opt.solver.lexicographic import tie_break as second_objective
+
+    budget = budget or Budget(time_limit_s)
     opts = SolveOptions(time_limit_s=time_limit_s, rel_gap=rel_gap, threads=threads, seed=seed, formulation=formulation)
-    return solve_problem(problem, backend, opts, warm_start=warm_start)
+    if decompose and backend in EXACT and separable(instance):
+        first = solve_by_group(instance, backend, opts, budget, warm_start)
+    else:
+        first = solve_problem(_compiled(instance, budget), backend, opts, warm_start=warm_start, budget=budget)
+    if not tie_break or backend not in EXACT:
+        return first
+    return second_objective(instance, first, backend, opts, budget)
 
 
-def solve_problem(problem: Problem, backend: str = DEFAULT_BACKEND, options: SolveOptions | None = None, warm_start: bool = True) -> SolveResult:
-    """Solve a compiled (or JSON-imported) Problem; evaluation needs `problem.source`."""
+def _compiled(instance: TrainingInstance, budget: Budget) -> Problem:
+    import time
+
+    t0 = time.perf_counter()
+    problem = compile_training(instance)
+    budget.charge(time.perf_counter() - t0, build_s=time.perf_counter() - t0)
+    return problem
+
+
+def solve_problem(
+    problem: Problem,
+    backend: str = DEFAULT_BACKEND,
+    options: SolveOptions | None = None,
+    warm_start: bool = True,
+    budget: Budget | None = None,
+    start: Assignment | None = None,
+) -> SolveResult:
+    """Solve a compiled (or JSON-imported) Problem; evaluation needs `problem.source`.
+
+    `start` (an Assignment) replaces the greedy warm start; it is used only if it checks.
+    """
+    import time
+
     options = options or SolveOptions()
+    budget = budget or Budget(options.time_limit_s)
     be = get_backend(backend)
     if not be.available():
         ok = [n for n, a in available().items() if a]
         raise SolverError(f"backend {backend!r} is not available here; available: {', '.join(ok)}")
     instance: TrainingInstance | None = problem.source
+    built0, spent0 = budget.build_s, budget.spent_s
     if not problem.variables:  # every op pinned (e.g. all groups train at fp32): nothing to search
-        return _finish(problem, _nothing_to_choose(problem, backend))
-    if warm_start and backend != "greedy" and instance is not None:
-        g = greedy(instance)
-        if g.feasible:
-            hint = problem.encode(g.assignment)
-            if not problem.violated(hint):
-                options = replace(options, hint=hint)
-    raw = be.solve(problem, options)
-    return _finish(problem, _no_worse_than_the_start(problem, raw, options.hint))
+        return _finish(problem, _nothing_to_choose(problem, backend), budget, built0, spent0)
+    hint = None
+    if warm_start and backend != "greedy" and (instance is not None or start is not None):
+        t0 = time.perf_counter()
+        if start is None:
+            g = greedy(instance)
+            start = g.assignment if g.feasible else None
+        if start is not None:
+            cand = problem.encode(start)
+            hint = cand if not problem.violated(cand) else None
+        budget.charge(time.perf_counter() - t0)
+    given = budget.grant(f"{backend} solve")
+    if given is None:
+        raw = RawResult(backend, "unknown", message="time limit spent before the solver could start")
+    else:
+        raw = be.solve(problem, replace(options, time_limit_s=given, hint=hint))
+        budget.charge(raw.wall_s, raw.build_s)
+    return _finish(problem, sign(problem, raw, replace(options, hint=hint)), budget, built0, spent0)
 
 
-def _no_worse_than_the_start(problem: Problem, raw: RawResult, hint: dict[str, float] | None) -> RawResult:
-    """A run stopped at its limit with no plan, or a worse one, gives back the checked warm start.
+def sign(problem: Problem, raw: RawResult, options: SolveOptions) -> RawResult:
+    """The status we can sign: the better of the solver's plan and the checked warm start,
+    "optimal" only when its true gap to a bound valid for the real program is within rel_gap.
 
-    (CP-SAT can miss the start: its rounded-up rows may cut off a plan that fills a bound.)
+    A solver's "infeasible" against a checked start is a contradiction: the start wins, and
+    the message says so. A run with no plan and no proof is "unknown", never "infeasible".
     """
-    if hint is None or raw.status not in ("unknown", "feasible"):
+    if raw.status == "error" and options.hint is None:
         return raw
-    start = problem.objective_value(hint)
-    if raw.status == "feasible" and raw.objective <= start:
-        return raw
-    return RawResult(
-        raw.backend, "feasible", values=hint, objective=start, bound=raw.bound, wall_s=raw.wall_s,
-        warm_start_used=True, scaling=raw.scaling,
-        message=f"{raw.message}; nothing better than the greedy warm start within the limit",
-    )
+    bound = raw.bound if raw.bound_in_plan_units else None
+    trivial = problem.trivial_bound() if raw.backend in EXACT else -math.inf  # valid whatever the solver did;
+    if math.isfinite(trivial) and (bound is None or trivial > bound):  # it decides when the optimum is 0
+        bound = trivial
+    candidates = []
+    if raw.values is not None and raw.objective is not None:
+        candidates.append((raw.objective, raw.values, False))
+    if options.hint is not None:
+        candidates.append((problem.objective_value(options.hint), options.hint, True))
+    if not candidates:
+        status = raw.status if raw.status in ("infeasible", "unknown", "error") else "unknown"
+        return replace(raw, status=status, bound=bound, gap=None)
+    objective, values, from_start = min(candidates, key=lambda c: c[0])  # ties keep the solver's plan
+    message = raw.message
+    if raw.status == "infeasible":
+        message += "; the solver said infeasible, but the checked warm start is a plan"
+        bound = None
+    elif from_start:
+        message += "; nothing better than the greedy warm start within the limit"
+    ok, gap = proven_within(objective, bound, options.rel_gap)
+    status = "optimal" if ok else "feasible"
+    return replace(raw, status=status, values=values, objective=objective, bound=bound, gap=gap,
+                   warm_start_used=raw.warm_start_used or from_start, message=message.strip("; "))
 
 
 def _nothing_to_choose(problem: Problem, backend: str) -> RawResult:
@@ -108,17 +185,17 @@ def _nothing_to_choose(problem: Problem, backend: str) -> RawResult:
                      message="no free choice: every operator has a single allowed precision")
 
 
-def _finish(problem: Problem, raw: RawResult) -> SolveResult:
+def _finish(problem: Problem, raw: RawResult, budget: Budget, built0: float, spent0: float) -> SolveResult:
     instance = problem.source
     if raw.status == "infeasible":
-        diag = diagnose(instance) if instance is not None else []
+        diag = diagnose(instance, budget=budget) if instance is not None else []
         if not diag and raw.message:
             diag = [raw.message]
         raise InfeasibleError(f"no plan satisfies the bounds ({raw.backend} proved it)", diag)
     if raw.status in ("unknown", "error") or raw.values is None:
         if raw.status == "unknown" and instance is not None:
-            diag = diagnose(instance)
-            if diag:
+            diag = diagnose(instance, budget=budget)
+            if diag and not diag[-1].startswith("diagnosis incomplete"):
                 raise InfeasibleError(f"no plan satisfies the bounds ({raw.backend} found none)", diag)
         fix = "use an exact backend such as 'highs'" if raw.backend == "greedy" else "raise time_limit_s, or try another backend"
         raise SolverError(f"backend {raw.backend}: no plan ({raw.status}: {raw.message or 'no message'}); fix: {fix}")
@@ -142,74 +219,6 @@ def _finish(problem: Problem, raw: RawResult) -> SolveResult:
         evaluation=ev,
         message=raw.message,
         problem_stats=problem.stats(),
+        build_s=budget.build_s - built0,
+        solve_s=budget.spent_s - spent0,
     )
-
-
-# ---- diagnosis ------------------------------------------------------------------------------
-def diagnose(instance: TrainingInstance, time_limit_s: float = 60.0) -> list[str]:
-    """Why `instance` has no plan: per group, which bound, the best achievable value, the shortfall.
-
-    Memory is separable (its least value takes each op's lowest-memory precision); the least
-    time, with casts, comes from an exact auxiliary solve of that group alone. Only proven
-    shortfalls are listed (an auxiliary solve stopped early contributes its bound, never its
-    plan); an empty list means none was found.
-    """
-    lines: list[str] = []
-    for g in instance.groups:
-        low = {op: min(ps, key=lambda p: g.mem_bytes[op][p]) for op, ps in g.allowed.items()}
-        min_mem = g.fixed_mem_bytes + sum(g.mem_bytes[op][p] for op, p in low.items())
-        if min_mem > g.mem_capacity_bytes * (1 + 1e-9):
-            at = f"at {next(iter(set(low.values())))} everywhere" if len(set(low.values())) == 1 else "at each op's lowest-memory precision"
-            lines.append(
-                f"{g.name}: memory needs ≥ {_gib(min_mem)} {at}, capacity {_gib(g.mem_capacity_bytes)} "
-                f"(short by {_gib(min_mem - g.mem_capacity_bytes)})"
-            )
-            continue
-        if g.time_bound_ms is None:
-            continue
-        alone = replace(g, time_bound_ms=None, mem_capacity_bytes=math.inf)
-        t_free = _least_time(instance, alone, time_limit_s)
-        if t_free is not None and t_free > g.time_bound_ms * (1 + 1e-9):
-            lines.append(
-                f"{g.name}: time needs ≥ {t_free:.4g} ms even at the fastest plan (casts included), "
-                f"bound {g.time_bound_ms:.4g} ms (over by {t_free - g.time_bound_ms:.4g} ms)"
-            )
-            continue
-        if math.isfinite(g.mem_capacity_bytes):
-            t_mem = _least_time(instance, replace(g, time_bound_ms=None), time_limit_s)
-            if t_mem is not None and t_mem > g.time_bound_ms * (1 + 1e-9):
-                lines.append(
-                    f"{g.name}: time and memory cannot both hold: within memory capacity "
-                    f"{_gib(g.mem_capacity_bytes)} the least time is {t_mem:.4g} ms, bound {g.time_bound_ms:.4g} ms"
-                )
-    if not lines and instance.max_degradation is not None:
-        relaxed = replace(instance, objective="accuracy_degradation", max_degradation=None)
-        least = _proven_least(_exact(compile_training(relaxed), time_limit_s))
-        if least is not None and least > instance.max_degradation * (1 + 1e-9):
-            lines.append(
-                f"indicator budget: the least share-weighted indicator within the time and memory bounds is "
-                f"{least:.6g}, budget {instance.max_degradation:.6g} (over by {least - instance.max_degradation:.3g})"
-            )
-    return lines
-
-
-def _least_time(instance: TrainingInstance, g, time_limit_s: float) -> float | None:
-    sub = TrainingInstance(groups=(g,), omega=instance.omega, objective="iteration_time")
-    return _proven_least(_exact(compile_training(sub), time_limit_s))
-
-
-def _proven_least(raw: RawResult) -> float | None:
-    """A value no plan beats: the optimum, or the solver's bound if it stopped early; None if unknown."""
-    if raw.status == "optimal":
-        return raw.objective
-    return raw.bound if raw.status == "feasible" else None
-
-
-def _exact(problem: Problem, time_limit_s: float) -> RawResult:
-    ok = available()
-    name = DEFAULT_BACKEND if ok.get(DEFAULT_BACKEND) and DEFAULT_BACKEND in EXACT else next(n for n in EXACT if ok[n])
-    return get_backend(name).solve(problem, SolveOptions(time_limit_s=time_limit_s, rel_gap=0.0))
-
-
-def _gib(b: float) -> str:
-    return "∞" if math.isinf(b) else f"{b / 2**30:.3g} GiB"

@@ -14,6 +14,22 @@ from typing import Literal, Protocol
 
 from qsync_opt.solver.problem import Problem
 
+OPTIMALITY_TOL = 1e-7
+"""Relative gap under which a plan counts as optimal even when rel_gap is 0: the floating-point
+noise of a bound computed by a solver (and of CP-SAT's rounding), far below any real choice."""
+ABS_TOL = 1e-18
+"""Absolute slack in plan units, for objectives at or near 0 (every op at fp32)."""
+
+
+def proven_within(objective: float, bound: float | None, rel_gap: float) -> tuple[bool, float | None]:
+    """(objective is proven within rel_gap of the optimum by `bound`, the true relative gap)."""
+    if bound is None:
+        return False, None
+    diff = max(0.0, objective - bound)
+    ok = diff <= max(rel_gap, OPTIMALITY_TOL) * max(abs(objective), abs(bound)) + ABS_TOL
+    return ok, diff / max(abs(objective), ABS_TOL)
+
+
 Status = Literal["optimal", "feasible", "infeasible", "unknown", "error"]
 """optimal: proven within rel_gap; feasible: a plan, stopped at a limit (or a heuristic);
 infeasible: proven; unknown: stopped at a limit with no plan and no proof; error: solver failed."""
@@ -51,6 +67,11 @@ class RawResult:
     """CP-SAT only: scale bits and the largest rounding error of the objective and of any row."""
     message: str = ""
     extra: dict = field(default_factory=dict)
+    build_s: float = 0.0
+    """Part of wall_s spent building the model (linearising, writing it into the solver)."""
+    bound_in_plan_units: bool = True
+    """False when `bound` belongs to a rounded copy of the program (CP-SAT's tightened rows)
+    and so proves nothing about the real one; solve.sign then drops it."""
 
 
 class Backend(Protocol):
@@ -75,7 +96,9 @@ def result_from_values(
     `bound_raw` is in solver units without the objective constant (as solvers report it).
     """
     if status in ("optimal", "feasible") and solver_values is not None:
-        values = problem.complete({v: solver_values.get(v, 0.0) for v, var in problem.variables.items() if var.kind != "continuous"})
+        # integers are rounded, products and minimised continuous variables settled from them;
+        # other continuous variables (a linear file's products) keep the solver's values
+        values = problem.complete({v: solver_values.get(v, 0.0) for v in problem.variables})
         objective = problem.objective_value(values)
     else:
         values, objective = None, None
@@ -86,6 +109,30 @@ def result_from_values(
     if gap is None and objective is not None and bound is not None:
         gap = max(0.0, objective - bound) / max(abs(objective), 1e-12)
     return RawResult(backend, status, values, objective, bound, gap, wall_s, **kw)
+
+
+@dataclass
+class Prologue:
+    """What every backend does before it builds its own model (one helper, one behaviour)."""
+
+    model: object
+    """The LinearModel."""
+    hint: dict[str, float] | None
+    """Warm start on the linearised variables, or None."""
+    early: RawResult | None
+    """An answer found without a solver (constant rows that fail), or None."""
+    t0: float
+
+
+def prologue(problem: Problem, options: SolveOptions, backend: str) -> Prologue:
+    """Linearise, check the variable-free rows, map the warm start onto the linear model."""
+    from qsync_opt.solver.backends.linear import linearize
+
+    t0 = time.perf_counter()
+    model = linearize(problem, options.formulation)
+    early = constant_infeasibility(model, backend, t0)
+    hint = model.hint(options.hint) if options.hint and early is None else None
+    return Prologue(model, hint, early, t0)
 
 
 def constant_infeasibility(model, backend: str, t0: float | None = None) -> RawResult | None:

@@ -12,8 +12,7 @@ import re
 import tempfile
 import time
 
-from qsync_opt.solver.backends.base import RawResult, SolveOptions, constant_infeasibility, result_from_values
-from qsync_opt.solver.backends.linear import linearize
+from qsync_opt.solver.backends.base import RawResult, SolveOptions, prologue, result_from_values
 from qsync_opt.solver.backends.pulp_model import build_pulp, pulp_values
 from qsync_opt.solver.problem import Problem
 
@@ -32,15 +31,16 @@ def available() -> bool:
 def solve(problem: Problem, options: SolveOptions) -> RawResult:
     import pulp
 
-    t0 = time.perf_counter()
-    model = linearize(problem, options.formulation)
-    if (early := constant_infeasibility(model, name, t0)) is not None:
-        return early
+    pro = prologue(problem, options, name)
+    if pro.early is not None:
+        return pro.early
+    t0, model = pro.t0, pro.model
     prob, xs = build_pulp(model, "qsync_cbc")
-    warm = bool(options.hint)
+    warm = pro.hint is not None
     if warm:
-        for v, val in model.hint(options.hint).items():
+        for v, val in pro.hint.items():
             xs[v].setInitialValue(val, check=False)
+    build_s = time.perf_counter() - t0
     fd, log_path = tempfile.mkstemp(suffix=".log", prefix="qsync_cbc_")
     os.close(fd)
     cbc_opts = [f"randomCbcSeed {max(1, options.seed)}", f"randomSeed {max(1, options.seed)}"]
@@ -68,23 +68,30 @@ def solve(problem: Problem, options: SolveOptions) -> RawResult:
     status = _status(prob.status, prob.sol_status, log)
     bound = _bound(log, status, prob)
     values = pulp_values(xs) if status in ("optimal", "feasible") else None
-    res = result_from_values(name, problem, status, values, bound, time.perf_counter() - t0, warm_start_used=warm)
+    res = result_from_values(name, problem, status, values, bound, time.perf_counter() - t0, warm_start_used=warm,
+                             build_s=build_s, message=_result_line(log) or f"CBC gave no result line (PuLP status {prob.status})")
     res.extra["cbc_result"] = _result_line(log)
+    if status == "optimal" and res.objective is not None:
+        # CBC proved this on the same program in floating point, to within gapRel: that is
+        # the bound it vouches for (its printed bound has too few digits to sign a 0 gap).
+        res.bound = res.objective - options.rel_gap * abs(res.objective)
+        res.gap = options.rel_gap
     return res
 
 
 def _status(status: int, sol_status: int, log: str) -> str:
+    """What CBC itself said. PuLP's status -1 also covers a run that printed nothing (seen at a
+    1 s limit on a feasible 200-op DAG), so "infeasible" needs CBC's own result line to say so."""
     import pulp
 
-    if sol_status == pulp.LpSolutionOptimal:
+    line = _result_line(log).lower()
+    if sol_status == pulp.LpSolutionOptimal and "optimal" in line:
         return "optimal"
-    if sol_status == pulp.LpSolutionIntegerFeasible:
-        return "feasible"
-    if status == pulp.LpStatusInfeasible or sol_status == pulp.LpSolutionInfeasible:
+    if sol_status in (pulp.LpSolutionIntegerFeasible, pulp.LpSolutionOptimal):
+        return "feasible"  # a plan, but no proof CBC's log confirms
+    if "infeasible" in line:
         return "infeasible"
-    if "Stopped on" in _result_line(log):
-        return "unknown"
-    return "error"
+    return "unknown"  # stopped on a limit with no plan, or an empty/failed run: no proof either way
 
 
 def _result_line(log: str) -> str:
@@ -93,14 +100,18 @@ def _result_line(log: str) -> str:
 
 
 def _bound(log: str, status: str, prob) -> float | None:
-    """CBC's 'Lower bound:' line; a proven optimum is its own bound when the line is absent."""
+    """CBC's 'Lower bound:' line, lowered by the last printed digit (CBC prints ~7 significant
+    digits, and a rounded-up bound would claim more than was proven); None if absent.
+    A proven optimum gets its bound from its own objective instead (see solve)."""
     m = re.search(r"^Lower bound:\s+(\S+)", log, re.M)
-    if m:
-        try:
-            return float(m.group(1))
-        except ValueError:
-            return None
-    if status == "optimal":
-        m = re.search(r"^Objective value:\s+(\S+)", log, re.M)
-        return float(m.group(1)) if m else None
-    return None
+    return _printed_down(m.group(1)) if m else None
+
+
+def _printed_down(text: str) -> float | None:
+    m = re.fullmatch(r"([-+]?\d*)(?:\.(\d*))?(?:[eE]([-+]?\d+))?", text)
+    if not m:
+        return None
+    value = float(text)
+    if abs(value) >= 1e19:  # CBC's "infinity": no bound
+        return None
+    return value - 10.0 ** (int(m.group(3) or 0) - len(m.group(2) or ""))

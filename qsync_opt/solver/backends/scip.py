@@ -10,8 +10,7 @@ from __future__ import annotations
 import math
 import time
 
-from qsync_opt.solver.backends.base import RawResult, SolveOptions, constant_infeasibility, result_from_values
-from qsync_opt.solver.backends.linear import linearize
+from qsync_opt.solver.backends.base import RawResult, SolveOptions, prologue, result_from_values
 from qsync_opt.solver.problem import Problem
 
 name = "scip"
@@ -29,10 +28,10 @@ def available() -> bool:
 def solve(problem: Problem, options: SolveOptions) -> RawResult:
     from ortools.linear_solver import pywraplp
 
-    t0 = time.perf_counter()
-    model = linearize(problem, options.formulation)
-    if (early := constant_infeasibility(model, name, t0)) is not None:
-        return early
+    pro = prologue(problem, options, name)
+    if pro.early is not None:
+        return pro.early
+    t0, model = pro.t0, pro.model
     s = pywraplp.Solver.CreateSolver("SCIP")
     if s is None:
         return RawResult(name, "error", message="OR-Tools was built without SCIP")
@@ -56,19 +55,20 @@ def solve(problem: Problem, options: SolveOptions) -> RawResult:
     for v, a in model.objective.items():
         obj.SetCoefficient(xs[v], a)
     obj.SetMinimization()
-    s.SetTimeLimit(int(max(1, options.time_limit_s * 1000)))
+    s.SetTimeLimit(int(max(1, options.time_limit_s * 1000)))  # ms
     if options.threads:
         s.SetNumThreads(int(options.threads))
     s.SetSolverSpecificParametersAsString(f"randomization/randomseedshift = {int(options.seed)}\n")
     if options.msg:
         s.EnableOutput()
-    warm = bool(options.hint)
+    warm = pro.hint is not None
     if warm:
-        hint = model.hint(options.hint)
+        hint = pro.hint
         names = list(xs)
         s.SetHint([xs[n] for n in names], [float(hint[n]) for n in names])
     params = pywraplp.MPSolverParameters()
     params.SetDoubleParam(params.RELATIVE_MIP_GAP, float(options.rel_gap))
+    build_s = time.perf_counter() - t0
     code = s.Solve(params)
     status = {
         s.OPTIMAL: "optimal",
@@ -78,4 +78,5 @@ def solve(problem: Problem, options: SolveOptions) -> RawResult:
     }.get(code, "error")
     values = {n: x.solution_value() for n, x in xs.items()} if status in ("optimal", "feasible") else None
     bound = obj.BestBound() if status in ("optimal", "feasible") else None
-    return result_from_values(name, problem, status, values, bound, time.perf_counter() - t0, warm_start_used=warm)
+    return result_from_values(name, problem, status, values, bound, time.perf_counter() - t0, warm_start_used=warm,
+                              build_s=build_s)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from ..errors import InfeasibleError, SolverError
-from ..plan import Baseline
-from ..spec import JobSpec
+from .errors import InfeasibleError, SolverError
+from .plan import Baseline
+from .spec import JobSpec
 
 MAX_CANDIDATES = 48
 
@@ -53,10 +53,16 @@ def candidate_splits(spec: JobSpec, granularity: int | None = None) -> list[dict
     return out
 
 
-def choose_split(spec: JobSpec, prepared) -> Split:
-    """The split whose best plan has the lowest objective; ties go to the faster iteration."""
-    from ..pipeline import _as_baseline, run_backend
-    from ..predictor.instance_builder import baseline, build_instance
+def choose_split(spec: JobSpec, prepared, budget=None) -> Split:
+    """The split whose best plan has the lowest objective; ties go to the faster iteration.
+
+    Every candidate's solve draws on `budget`; candidates left when it runs out are skipped,
+    and the notes say how many were tried."""
+    from .pipeline import _as_baseline, resolve_budget, run_backend
+    from .predictor.instance_builder import baseline, build_instance
+    from .solver.budget import Budget
+
+    budget = budget or Budget(spec.solver.time_limit_s)
 
     graph, sens, boundary = prepared.graph, prepared.sensitivity, spec.runtime.boundary
     even = spec.local_batches()
@@ -75,14 +81,19 @@ def choose_split(spec: JobSpec, prepared) -> Split:
     }
     fixed = spec.model_validate({**spec.model_dump(mode="json", by_alias=True), **pinned})
 
-    best, best_key, batch_only = None, None, None
-    for split in candidate_splits(spec):
+    best, best_key, batch_only, tried = None, None, None, 0
+    splits = candidate_splits(spec)
+    for split in splits:
+        if budget.exhausted:
+            break
+        tried += 1
         inst, c = build_instance(fixed, graph, sens, local_batches=split, boundary=boundary)
+        inst = resolve_budget(fixed, inst)
         hi = _as_baseline(inst, c, baseline(inst, "highest"))
         if hi.feasible and (batch_only is None or hi.iteration_ms < batch_only[1].iteration_ms):
             batch_only = (split, hi)
         try:
-            r = run_backend(fixed, inst)
+            r = run_backend(fixed, inst, budget)
         except (InfeasibleError, SolverError):
             continue
         key = (round(r["objective"], 12), _as_baseline(inst, c, r["assignment"]).iteration_ms)
@@ -94,6 +105,8 @@ def choose_split(spec: JobSpec, prepared) -> Split:
             [f"tried {len(candidate_splits(spec))} splits, e.g. the even split {even}"],
         )
     notes = [f"batch_split auto: chose {best} over the even split {even} (bound fixed at the even split's)"]
+    if tried < len(splits):
+        notes.append(f"batch_split auto: the time limit allowed {tried} of {len(splits)} candidate splits")
     baselines = {}
     if batch_only is not None:
         baselines[f"dynamic batching alone {batch_only[0]}"] = batch_only[1]
