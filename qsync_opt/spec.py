@@ -16,6 +16,7 @@ from typing import Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .data.config import DataSpec
 from .errors import SpecError
 from .spec_errors import format_errors
 from .hardware.device import DeviceSpec, catalog, find_device
@@ -253,6 +254,8 @@ class JobSpec(_Model):
     objective: Objective = Field(default_factory=Objective)
     solver: SolverSpec = Field(default_factory=SolverSpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    data: DataSpec | None = None
+    """Training and test data (default: the synthetic teacher task)."""
 
     @model_validator(mode="after")
     def _workload_matches_kind(self) -> "JobSpec":

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from ..data.imported import add_to_sys_path, import_paths, with_pythonpath
 from ..errors import RuntimeSetupError
 from ..io import atomic_write_text
 from ..plan import Plan
@@ -87,6 +88,9 @@ def validate(spec: JobSpec, plan: Plan | None, nproc: int | None = None) -> list
             model = build_model(spec)
         for g in spec.cluster.groups:
             apply_plan(model, plan, g.name, dry_run=True)
+    from ..data.check import check_data
+
+    check_data(spec)  # the data loads and fits the model: a bad data section exits 2 before any rank starts
     return batches
 
 
@@ -164,6 +168,8 @@ def run_job(spec, plan=None, *, nproc: int | None = None, steps: int | None = No
     `spec` is a path or a JobSpec; `plan` a path, a Plan, or None (every group in fp32).
     `threads` per rank defaults to the CPU count divided by the world size.
     """
+    paths = import_paths(None if isinstance(spec, JobSpec) else spec)  # user code beside the spec, or in the cwd
+    add_to_sys_path(paths)
     spec = spec if isinstance(spec, JobSpec) else load_spec(spec)
     plan = plan if (plan is None or isinstance(plan, Plan)) else Plan.load(plan)
     validate(spec, plan, nproc)
@@ -183,7 +189,8 @@ def run_job(spec, plan=None, *, nproc: int | None = None, steps: int | None = No
         argv += ["--checkpoint-dir", str(checkpoint_dir), "--checkpoint-every", str(checkpoint_every)]
     if resume:
         argv.append("--resume")
-    codes = spawn_ranks(argv, rank_envs(spec, threads, _free_port()), timeout_s=timeout_s)
+    envs = [with_pythonpath(env, paths) for env in rank_envs(spec, threads, _free_port())]
+    codes = spawn_ranks(argv, envs, timeout_s=timeout_s)
     return _collect(codes, run_dir, spec.training.global_batch, checkpoint_dir)
 
 
@@ -223,6 +230,12 @@ def launch(spec_path, plan_path=None, *, nproc: int | None = None, steps: int | 
                   f"{result.samples_per_s:.0f} samples/s; per-rank mean step ms "
                   + ", ".join(f"{r}: {ms:.1f}" for r, ms in result.step_ms.items())
                   + f"; metrics in {result.metrics_dir}")
+            from ..data.evaluation import read_eval
+
+            if evals := read_eval(result.metrics_dir):
+                last = evals[-1]
+                print(f"test set after step {last['step']}: accuracy {last['test_accuracy']:.4f}, loss {last['test_loss']:.4f} "
+                      f"({last['test_samples']} samples); eval.csv in {result.metrics_dir}")
         if result.stopped:
             print(f"stopped on a signal after step {result.steps_done}"
                   + (f"; continue with resume=True (--resume) and checkpoint_dir={checkpoint_dir}" if checkpoint_dir else ""))
