@@ -100,5 +100,6 @@ class Evaluator:
                 self._plain = build_from_spec(self.spec)
             finally:
                 torch.random.set_rng_state(state)
-        self._plain.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()})
+        # strict=False: a model rewritten for its plan (models.rewrite) keeps only the parameters its graph uses
+        self._plain.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()}, strict=False)
         return self.log.add(step, train_loss, evaluate(self._plain, self.task, self.batch))

@@ -28,6 +28,7 @@ import torch
 
 from ..data.imported import add_to_sys_path, import_paths, with_pythonpath
 from ..errors import RuntimeSetupError
+from ..models.rewrite import applicable_model
 from ..io import atomic_write_text
 from ..plan import Plan
 from ..spec import JobSpec, load_spec
@@ -86,6 +87,7 @@ def validate(spec: JobSpec, plan: Plan | None, nproc: int | None = None) -> list
     if plan is not None:
         with torch.device("meta"):
             model = build_model(spec)
+        model = applicable_model(model, spec, plan)
         for g in spec.cluster.groups:
             apply_plan(model, plan, g.name, dry_run=True)
     from ..data.check import check_data

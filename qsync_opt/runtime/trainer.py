@@ -27,6 +27,7 @@ from ..spec import JobSpec, TrainingSpec
 from . import checkpoint as ckpt
 from .apply import apply_plan, current_precisions
 from ..data.evaluation import Evaluator
+from ..models.rewrite import applicable_model
 from .data import SyntheticTask, build_model, build_task, shard
 
 
@@ -58,6 +59,7 @@ def build_rank_model(spec: JobSpec, plan: Plan | None, group: str) -> nn.Module:
     model = build_model(spec)
     if plan is not None:
         rt = spec.runtime
+        model = applicable_model(model, spec, plan)  # functional GEMMs the plan names get their modules
         model = apply_plan(model, plan, group, kernels=rt.kernels, weight_granularity=rt.weight_granularity,
                            backward_precision=rt.backward_precision, rounding=rt.rounding)
     return model
