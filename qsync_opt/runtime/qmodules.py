@@ -166,7 +166,7 @@ SWAPPABLE: dict[type, type] = {
     nn.Conv1d: QConv1d,
     nn.Conv2d: QConv2d,
     MatMul: QMatMul,
-    FunctionalLinear: QFunctionalLinear,
-    FunctionalConv2d: QFunctionalConv2d,
     nn.Embedding: QEmbedding,
+    FunctionalLinear: QFunctionalLinear,  # functional calls rewritten into modules (models.rewrite)
+    FunctionalConv2d: QFunctionalConv2d,
 }
