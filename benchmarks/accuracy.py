@@ -100,6 +100,7 @@ def main(argv=None) -> int:
     ap.add_argument("--settings", default="int4,int8")
     ap.add_argument("--int8-clusters", default="v100-t4", help="clusters for the int8-only setting")
     ap.add_argument("--parallel", type=int, default=2, help="trainings at once (each is 2 single-thread ranks)")
+    ap.add_argument("--resume", action="store_true", help="keep the trainings DIR/accuracy.csv already holds")
     a = ap.parse_args(argv)
     if a.quick:
         a.seeds, a.steps, a.tasks, a.clusters, a.settings = 1, 20, "cnn", "v100-t4", "int4"
@@ -141,6 +142,15 @@ def main(argv=None) -> int:
                                                precisions=pol.precisions, batches=batches))
             plan_rows.append((row, key))
     results: dict[tuple, dict] = {}
+    if a.resume and (out / "accuracy.csv").exists():  # trainings an interrupted run of the same command finished
+        lines = [x for x in (out / "accuracy.csv").read_text().splitlines() if not x.startswith("#")]
+        old_rows = {(r["task"], r["cluster"], r["setting"], r["policy"], int(r["seed"])): r for r in csv.DictReader(lines)}
+        for row, key in plan_rows:
+            r = old_rows.get((row["task"], row["cluster"], row["setting"], row["policy"], row["seed"]))
+            if key and r and r.get("test_accuracy"):
+                results[key] = {"test_accuracy": float(r["test_accuracy"]), "test_loss": float(r["test_loss"]),
+                                "train_s": float(r["train_s"])}
+        print(f"resumed {len(results)} finished trainings from {out / 'accuracy.csv'}", flush=True)
 
     def rows_now():
         rows = []
@@ -156,7 +166,7 @@ def main(argv=None) -> int:
 
     with ProcessPoolExecutor(max_workers=a.parallel, mp_context=mp.get_context("spawn")) as pool:
         futs = {pool.submit(train_one, t["task"], t["precisions"], t["batches"], a.steps, t["seed"], a.lr): k
-                for k, t in trainings.items()}
+                for k, t in trainings.items() if k not in results}
         for f in as_completed(futs):
             k = futs[f]
             results[k] = f.result()

@@ -81,6 +81,13 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true")
     t.set_defaults(func=_cmd_train)
 
+    r = sub.add_parser("run", help="solve -> train -> report; each stage's artefact cached in the output folder")
+    r.add_argument("spec")
+    r.add_argument("-o", "--output", required=True, help="folder for plan.json, train/, report.md and PNGs")
+    r.add_argument("--from", dest="start", help="rerun from this stage: solve | train | report")
+    r.add_argument("--steps", type=int, help="training steps (default: training.steps)")
+    r.set_defaults(func=_cmd_run)
+
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(metavar="WHAT")
     bs = bsub.add_parser("solvers", help="time every backend on zoo and synthetic instances")
@@ -183,6 +190,14 @@ def _cmd_train(args) -> int:
     from .runtime.launch import launch
 
     return launch(args.spec, args.plan, steps=args.steps, checkpoint_dir=args.checkpoint_dir, resume=args.resume)
+
+
+def _cmd_run(args) -> int:
+    from .run import run
+
+    stages = run(args.spec, args.output, start=args.start, steps=args.steps)
+    print(f"report: {stages['report']}")
+    return EXIT_OK
 
 
 def _cmd_bench_solvers(args) -> int:
