@@ -94,6 +94,13 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--json", action="store_true", help="print the JSON result alone on stdout")
     t.set_defaults(func=_cmd_train)
 
+    r = sub.add_parser("run", help="solve -> train -> report; each stage's artefact cached in the output folder")
+    r.add_argument("spec")
+    r.add_argument("-o", "--output", required=True, help="folder for plan.json, train/, report.md and PNGs")
+    r.add_argument("--from", dest="start", help="rerun from this stage: solve | train | report")
+    r.add_argument("--steps", type=int, help="training steps (default: training.steps)")
+    r.set_defaults(func=_cmd_run)
+
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(metavar="WHAT")
     bs = bsub.add_parser("solvers", help="time every backend on zoo and synthetic instances")
@@ -306,6 +313,14 @@ def _cmd_train(args) -> int:
     return launch(args.spec, args.plan, steps=args.steps, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                   checkpoint_every=args.checkpoint_every, metrics_dir=args.metrics_dir,
                   start_timeout_s=args.start_timeout, force=args.force, as_json=args.json, threads=args.threads)
+
+
+def _cmd_run(args) -> int:
+    from .run import run
+
+    stages = run(args.spec, args.output, start=args.start, steps=args.steps)
+    print(f"report: {stages['report']}")
+    return EXIT_OK
 
 
 def _cmd_bench_solvers(args) -> int:

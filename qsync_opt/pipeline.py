@@ -187,7 +187,11 @@ def _baselines(instance: TrainingInstance, ctx: Context) -> dict[str, Baseline]:
 
     g = greedy(instance)
     if g.feasible:
-        out["greedy (QSync allocator)"] = _as_baseline(instance, ctx, g.assignment)
+        out["greedy (gain per ms)"] = _as_baseline(instance, ctx, g.assignment)
+    from .solver.qsync_greedy import qsync_greedy
+
+    q = qsync_greedy(instance, lambda a: replay(ctx, a).iteration_ms)  # QSync's rule, judged by the replayer
+    out["qsync greedy (QSync allocator)"] = _as_baseline(instance, ctx, q)
     return out
 
 
@@ -203,6 +207,9 @@ def _as_baseline(instance: TrainingInstance, ctx: Context, a: Assignment) -> Bas
         indicator=ev.degradation,
         peak_memory_bytes={n: t.peak_memory_bytes for n, t in tl.groups.items()},
         feasible=ev.feasible and in_time,
+        precisions={g.name: {op: a[g.name][op] for op in g.allowed} for g in instance.groups},
+        group_indicator={g.name: sum(instance.omega[op][a[g.name][op]] for op in g.allowed) for g in instance.groups},
+        local_batches={gc.name: gc.local_batch for gc in ctx.groups},
     )
 
 

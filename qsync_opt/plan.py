@@ -78,10 +78,16 @@ class Baseline(BaseModel):
     iteration_ms: float
     """Synchronous iteration time (slowest group)."""
     indicator: float
-    """Share-weighted indicator sum."""
+    """Share-weighted indicator sum: the scale of Plan.indicator."""
     peak_memory_bytes: dict[str, float]
     feasible: bool
     """Meets every time and memory bound of the instance."""
+    precisions: dict[str, dict[str, PrecisionName]] = Field(default_factory=dict)
+    """Group -> operator FQN -> precision: the baseline as a plan that can be trained."""
+    group_indicator: dict[str, float] = Field(default_factory=dict)
+    """Per group Σ ω (unweighted): the scale of GroupPlan.indicator."""
+    local_batches: dict[str, int] = Field(default_factory=dict)
+    """Per-device batch of each group under this baseline."""
 
 
 class Provenance(BaseModel):

@@ -16,6 +16,7 @@ from typing import Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .data.config import DataSpec
 from .errors import SpecError
 from .spec_errors import format_errors
 from .spec_yaml import CODE_ENV, INT_ENV, DuplicateKey, UniqueKeyLoader, loads_code  # noqa: F401 (re-exported)
@@ -371,6 +372,8 @@ class JobSpec(_Model):
                     f"itself takes about {need:.2g} GB (context, allocator); give more than {need:.2g} GB, "
                     "or omit memory_gb")
         return self
+    data: DataSpec | None = None
+    """Training and test data (default: the synthetic teacher task)."""
 
     @model_validator(mode="after")
     def _workload_matches_kind(self) -> "JobSpec":

@@ -27,11 +27,13 @@ from dataclasses import dataclass
 from torch import nn
 
 from qsync_opt.models.graph import SELECTABLE_KINDS
-from qsync_opt.models.layers import MatMul
+from qsync_opt.models.layers import FunctionalConv2d, FunctionalLinear, MatMul
 
 #: Kind of a call_module node, by module type; the first isinstance match wins.
 MODULE_KINDS: tuple[tuple[type, str], ...] = (
     (MatMul, "matmul"),
+    (FunctionalLinear, "linear"),
+    (FunctionalConv2d, "conv2d"),
     (nn.Conv1d, "conv1d"),
     (nn.Conv2d, "conv2d"),
     (nn.Linear, "linear"),

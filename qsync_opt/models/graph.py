@@ -37,6 +37,9 @@ class OpNode:
     depth: int = 0
     """Breadth-first level in the forward graph (0 = reads the model input)."""
     weight_shape: tuple[int, ...] | None = None
+    weight_fqn: str | None = None
+    """Parameter FQN of a functional op's weight (e.g. `F.linear(x, self.weight)` -> 'weight');
+    None for module ops, whose weight is `<name>.weight`."""
 
     @property
     def input_numel(self) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 import torch
 import torch.fx as fx
@@ -27,7 +28,7 @@ from torch import nn
 from qsync_opt.errors import ModelError, SpecError
 from qsync_opt.models import flops
 from qsync_opt.models.graph import OpGraph, OpNode
-from qsync_opt.models.layers import MatMul
+from qsync_opt.models.layers import FUNCTIONAL_LAYERS, MatMul
 
 _CULPRIT = "_qsync_trace_culprit"
 
@@ -40,7 +41,7 @@ class _Tracer(fx.Tracer):
         self._extra_leaf = extra_leaf
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if isinstance(m, MatMul) or self._extra_leaf(m, module_qualified_name):
+        if isinstance(m, (MatMul, *FUNCTIONAL_LAYERS)) or self._extra_leaf(m, module_qualified_name):
             return True
         return super().is_leaf_module(m, module_qualified_name)
 
@@ -189,6 +190,13 @@ def trace(
     return _build(gm, values, model_name, int(first.shape[0]))
 
 
+def op_names(gm: fx.GraphModule, inputs: Sequence) -> dict[str, str]:
+    """fx node name -> OpNode name for every kept op of `gm`: the names a plan uses, computed as trace does."""
+    names: dict[str, str] = {}
+    _build(gm, record_shapes(gm, tuple(inputs)), "names", 1, names_out=names)
+    return names
+
+
 # --- graph walk ---------------------------------------------------------------------------
 def _carries_data(values, n: fx.Node) -> bool:
     return values[n.name][0] in ("tensor", "tensors", "param")
@@ -200,14 +208,14 @@ def _numel_of(values, n: fx.Node) -> int:
     return sum(flops._numel(s) for s in shapes)
 
 
-def _build(gm: fx.GraphModule, values: dict, model_name: str, batch_size: int) -> OpGraph:
+def _build(gm: fx.GraphModule, values: dict, model_name: str, batch_size: int, names_out: dict | None = None) -> OpGraph:
     nodes = list(gm.graph.nodes)
     act: dict[str, bool] = {}  # an activation: from a model input or an op, not a constant
     kept_src: dict[str, tuple[str, ...]] = {}  # kept ops whose output reaches this node
     # selectable ops reaching a node via non-selectable ops -> residual merges crossed on the way
     sel_src: dict[str, dict[str, int]] = {}
     param_src: dict[str, tuple[str, ...]] = {}  # get_attr parameters reaching it via dropped nodes
-    names: dict[str, str] = {}  # fx node name -> OpNode name
+    names: dict[str, str] = {} if names_out is None else names_out  # fx node name -> OpNode name
     used: set[str] = set()
     counters: dict[tuple[str, str], int] = {}
     claimed: set[int] = set()  # id() of parameters already counted (tied weights count once)
@@ -238,12 +246,15 @@ def _build(gm: fx.GraphModule, values: dict, model_name: str, batch_size: int) -
         name, repeated = _name(n, used, counters)
         names[n.name] = name
         selectable = flops.is_selectable(kind) and not repeated
-        params = _params(gm, n, module, union(param_src.get(u.name, ()) for u in data_in))
+        targets = union(param_src.get(u.name, ()) for u in data_in)
+        params = _params(gm, n, module, targets)
         new = [p for p in params if id(p) not in claimed]
         claimed.update(id(p) for p in new)
         preds = union(kept_src.get(u.name, ()) for u in data_in)
         depth[name] = max((depth[names[p]] + 1 for p in preds), default=0)
         node = _make_node(n, name, kind, selectable, module, ins, values, new, depth[name])
+        if module is None or isinstance(module, FUNCTIONAL_LAYERS):
+            node = replace(node, weight_fqn=_weight_target(gm, targets, params))
         edges.extend((names[p], name) for p in preds)
         if selectable:
             for u in data_in:
@@ -324,8 +335,20 @@ def _name(n: fx.Node, used: set[str], counters: dict) -> tuple[str, bool]:
     return name, False
 
 
+def _weight_target(gm, targets, params) -> str | None:
+    """FQN of the first parameter a functional op reads (its weight), if any."""
+    ids = {id(p) for p in params}
+    for t in targets:
+        obj = gm
+        for part in str(t).split("."):
+            obj = getattr(obj, part)
+        if id(obj) in ids:
+            return str(t)
+    return None
+
+
 def _params(gm, n: fx.Node, module, attr_targets) -> list[nn.Parameter]:
-    if module is not None:
+    if module is not None and not isinstance(module, FUNCTIONAL_LAYERS):
         return list(module.parameters())  # a leaf: its whole subtree is this one op
     out = []
     for t in attr_targets:
@@ -344,12 +367,12 @@ def _make_node(n, name, kind, selectable, module, ins, values, new_params, depth
     kind_v, out_shape, _ = values[n.name]
     output_shape = out_shape[0] if kind_v == "tensors" else out_shape
     weight_shape, has_bias, window = None, False, None
-    if module is not None:
+    if module is not None and not isinstance(module, FUNCTIONAL_LAYERS):
         w = getattr(module, "weight", None)
         weight_shape = tuple(w.shape) if isinstance(w, torch.Tensor) else None
         has_bias = isinstance(getattr(module, "bias", None), torch.Tensor)
         window = flops.pool_window(module) if kind == "pool" else None
-    elif kind in ("linear", "conv1d", "conv2d", "embedding"):
+    elif kind in ("linear", "conv1d", "conv2d", "embedding"):  # a functional call, or a FUNCTIONAL_LAYERS module
         w = n.args[1] if len(n.args) > 1 else n.kwargs.get("weight")
         weight_shape = values[w.name][1] if isinstance(w, fx.Node) else None
         b = n.args[2] if len(n.args) > 2 else n.kwargs.get("bias")
@@ -361,7 +384,7 @@ def _make_node(n, name, kind, selectable, module, ins, values, new_params, depth
     if weight_shape is None and new_params:
         weight_shape = tuple(new_params[0].shape)
     pcount = sum(p.numel() for p in new_params)
-    all_params = sum(p.numel() for p in module.parameters()) if module is not None else pcount
+    all_params = pcount if module is None or isinstance(module, FUNCTIONAL_LAYERS) else sum(p.numel() for p in module.parameters())
     cost = flops.op_cost(
         kind, input_shapes, output_shape,
         weight_shape=weight_shape, has_bias=has_bias, param_count=all_params, window=window,

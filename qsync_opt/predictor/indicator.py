@@ -71,6 +71,11 @@ def surrogate_noise(numel: int, precision: str) -> float:
 
 
 def _weight_of(module: nn.Module, node: OpNode) -> torch.Tensor | None:
+    if getattr(node, "weight_fqn", None):  # a functional op's weight (F.linear(x, self.weight), x @ self.w)
+        try:
+            return module.get_parameter(node.weight_fqn)
+        except AttributeError:
+            return None
     try:
         sub = module.get_submodule(node.name)
     except AttributeError:

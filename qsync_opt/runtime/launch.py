@@ -28,7 +28,9 @@ from pathlib import Path
 
 import torch
 
+from ..data.imported import add_to_sys_path, import_paths, with_pythonpath
 from ..errors import RuntimeSetupError
+from ..models.rewrite import applicable_model
 from ..io import atomic_write_text
 from ..plan import Plan
 from ..spec import JobSpec, load_spec
@@ -117,6 +119,7 @@ def validate(spec: JobSpec, plan: Plan | None, nproc: int | None = None, *, forc
     if plan is not None:
         with torch.device("meta"):
             model = build_model(spec)
+        model = applicable_model(model, spec, plan)
         for g in spec.cluster.groups:
             refused = [f"{fqn}: {why}" for fqn, p in plan.groups[g.name].precisions.items()
                        if (why := precision_refusal(g.device_spec, p)) is not None]
@@ -126,6 +129,9 @@ def validate(spec: JobSpec, plan: Plan | None, nproc: int | None = None, *, forc
                     + "\n  - ".join(refused[:10]) + ("\n  - ..." if len(refused) > 10 else "")
                     + f"\nre-solve the plan for this spec (the solver only offers {list(g.allowed_precisions)})")
             apply_plan(model, plan, g.name, dry_run=True, force=force)
+    from ..data.check import check_data
+
+    check_data(spec)  # the data loads and fits the model: a bad data section exits 2 before any rank starts
     return batches
 
 
@@ -161,6 +167,8 @@ def run_job(spec, plan=None, *, nproc: int | None = None, steps: int | None = No
     plan whose graph fingerprint differs from the model's; `logs_to_stderr` sends the ranks'
     log lines to stderr (for `train --json`, whose stdout carries the result alone).
     """
+    paths = import_paths(None if isinstance(spec, JobSpec) else spec)  # user code beside the spec, or in the cwd
+    add_to_sys_path(paths)
     spec = spec if isinstance(spec, JobSpec) else load_spec(spec)
     plan = plan if (plan is None or isinstance(plan, Plan)) else Plan.load(plan)
     validate(spec, plan, nproc, force=force)
@@ -185,7 +193,7 @@ def run_job(spec, plan=None, *, nproc: int | None = None, steps: int | None = No
         argv += ["--resume", "--resume-from", str(choice.path)]
     if force:
         argv.append("--force")
-    envs = rank_envs(spec, threads, _free_port())
+    envs = [with_pythonpath(env, paths) for env in rank_envs(spec, threads, _free_port())]
     ready_dir = Path(tempfile.mkdtemp(prefix="qsync-ready-"))
     for r, env in enumerate(envs):
         env["QSYNC_READY_FILE"] = str(ready_dir / f"rank{r}")
@@ -266,6 +274,12 @@ def launch(spec_path, plan_path=None, *, nproc: int | None = None, steps: int | 
               f"{result.samples_per_s:.0f} samples/s; per-rank mean step ms "
               + ", ".join(f"{r}: {ms:.1f}" for r, ms in result.step_ms.items())
               + f"; metrics in {result.metrics_dir}", file=out)
+        from ..data.evaluation import read_eval
+
+        if evals := read_eval(result.metrics_dir):
+            last = evals[-1]
+            print(f"test set after step {last['step']}: accuracy {last['test_accuracy']:.4f}, loss {last['test_loss']:.4f} "
+                  f"({last['test_samples']} samples); eval.csv in {result.metrics_dir}", file=out)
     if result.status == "stopped":
         print(f"stopped on a signal after step {result.steps_done} (exit code {EXIT_STOPPED})"
               + (f"; continue with --resume --checkpoint-dir {checkpoint_dir}" if checkpoint_dir else ""), file=out)

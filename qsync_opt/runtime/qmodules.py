@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models.layers import MatMul
+from ..models.layers import FunctionalConv2d, FunctionalLinear, MatMul
 from .casts import Quantized, StraightThrough, cast, quantize
 from .qfunctions import ConvOp, LinearOp, MatMulOp, QuantizedGemm
 from .recipe import Recipe
@@ -108,6 +108,32 @@ class QMatMul(QuantizedModule, MatMul):
         return y.squeeze(-2) if vec_a else y
 
 
+class QFunctionalLinear(QuantizedModule, FunctionalLinear):
+    """A rewritten `F.linear` call (models.rewrite): the weight is the user's parameter, passed in."""
+
+    def forward(self, x, weight, bias=None):
+        return QuantizedGemm.apply(x, weight, bias, _LINEAR, self.recipe)
+
+
+class QFunctionalConv2d(QuantizedModule, FunctionalConv2d):
+    """A rewritten `F.conv2d` call; 'same'/'valid' padding resolved from the weight's kernel size."""
+
+    def forward(self, x, weight, bias=None):
+        k = tuple(weight.shape[2:])
+        pad = self.padding
+        if pad == "valid":
+            pad = (0, 0)
+        elif pad == "same":
+            total = [d * (kk - 1) for d, kk in zip(self.dilation, k)]
+            if any(t % 2 for t in total):
+                x = F.pad(x, (total[1] // 2, total[1] - total[1] // 2, total[0] // 2, total[0] - total[0] // 2))
+                pad = (0, 0)
+            else:
+                pad = tuple(t // 2 for t in total)
+        op = ConvOp(2, self.stride, pad, self.dilation, self.groups)
+        return QuantizedGemm.apply(x, weight, bias, op, self.recipe, k)
+
+
 class QEmbedding(QuantizedModule, nn.Embedding):
     """Lookup of rows rounded to the precision; the gradient scatters in fp32 onto the table.
 
@@ -141,4 +167,6 @@ SWAPPABLE: dict[type, type] = {
     nn.Conv2d: QConv2d,
     MatMul: QMatMul,
     nn.Embedding: QEmbedding,
+    FunctionalLinear: QFunctionalLinear,  # functional calls rewritten into modules (models.rewrite)
+    FunctionalConv2d: QFunctionalConv2d,
 }

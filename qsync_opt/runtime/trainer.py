@@ -28,7 +28,9 @@ from ..plan import Plan
 from ..spec import JobSpec, TrainingSpec
 from . import checkpoint as ckpt
 from .apply import apply_plan, current_precisions
-from .data import SyntheticTask, build_model, shard
+from ..data.evaluation import Evaluator
+from ..models.rewrite import applicable_model
+from .data import SyntheticTask, build_model, build_task, shard
 
 
 def loss_weight(local_batch: int, world: int, global_batch: int) -> float:
@@ -59,6 +61,7 @@ def build_rank_model(spec: JobSpec, plan: Plan | None, group: str, force: bool =
     model = build_model(spec)
     if plan is not None:
         rt = spec.runtime
+        model = applicable_model(model, spec, plan)  # functional GEMMs the plan names get their modules
         model = apply_plan(model, plan, group, kernels=rt.kernels, weight_granularity=rt.weight_granularity,
                            backward_precision=rt.backward_precision, rounding=rt.rounding, force=force,
                            device=next(g for g in spec.cluster.groups if g.name == group).device_spec)
@@ -167,7 +170,7 @@ def _train(cfg: WorkerConfig, rank: int, world: int, stop: _StopFlag, use_cuda: 
     model = build_rank_model(spec, plan, group, cfg.force).to(device)
     ddp = DDP(model, device_ids=[device.index] if use_cuda else None)
     optimizer = make_optimizer(spec.training, model.parameters())
-    task = SyntheticTask(spec)
+    task = build_task(spec)
     torch.manual_seed(spec.training.seed * 7_919 + 1 + rank)  # per-rank stream: dropout, stochastic rounding
     meta = {"world_size": world, "local_batches": batches, "model": spec.model.name or spec.model.import_}
 
@@ -181,6 +184,7 @@ def _train(cfg: WorkerConfig, rank: int, world: int, stop: _StopFlag, use_cuda: 
         start = state["step"]
 
     metrics = _Metrics(cfg.metrics_dir, rank, group, resume=cfg.resume)
+    evaluator = Evaluator(spec, task, cfg.metrics_dir, rank, resume=cfg.resume, total_steps=cfg.steps)
     counts = _counts(current_precisions(model))
     metrics.note(f"rank {rank}/{world} group={group} local_batch={local} threads={torch.get_num_threads()} "
                  f"precisions={counts} start_step={start}", event="start", rank=rank, group=group,
@@ -206,6 +210,8 @@ def _train(cfg: WorkerConfig, rank: int, world: int, stop: _StopFlag, use_cuda: 
         step += 1
         metrics.step(step, summary[0].item() / global_batch, local_loss.item(), step_s, local)
         stopping = summary[1].item() > 0
+        if (ev := evaluator.after_step(step, summary[0].item() / global_batch, model)) is not None:
+            metrics.note(f"eval step {step} test_loss {ev['test_loss']:.4f} test_accuracy {ev['test_accuracy']:.4f}")
         due = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
         if cfg.checkpoint_dir and (due or stopping or step == cfg.steps):
             _checkpoint(cfg.checkpoint_dir, step, rank, model, optimizer, meta)

@@ -1,0 +1,244 @@
+"""Accuracy harness: does the plan keep the accuracy that uniform low precision loses? (QSync's claim)
+
+For each task (a ResNet-style CNN and a ViT-style transformer on MNIST-1D), each hybrid
+cluster (V100+T4, A100+T4; the T4 offers int4) and each setting (int4 allowed; int8-only),
+the library plans seven policies for the cluster (benchmarks/accuracy_policies.py), then
+trains each here with `qsync_opt.runtime.launch.run_job`: two gloo ranks on this CPU, the
+first applying the strong group's part of the policy, the second the T4's, with the plan's
+split of the global batch scaled to the training batch. Numerics do not depend on which chip
+ran them; times are the replayer's predictions for the cluster, not measured here.
+
+    python benchmarks/accuracy.py --out DIR [--quick] [--seeds 3] [--steps 200]
+
+Writes DIR/accuracy.csv (one row per task, cluster, setting, policy, seed; the command and the
+machine load in a header comment) and DIR/summary.csv (mean ± std per policy), and prints
+the summary. Identical trainings (same precision maps, same split, same seed) run once and
+are reported under every policy that chose them (the `same_as` column says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+from accuracy_policies import POLICIES, plan_policies  # noqa: E402
+
+from qsync_opt.data.evaluation import read_eval  # noqa: E402
+from qsync_opt.io import atomic_write_text  # noqa: E402
+from qsync_opt.plan import GroupPlan, Plan, Provenance, SolverReport  # noqa: E402
+from qsync_opt.runtime.launch import run_job  # noqa: E402
+from qsync_opt.spec import load_spec  # noqa: E402
+
+TASKS = {  # name -> model section, data input shape
+    "cnn": ({"import": "accuracy_models:resnet1d", "input_shape": [1, 40], "kwargs": {"width": 16}}, [1, 40]),
+    "vit": ({"import": "accuracy_models:vit1d", "input_shape": [10, 4], "kwargs": {"dim": 32}}, [10, 4]),
+}
+CLUSTERS = {  # name -> strong device, local batches at planning scale (the T4 keeps pace only with fewer samples)
+    "v100-t4": ("V100-32GB", (2560, 1536)),
+    "a100-t4": ("A100-40GB", (3072, 1024)),
+}
+SETTINGS = {"int4": None, "int8": ("fp32", "fp16", "int8")}
+PLAN_BATCH = 4096
+FIELDS = ("task", "cluster", "setting", "policy", "seed", "test_accuracy", "test_loss", "predicted_ms", "indicator",
+          "t4_precisions", "local_batches", "same_as", "train_s", "note")
+
+
+def train_batches(lbs: dict[str, int], total: int) -> dict[str, int]:
+    """The plan's split of PLAN_BATCH scaled to `total` samples (at least 1 each, summing to total)."""
+    strong = max(1, min(total - 1, round(total * lbs["strong"] / sum(lbs.values()))))
+    return {"strong": strong, "t4": total - strong}
+
+
+def training_spec(task: str, batches: dict[str, int], steps: int, seed: int, lr: float) -> dict:
+    model, shape = TASKS[task]
+    groups = [{"name": n, "device": "cpu-local", "local_batch": b} for n, b in batches.items()]
+    return {"name": f"accuracy-{task}", "cluster": {"groups": groups, "interconnect": "loopback"}, "model": model,
+            "training": {"global_batch": sum(batches.values()), "optimizer": "adam", "lr": lr, "steps": steps,
+                         "seed": seed},
+            "data": {"name": "mnist1d", "input_shape": shape}}
+
+
+def runtime_plan(spec, precisions: dict[str, dict[str, str]], batches: dict[str, int]) -> Plan:
+    groups = {n: GroupPlan(device="cpu-local", count=1, local_batch=batches[n], precisions=precisions[n],
+                           compute_ms=0.0, comm_exposed_ms=0.0, iteration_ms=0.0, peak_memory_bytes=0.0,
+                           memory_capacity_bytes=1.0, indicator=0.0) for n in batches}
+    return Plan(job=spec.name, model=spec.model.import_, objective="accuracy_degradation", groups=groups,
+                iteration_ms=0.0, indicator=0.0,
+                solver=SolverReport(backend="accuracy harness", status="heuristic", objective=0.0, wall_s=0.0),
+                provenance=Provenance(spec_digest=spec.digest(), versions={}))
+
+
+def counts(prec: dict[str, str]) -> str:
+    c: dict[str, int] = {}
+    for p in prec.values():
+        c[p] = c.get(p, 0) + 1
+    return " ".join(f"{p}:{n}" for p, n in sorted(c.items()))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="CI scale: cnn on v100-t4, int4 only, 1 seed, 20 steps")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--batch", type=int, default=64, help="global batch of the training here")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--tasks", default="cnn,vit")
+    ap.add_argument("--clusters", default="v100-t4,a100-t4")
+    ap.add_argument("--settings", default="int4,int8")
+    ap.add_argument("--int8-clusters", default="v100-t4", help="clusters for the int8-only setting")
+    ap.add_argument("--parallel", type=int, default=2, help="trainings at once (each is 2 single-thread ranks)")
+    ap.add_argument("--resume", action="store_true", help="keep the trainings DIR/accuracy.csv already holds")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.seeds, a.steps, a.tasks, a.clusters, a.settings = 1, 20, "cnn", "v100-t4", "int4"
+        a.parallel = 1
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = "python benchmarks/accuracy.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    t_start = time.time()
+
+    jobs = []  # (task, cluster, setting, Policy)
+    for task in a.tasks.split(","):
+        for cl in a.clusters.split(","):
+            strong, split = CLUSTERS[cl]
+            for st in a.settings.split(","):
+                if st == "int8" and cl not in a.int8_clusters.split(","):
+                    continue
+                t0 = time.time()
+                pols = plan_policies(TASKS[task][0], strong, split, SETTINGS[st], PLAN_BATCH)
+                print(f"planned {task} {cl} {st} in {time.time() - t0:.1f}s: "
+                      + ", ".join(f"{p}={counts(pols[p].precisions['t4']) if pols[p].precisions else 'none'}" for p in POLICIES),
+                      flush=True)
+                jobs.extend((task, cl, st, pols[p]) for p in POLICIES)
+    atomic_write_text(out / "policies.json", json.dumps(
+        [dict(task=t, cluster=c, setting=s, policy=p.name, precisions=p.precisions, local_batches=p.local_batches,
+              predicted_ms=p.predicted_ms, indicator=p.indicator, note=p.note) for t, c, s, p in jobs], indent=1))
+
+    trainings: dict[tuple, dict] = {}  # identical trainings run once
+    plan_rows = []
+    for seed in range(a.seeds):  # seed-major: a partial run still has every policy for the first seeds
+        for task, cl, st, pol in jobs:
+            row = dict(task=task, cluster=cl, setting=st, policy=pol.name, seed=seed, predicted_ms=pol.predicted_ms,
+                       indicator=pol.indicator, local_batches=json.dumps(pol.local_batches), note=pol.note,
+                       t4_precisions=counts(pol.precisions["t4"]) if pol.precisions else "")
+            key = None
+            if pol.precisions is not None:
+                batches = train_batches(pol.local_batches, a.batch)
+                key = (task, json.dumps(pol.precisions, sort_keys=True), json.dumps(batches, sort_keys=True), seed)
+                trainings.setdefault(key, dict(label=f"{task}/{cl}/{st}/{pol.name}", task=task, seed=seed,
+                                               precisions=pol.precisions, batches=batches))
+            plan_rows.append((row, key))
+    results: dict[tuple, dict] = {}
+    if a.resume and (out / "accuracy.csv").exists():  # trainings an interrupted run of the same command finished
+        lines = [x for x in (out / "accuracy.csv").read_text().splitlines() if not x.startswith("#")]
+        old_rows = {(r["task"], r["cluster"], r["setting"], r["policy"], int(r["seed"])): r for r in csv.DictReader(lines)}
+        for row, key in plan_rows:
+            r = old_rows.get((row["task"], row["cluster"], row["setting"], row["policy"], row["seed"]))
+            if key and r and r.get("test_accuracy"):
+                results[key] = {"test_accuracy": float(r["test_accuracy"]), "test_loss": float(r["test_loss"]),
+                                "train_s": float(r["train_s"])}
+        print(f"resumed {len(results)} finished trainings from {out / 'accuracy.csv'}", flush=True)
+
+    def rows_now():
+        rows = []
+        for row, key in plan_rows:
+            res = results.get(key) if key else None
+            first = trainings[key]["label"] if key else ""
+            mine = f"{row['task']}/{row['cluster']}/{row['setting']}/{row['policy']}"
+            rows.append({**row, **(res or {"test_accuracy": None}), "same_as": "" if first == mine else first})
+        return rows
+
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    import multiprocessing as mp
+
+    with ProcessPoolExecutor(max_workers=a.parallel, mp_context=mp.get_context("spawn")) as pool:
+        futs = {pool.submit(train_one, t["task"], t["precisions"], t["batches"], a.steps, t["seed"], a.lr): k
+                for k, t in trainings.items() if k not in results}
+        for f in as_completed(futs):
+            k = futs[f]
+            results[k] = f.result()
+            print(f"  {trainings[k]['label']} seed {trainings[k]['seed']}: acc {results[k]['test_accuracy']} "
+                  f"({results[k]['train_s']}s, load {os.getloadavg()[0]:.1f}) [{len(results)}/{len(trainings)}]", flush=True)
+            write_csv(out / "accuracy.csv", rows_now(), command, t_start)
+    rows = rows_now()
+    done = results
+    summary = summarise(rows)
+    write_summary(out / "summary.csv", summary, command)
+    print_summary(summary)
+    print(f"load average now {os.getloadavg()}; wall {time.time() - t_start:.0f}s; {len(done)} trainings")
+    return 0
+
+
+def train_one(task, precisions, batches, steps, seed, lr) -> dict:
+    """One training on two gloo ranks (in its own process, so run_job may install signal handlers)."""
+    spec = load_spec(training_spec(task, batches, steps, seed, lr))
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="qsync-acc-") as tmp:
+        r = run_job(spec, runtime_plan(spec, precisions, batches), metrics_dir=tmp, threads=1, timeout_s=1800)
+        ev = read_eval(tmp)
+    if not r.ok or not ev:
+        return {"test_accuracy": None, "test_loss": None, "train_s": round(time.time() - t0, 1),
+                "note": f"training failed, exit codes {r.returncodes}"}
+    return {"test_accuracy": ev[-1]["test_accuracy"], "test_loss": round(ev[-1]["test_loss"], 5),
+            "train_s": round(time.time() - t0, 1)}
+
+
+def write_csv(path: Path, rows, command: str, t_start: float) -> None:
+    buf = io.StringIO()
+    buf.write(f"# command: {command}\n# machine load (1, 5, 15 min) at write: {os.getloadavg()}; "
+              f"elapsed {time.time() - t_start:.0f}s; predicted_ms is the replayer's cluster time, "
+              "indicator the share-weighted sum (Plan.indicator's scale)\n")
+    w = csv.DictWriter(buf, fieldnames=FIELDS, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
+
+
+def summarise(rows):
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        groups.setdefault((r["task"], r["cluster"], r["setting"], r["policy"]), []).append(r)
+    out = []
+    for (task, cl, st, pol), rs in groups.items():
+        accs = [100 * r["test_accuracy"] for r in rs if r.get("test_accuracy") is not None]
+        out.append(dict(task=task, cluster=cl, setting=st, policy=pol, seeds=len(accs),
+                        mean=statistics.mean(accs) if accs else None,
+                        std=statistics.stdev(accs) if len(accs) > 1 else None,
+                        predicted_ms=rs[0]["predicted_ms"], indicator=rs[0]["indicator"],
+                        t4_precisions=rs[0].get("t4_precisions", ""), local_batches=rs[0]["local_batches"]))
+    return out
+
+
+def write_summary(path: Path, summary, command: str) -> None:
+    buf = io.StringIO()
+    buf.write(f"# command: {command}\n")
+    w = csv.DictWriter(buf, fieldnames=list(summary[0]) if summary else ["task"])
+    w.writeheader()
+    w.writerows(summary)
+    atomic_write_text(path, buf.getvalue())
+
+
+def print_summary(summary) -> None:
+    fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    print(f"{'task':5} {'cluster':8} {'set':5} {'policy':15} {'acc % (mean ± std)':>20} {'pred ms':>8} {'indicator':>10}  T4 precisions")
+    for s in summary:
+        acc = "-" if s["mean"] is None else f"{s['mean']:.2f} ± {fmt(s['std'], '.2f')} (n={s['seeds']})"
+        print(f"{s['task']:5} {s['cluster']:8} {s['setting']:5} {s['policy']:15} {acc:>20} "
+              f"{fmt(s['predicted_ms'], '.3f'):>8} {fmt(s['indicator'], '.3g'):>10}  {s['t4_precisions']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The seven policies of the accuracy harness, planned for a hybrid cluster by the library itself.
+
+For one (task, cluster, setting) every policy is a precision map per group plus local batches
+at the cluster's scale, with its replayed iteration time and its share-weighted indicator
+(the scale of Plan.indicator):
+  fp32            the plan's baseline 'all highest (fp32)' (the accuracy ceiling)
+  uniform-lowest  baseline 'uniform lowest': the weak group at its lowest format everywhere
+  qsync-greedy    baseline 'qsync greedy (QSync allocator)': QSync's own rule
+  greedy          baseline 'greedy (gain per ms)': our stronger greedy
+  ilp             the plan (HiGHS), fixed local batches
+  batching        all fp32, the split of the global batch with the lowest replayed iteration
+                  time (QSync's dynamic-batching baseline: slower devices get smaller batches)
+  joint           batch_split: auto, precision and split together, bounded by the ilp's bound
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qsync_opt.pipeline import _as_baseline, prepare, solve
+from qsync_opt.predictor.instance_builder import baseline, build_instance
+from qsync_opt.solver.batching import candidate_splits
+from qsync_opt.spec import load_spec
+
+POLICIES = ("fp32", "uniform-lowest", "qsync-greedy", "greedy", "ilp", "batching", "joint")
+FROM_BASELINE = {"fp32": "all highest (fp32)", "uniform-lowest": "uniform lowest",
+                 "qsync-greedy": "qsync greedy (QSync allocator)", "greedy": "greedy (gain per ms)"}
+
+
+@dataclass
+class Policy:
+    name: str
+    precisions: dict[str, dict[str, str]] | None
+    """group -> FQN -> precision; None when the policy found no plan (infeasible)."""
+    local_batches: dict[str, int]
+    predicted_ms: float | None
+    indicator: float | None
+    note: str = ""
+
+
+def cluster_spec(model: dict, strong: str, split: tuple[int, int], weak_precisions, *, global_batch: int,
+                 batch_split="fixed", bound=None) -> dict:
+    t4 = {"name": "t4", "device": "T4", "role": "inference"}
+    if weak_precisions:
+        t4["precisions"] = list(weak_precisions)
+    groups = [{"name": "strong", "device": strong, "role": "training"}, t4]
+    if batch_split == "fixed":
+        groups[0]["local_batch"], groups[1]["local_batch"] = split
+    spec = {"name": "accuracy", "cluster": {"groups": groups, "interconnect": "ethernet-100g"}, "model": model,
+            "training": {"global_batch": global_batch, "seed": 0, "batch_split": batch_split},
+            "solver": {"backend": "highs", "time_limit_s": 30}}
+    if bound is not None:
+        spec["objective"] = {"max_iteration_time": bound}
+    return spec
+
+
+def plan_policies(model: dict, strong: str, split: tuple[int, int], weak_precisions, global_batch: int) -> dict[str, Policy]:
+    fixed = load_spec(cluster_spec(model, strong, split, weak_precisions, global_batch=global_batch))
+    plan = solve(fixed)
+    lbs = {n: g.local_batch for n, g in plan.groups.items()}
+    out = {"ilp": Policy("ilp", {n: dict(g.precisions) for n, g in plan.groups.items()}, lbs, plan.iteration_ms,
+                         plan.indicator, f"{plan.solver.backend} {plan.solver.status}")}
+    for pol, name in FROM_BASELINE.items():
+        b = plan.baselines.get(name)
+        if b is None:
+            out[pol] = Policy(pol, None, lbs, None, None, "the heuristic found no plan within the bounds")
+        else:
+            out[pol] = Policy(pol, b.precisions, b.local_batches or lbs, b.iteration_ms, b.indicator,
+                              "" if b.feasible else "misses a bound")
+    bound = plan.groups["t4"].time_bound_ms
+    auto = load_spec(cluster_spec(model, strong, split, weak_precisions, global_batch=global_batch,
+                                  batch_split="auto", bound=bound))
+    try:
+        joint = solve(auto)
+        out["joint"] = Policy("joint", {n: dict(g.precisions) for n, g in joint.groups.items()},
+                              {n: g.local_batch for n, g in joint.groups.items()}, joint.iteration_ms, joint.indicator,
+                              f"bound {bound:.3f} ms")
+    except Exception as e:  # noqa: BLE001 - an infeasible joint plan is a result, not a crash
+        out["joint"] = Policy("joint", None, lbs, None, None, f"{type(e).__name__}: {str(e).splitlines()[0]}")
+    out["batching"] = _batching_alone(auto)
+    return out
+
+
+def _batching_alone(spec) -> Policy:
+    """All fp32; the candidate split with the lowest replayed iteration time."""
+    prepared = prepare(spec)
+    best = None
+    for split in candidate_splits(spec):
+        inst, ctx = build_instance(spec, prepared.graph, prepared.sensitivity, local_batches=split,
+                                   boundary=spec.runtime.boundary)
+        b = _as_baseline(inst, ctx, baseline(inst, "highest"))
+        if best is None or b.iteration_ms < best[1].iteration_ms:
+            best = (split, b)
+    split, b = best
+    return Policy("batching", b.precisions, dict(split), b.iteration_ms, b.indicator, "fastest all-fp32 split")

@@ -1,0 +1,34 @@
+"""Datasets: bundled real sets, user factories, the synthetic teacher task; per-rank slicing.
+
+Every task reads sample i of the training stream by its global index, so any split of a
+global batch over ranks sees the same samples and a resumed run continues exactly.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .config import BUILTIN, DataSpec
+
+if TYPE_CHECKING:  # the runtime parts import torch; keep `import qsync_opt.spec` light
+    from .check import check_data
+    from .evaluation import EvalLog, evaluate
+    from .task import DatasetTask, build_task
+
+__all__ = ["BUILTIN", "DataSpec", "DatasetTask", "EvalLog", "build_task", "check_data", "evaluate"]
+
+
+def __getattr__(name: str):
+    if name in ("DatasetTask", "build_task"):
+        from . import task
+
+        return getattr(task, name)
+    if name in ("EvalLog", "evaluate"):
+        from . import evaluation as ev
+
+        return getattr(ev, name)
+    if name == "check_data":
+        from .check import check_data
+
+        return check_data
+    raise AttributeError(name)

@@ -1,0 +1,100 @@
+"""Deterministic synthetic training data, addressed by global sample index.
+
+Sample i is the same tensor whichever rank reads it and however the global batch is split,
+so a 2-rank run and a 1-process run see identical data and a resumed run continues exactly.
+Inputs are drawn in fixed chunks of CHUNK samples, each from its own seeded generator.
+Targets come from a frozen "teacher": the same architecture built with another seed, whose
+argmax output is the label. That makes the task learnable for any zoo model (classification
+or language modelling) without downloading a dataset. Labels are computed in fp32 on the
+reading rank; ranks whose kernels differ (another oneDNN ISA) could in principle disagree on
+an exact tie of teacher logits.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+import torch.nn.functional as F
+
+from ..models.from_spec import build_from_spec as build_model
+from ..models.from_spec import input_maker
+from ..spec import JobSpec
+
+CHUNK = 64
+_TEACHER_SEED_OFFSET = 1_000_003
+TEST_START = CHUNK << 31
+"""Held-out samples start at chunk 2**31: torch's CPU generator keeps 32 bits of a seed, so test
+chunks are seeded apart from the first 2**31 training chunks (137 billion samples)."""
+
+
+def shard(local_batches: list[int], rank: int) -> tuple[int, int]:
+    """(offset, size) of `rank`'s slice of each global batch; ranks take slices in rank order."""
+    return sum(local_batches[:rank]), local_batches[rank]
+
+
+class SyntheticTask:
+    """Inputs by global index, teacher labels, and the loss; the same on every rank."""
+
+    def __init__(self, spec: JobSpec, *, cache_chunks: int = 8, test_samples: int = 1024):
+        self.spec = spec
+        self.test_samples = test_samples
+        self.seed = spec.training.seed if spec.training else 0
+        self._make_inputs = input_maker(spec)
+        state = torch.random.get_rng_state()
+        torch.manual_seed(self.seed + _TEACHER_SEED_OFFSET)
+        try:
+            self.teacher = build_model(spec).eval()
+        finally:
+            torch.random.set_rng_state(state)
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        self._lm = spec.model.name is not None and _zoo_entry(spec).task == "language_modelling"
+        self._cache: OrderedDict[int, tuple[tuple[torch.Tensor, ...], torch.Tensor]] = OrderedDict()
+        self._cache_chunks = cache_chunks
+
+    def _chunk(self, c: int):
+        if c in self._cache:
+            self._cache.move_to_end(c)
+            return self._cache[c]
+        g = torch.Generator().manual_seed(self.seed * 7_919 + c)
+        inputs = tuple(self._make_inputs(CHUNK, g))
+        with torch.no_grad():
+            labels = self.teacher(*inputs).argmax(-1)
+        self._cache[c] = (inputs, labels)
+        if len(self._cache) > self._cache_chunks:
+            self._cache.popitem(last=False)
+        return self._cache[c]
+
+    def samples(self, start: int, count: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """Inputs and targets of global samples start .. start+count-1."""
+        ins, tgts = [], []
+        i, end = start, start + count
+        while i < end:
+            c, off = divmod(i, CHUNK)
+            take = min(end - i, CHUNK - off)
+            inputs, labels = self._chunk(c)
+            ins.append(tuple(t[off:off + take] for t in inputs))
+            tgts.append(labels[off:off + take])
+            i += take
+        inputs = tuple(torch.cat([x[k] for x in ins]) for k in range(len(ins[0])))
+        return inputs, torch.cat(tgts)
+
+    def batch(self, step: int, global_batch: int, offset: int, size: int):
+        """This rank's part of global batch `step`: samples step*B + offset ... + size."""
+        return self.samples(step * global_batch + offset, size)
+
+    def test_batches(self, batch: int):
+        """Held-out samples (teacher-labelled like the training stream), `batch` at a time."""
+        for start in range(0, self.test_samples, batch):
+            yield self.samples(TEST_START + start, min(batch, self.test_samples - start))
+
+    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over samples (and positions, for language models)."""
+        return F.cross_entropy(output.reshape(-1, output.size(-1)).float(), targets.reshape(-1))
+
+
+def _zoo_entry(spec: JobSpec):
+    from ..models.zoo import get_entry
+
+    return get_entry(spec.model.name)

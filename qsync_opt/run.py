@@ -1,0 +1,86 @@
+"""`qsync-opt run SPEC -o DIR`: the whole loop in one command, each stage's artefact cached in DIR.
+
+Stages, in order (`STAGES`): solve -> train -> report. Each writes its artefact into DIR and
+records the spec digest in DIR/run.json; a later run reuses every artefact made from the
+same spec and restarts at the first stage that is missing, or at `--from STAGE`.
+
+Seam: profiling a local device, computing indicators and the replayer's prediction run
+inside `solve` today (pipeline.prepare / plan_training). When they become stages of their
+own they slot into STAGES before "solve" with the same contract: `fn(ctx) -> artefact path`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import QSyncError, SpecError
+from .io import atomic_write_text
+from .plan import Plan
+from .spec import JobSpec, load_spec
+
+
+@dataclass
+class RunContext:
+    spec_path: str
+    spec: JobSpec
+    out: Path
+    steps: int | None = None
+    log: Callable[[str], None] = print
+    artefacts: dict[str, str] = field(default_factory=dict)
+
+
+def _solve(ctx: RunContext) -> str:
+    from .data.imported import add_to_sys_path, import_paths
+    from .pipeline import solve
+
+    add_to_sys_path(import_paths(ctx.spec_path))
+    plan = solve(ctx.spec)
+    return str(plan.save(ctx.out / "plan.json"))
+
+
+def _train(ctx: RunContext) -> str:
+    from .runtime.launch import run_job
+
+    metrics = ctx.out / "train"
+    result = run_job(ctx.spec_path, Plan.load(ctx.out / "plan.json"), steps=ctx.steps, metrics_dir=str(metrics))
+    if not result.ok:
+        raise QSyncError(f"training failed: exit codes by rank {result.returncodes}; logs in {metrics}")
+    return str(metrics)
+
+
+def _report(ctx: RunContext) -> str:
+    from .run_report import write_report
+
+    return str(write_report(ctx.spec, Plan.load(ctx.out / "plan.json"), ctx.out / "train", ctx.out))
+
+
+STAGES: dict[str, Callable[[RunContext], str]] = {"solve": _solve, "train": _train, "report": _report}
+
+
+def run(spec_path: str, out: "str | Path", *, start: str | None = None, steps: int | None = None,
+        log: Callable[[str], None] = print) -> dict[str, str]:
+    """Run the stages from the first one without a cached artefact (or from `start`); returns stage -> artefact."""
+    if start is not None and start not in STAGES:
+        raise SpecError(f"--from {start!r}: not a stage; stages are {', '.join(STAGES)}")
+    spec = load_spec(spec_path)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest_path = out / "run.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    if manifest.get("spec_digest") != spec.digest() or manifest.get("steps") != steps:
+        manifest = {"spec_digest": spec.digest(), "steps": steps, "stages": {}}
+    ctx = RunContext(spec_path, spec, out, steps, log)
+    rerun = False
+    for name, fn in STAGES.items():
+        rerun = rerun or name == start or name not in manifest["stages"] or not Path(manifest["stages"][name]).exists()
+        if not rerun:
+            log(f"[{name}] cached: {manifest['stages'][name]}")
+            continue
+        log(f"[{name}] running")
+        manifest["stages"][name] = fn(ctx)
+        atomic_write_text(manifest_path, json.dumps(manifest, indent=1))
+        log(f"[{name}] wrote {manifest['stages'][name]}")
+    return dict(manifest["stages"])
