@@ -59,23 +59,11 @@ def _with_ninja_on_path() -> dict:
 
 def build_cpu(rendered: Rendered, directory: Path, module: str, flags: list[str]) -> Path:
     """Compile `rendered` in `directory` as shared library `module`.so and load it into torch.ops."""
-    from torch.utils import cpp_extension
-
     sources = write_sources(rendered, directory)
-    saved = os.environ.get("PATH")
-    os.environ["PATH"] = _with_ninja_on_path()["PATH"]
-    try:
-        path = cpp_extension.load(name=module, sources=[str(s) for s in sources], extra_cflags=flags,
-                                  extra_ldflags=CPU_LDFLAGS, extra_include_paths=[str(directory)],
-                                  build_directory=str(directory), is_python_module=False, verbose=False)
-    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-        raise KernelBuildError(f"building CPU kernel module {module} failed (sources in {directory}):\n{e}") from e
-    finally:
-        if saved is None:
-            os.environ.pop("PATH", None)
-        else:
-            os.environ["PATH"] = saved
-    return Path(path)
+    return _load_extension(
+        f"building CPU kernel module {module} failed (sources in {directory})",
+        name=module, sources=[str(s) for s in sources], extra_cflags=flags, extra_ldflags=CPU_LDFLAGS,
+        extra_include_paths=[str(directory)], build_directory=str(directory))
 
 
 def cuda_gencode(arch: str) -> list[str]:
@@ -87,19 +75,25 @@ def cuda_gencode(arch: str) -> list[str]:
 def build_cuda_extension(rendered: Rendered, directory: Path, module: str, arch: str) -> Path:
     """Compile the rendered .cu and its torch binding into one library with torch.utils.cpp_extension
     (needs a CUDA build of torch and nvcc) and load it: its ops appear under torch.ops.<namespace>_cuda."""
+    write_sources(rendered, directory)
+    return _load_extension(
+        f"building CUDA kernel module {module} for {arch} failed (sources in {directory})",
+        name=module, sources=[str(directory / rendered.binding), str(directory / rendered.main)],
+        extra_cflags=["-O3", "-DNDEBUG"], extra_cuda_cflags=["-O3", "--expt-relaxed-constexpr", *cuda_gencode(arch)],
+        extra_include_paths=[str(directory)], build_directory=str(directory))
+
+
+def _load_extension(failure: str, **kwargs) -> Path:
+    """torch.utils.cpp_extension.load with our ninja on PATH for the call alone; a failed build
+    becomes a KernelBuildError that starts with `failure` and carries the compiler output."""
     from torch.utils import cpp_extension
 
-    write_sources(rendered, directory)
     saved = os.environ.get("PATH")
     os.environ["PATH"] = _with_ninja_on_path()["PATH"]
     try:
-        path = cpp_extension.load(
-            name=module, sources=[str(directory / rendered.binding), str(directory / rendered.main)],
-            extra_cflags=["-O3", "-DNDEBUG"], extra_cuda_cflags=["-O3", "--expt-relaxed-constexpr", *cuda_gencode(arch)],
-            extra_include_paths=[str(directory)], build_directory=str(directory), is_python_module=False,
-            verbose=False)
+        path = cpp_extension.load(is_python_module=False, verbose=False, **kwargs)
     except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-        raise KernelBuildError(f"building CUDA kernel module {module} for {arch} failed (sources in {directory}):\n{e}") from e
+        raise KernelBuildError(f"{failure}:\n{e}") from e
     finally:
         if saved is None:
             os.environ.pop("PATH", None)

@@ -82,6 +82,30 @@ def _lookup_or_build(directory: Path, key: str, build_fn) -> tuple[dict, bool]:
         return marker, True
 
 
+def _build_and_load(module_type, spec, rendered, directory: Path, key: str, tc: dict, quick, build_library):
+    """The disk cache (marker + lock) under the in-memory memo: build once per content and
+    toolchain, load a library another process built, and memoise it under both keys."""
+    with _MEMO_LOCK:
+        hit = _MEMO.get(str(directory))
+        if hit is not None:
+            _MEMO[quick] = hit
+            return hit
+        loaded_by_build = []
+
+        def do_build() -> dict:
+            path = build_library()  # builds and loads it into torch.ops
+            loaded_by_build.append(path)
+            return {"artefact": path.name, "namespace": rendered.namespace, "toolchain": tc, "spec": repr(spec)}
+
+        marker, built = _lookup_or_build(directory, key, do_build)
+        path = directory / marker["artefact"]
+        if not loaded_by_build:
+            build.load_library(path)
+        mod = module_type(spec=spec, namespace=marker["namespace"], path=path, key=key, built=built)
+        _MEMO[str(directory)] = _MEMO[quick] = dataclasses.replace(mod, built=False)
+        return mod
+
+
 def get_cpu_module(spec: CpuSpec | None = None, *, cache_dir=None) -> CpuModule:
     """Render, build (once per content and toolchain) and load the CPU ops of `spec`."""
     spec = spec or CpuSpec()
@@ -95,25 +119,9 @@ def get_cpu_module(spec: CpuSpec | None = None, *, cache_dir=None) -> CpuModule:
     tc = toolchain("cpu", flags, build.cxx())
     key = cache_key(rendered.digest(), tc)
     directory = entry_dir(root, spec.name, key)
-    with _MEMO_LOCK:
-        hit = _MEMO.get(str(directory))
-        if hit is not None:
-            _MEMO[quick] = hit
-            return hit
-        loaded_by_build = []
-
-        def do_build() -> dict:
-            path = build.build_cpu(rendered, directory, f"{spec.name}_{key[:12]}", flags)
-            loaded_by_build.append(path)
-            return {"artefact": path.name, "namespace": rendered.namespace, "toolchain": tc, "spec": repr(spec)}
-
-        marker, built = _lookup_or_build(directory, key, do_build)
-        path = directory / marker["artefact"]
-        if not loaded_by_build:
-            build.load_library(path)
-        mod = CpuModule(spec=spec, namespace=marker["namespace"], path=path, key=key, built=built)
-        _MEMO[str(directory)] = _MEMO[quick] = dataclasses.replace(mod, built=False)
-        return mod
+    return _build_and_load(
+        CpuModule, spec, rendered, directory, key, tc, quick,
+        lambda: build.build_cpu(rendered, directory, f"{spec.name}_{key[:12]}", flags))
 
 
 def compile_cuda(spec: CudaSpec, *, cache_dir=None, mode: str = "object", check_binding: bool = True) -> CudaArtefacts:
@@ -159,22 +167,6 @@ def get_cuda_module(spec: CudaSpec, *, cache_dir=None) -> CudaModule:
     tc["cxx"], tc["cuda"] = compiler_version(build.cxx()), str(torch.version.cuda)
     key = cache_key(rendered.digest(), tc)
     directory = entry_dir(root, f"{spec.name}_ext", key)
-    with _MEMO_LOCK:
-        hit = _MEMO.get(str(directory))
-        if hit is not None:
-            _MEMO[quick] = hit
-            return hit
-        loaded_by_build = []
-
-        def do_build() -> dict:
-            path = build.build_cuda_extension(rendered, directory, f"{spec.name}_{key[:12]}", spec.arch)
-            loaded_by_build.append(path)
-            return {"artefact": path.name, "namespace": rendered.namespace, "toolchain": tc, "spec": repr(spec)}
-
-        marker, built = _lookup_or_build(directory, key, do_build)
-        path = directory / marker["artefact"]
-        if not loaded_by_build:
-            build.load_library(path)
-        mod = CudaModule(spec=spec, namespace=marker["namespace"], path=path, key=key, built=built)
-        _MEMO[str(directory)] = _MEMO[quick] = dataclasses.replace(mod, built=False)
-        return mod
+    return _build_and_load(
+        CudaModule, spec, rendered, directory, key, tc, quick,
+        lambda: build.build_cuda_extension(rendered, directory, f"{spec.name}_{key[:12]}", spec.arch))
