@@ -7,8 +7,6 @@ the ranks' environments), so a factory beside the spec works without setting any
 
 from __future__ import annotations
 
-import difflib
-import importlib
 import os
 import sys
 from pathlib import Path
@@ -16,6 +14,7 @@ from pathlib import Path
 from torch.utils.data import Dataset
 
 from ..errors import SpecError
+from ..importing import resolve_callable
 
 
 def import_paths(spec_path: "str | Path | None") -> list[str]:
@@ -41,26 +40,7 @@ def with_pythonpath(env: dict[str, str], paths: list[str]) -> dict[str, str]:
 
 def load_datasets(path: str, kwargs: dict) -> tuple[Dataset, Dataset]:
     """Import and call the factory; check it returned a train and a test Dataset."""
-    mod_name, attr = path.split(":")
-    try:
-        module = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise SpecError(
-            f"data.import: cannot import module {mod_name!r} from {path!r} ({e}); check the name, and put "
-            "the module beside the spec, in the current directory or on PYTHONPATH"
-        ) from None
-    except Exception as e:  # noqa: BLE001 - the user's module failed while importing
-        raise SpecError(f"data.import: importing {mod_name!r} raised {type(e).__name__}: {e}") from None
-    obj = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            names = [n for n in dir(obj) if not n.startswith("_")]
-            near = difflib.get_close_matches(part, names, n=3)
-            hint = f" Did you mean {', '.join(map(repr, near))}?" if near else ""
-            raise SpecError(f"data.import: module {mod_name!r} has no attribute {part!r} (from {path!r}).{hint}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise SpecError(f"data.import: {path!r} is a {type(obj).__name__}, not a callable factory")
+    obj = resolve_callable(path, "data.import")
     try:
         result = obj(**kwargs)
     except Exception as e:  # noqa: BLE001 - report the user's error as bad input, not a traceback

@@ -14,7 +14,6 @@ trace a large model without allocating it). Inputs:
 from __future__ import annotations
 
 import difflib
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -166,24 +165,6 @@ def build_model(name: str, **kwargs) -> nn.Module:
 
 def load_factory(path: str) -> Callable[..., nn.Module]:
     """Resolve 'pkg.module:factory' (the spec's model.import) to a callable that builds a module."""
-    if not isinstance(path, str) or path.count(":") != 1 or not all(path.split(":")):
-        raise SpecError(f"model.import: got {path!r}; write it as 'package.module:factory'.")
-    mod_name, attr = path.split(":")
-    try:
-        module = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise SpecError(
-            f"model.import: cannot import module {mod_name!r} from {path!r} ({e}); check the name "
-            "and that its directory is on PYTHONPATH."
-        ) from e
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            names = [n for n in dir(obj) if not n.startswith("_")]
-            near = difflib.get_close_matches(part, names, n=3)
-            hint = f" Did you mean {', '.join(map(repr, near))}?" if near else ""
-            raise SpecError(f"model.import: {mod_name!r} has no attribute {part!r} (from {path!r}).{hint}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise SpecError(f"model.import: {path!r} is a {type(obj).__name__}, not a callable factory.")
-    return obj
+    from qsync_opt.importing import resolve_callable
+
+    return resolve_callable(path, "model.import")
