@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--export-problem", metavar="FILE", help="also save the integer program (.json, .mps or .lp)")
     s.add_argument("--problem", metavar="FILE", help="solve a saved problem (.json, or .mps/.lp with its JSON twin) instead of a spec")
     s.add_argument("--strict", action="store_true",
-                   help=f"exit {4} when the plan misses a bound (meets_bounds: false) instead of 0")
+                   help=f"exit {EXIT_MISSES_BOUNDS} when the plan misses a bound (meets_bounds: false) instead of 0")
     s.set_defaults(func=_cmd_solve)
 
     d = sub.add_parser("devices", help="list the device catalog")

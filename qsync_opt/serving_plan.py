@@ -98,6 +98,14 @@ class ServingPlan(_M):
     baselines: list[BaselineResult]
     notes: list[str] = Field(default_factory=list)
 
+    @property
+    def meets_bounds(self) -> bool:
+        """Every stage within its memory capacity and the quality within its hard bound, as
+        recomputed from the plan's own figures (the CLI's --strict reads this, as for training)."""
+        fits = all(s.memory_gb <= s.capacity_gb * (1 + 1e-9) for s in self.stages)
+        quality_ok = self.quality_bound is None or self.prediction.quality <= self.quality_bound * (1 + 1e-9)
+        return fits and quality_ok
+
     def best_baseline(self) -> BaselineResult | None:
         fit = [b for b in self.baselines if b.fits and b.prediction is not None]
         return max(fit, key=lambda b: b.prediction.tokens_per_s) if fit else None

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-_CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True)
+from .spec_base import SpecModel as _Model
+
 
 #: Published configs (the models' config.json on their model cards).
 PRESETS: dict[str, dict] = {
@@ -37,10 +38,6 @@ PRESETS: dict[str, dict] = {
 }
 
 BitWidth = Literal[2, 3, 4, 8, 16]
-
-
-class _Model(BaseModel):
-    model_config = _CONFIG
 
 
 class TransformerConfig(_Model):

@@ -200,3 +200,13 @@ def test_plan_file_round_trip(tmp_path, suffix):
     plan = qsync_opt.solve(spec())
     path = plan.save(tmp_path / f"plan{suffix}")
     assert ServingPlan.load(path) == plan
+
+
+def test_meets_bounds_is_recomputed_from_the_plan_figures():
+    plan = qsync_opt.solve(spec())
+    assert plan.meets_bounds
+    over = plan.stages[0].model_copy(update={"memory_gb": plan.stages[0].capacity_gb * 1.01})
+    assert not plan.model_copy(update={"stages": [over, *plan.stages[1:]]}).meets_bounds
+    if plan.quality_bound is not None:
+        worse = plan.prediction.model_copy(update={"quality": plan.quality_bound * 1.01})
+        assert not plan.model_copy(update={"prediction": worse}).meets_bounds
