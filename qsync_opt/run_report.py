@@ -120,10 +120,15 @@ def _prediction_lines(out: Path, metrics: Path) -> list[str]:
     load_path, prof_path = metrics / "load.json", out / "profile.json"
     load = json.loads(load_path.read_text()) if load_path.exists() else {}
     prof = json.loads(prof_path.read_text()) if prof_path.exists() else {}
+    if prof.get("profiled"):
+        pred_load = f"{_load(prof.get('load_before'))} -> {_load(prof.get('load_after'))} (profiled in this run)"
+    elif "measured" in costs:
+        pred_load = "- (costs from a profile measured before this run)"
+    else:
+        pred_load = "- (no measured costs)"
     lines = ["## Iteration time: predicted against measured", "",
              "| | ms per iteration | machine load (1-min) |", "|---|---|---|",
-             f"| predicted (replayer; costs {', '.join(costs)}) | {pred['iteration_ms']:.2f} | "
-             f"{_load(prof.get('load')) if prof.get('profiled') else '- (nothing profiled in this run)'} |"]
+             f"| predicted (replayer; costs {', '.join(costs)}) | {pred['iteration_ms']:.2f} | {pred_load} |"]
     if measured:
         ms, n = measured
         lines.append(f"| measured (train: median of {n} steps, slowest rank) | {ms:.2f} | "

@@ -79,13 +79,13 @@ def profile_stage(spec: JobSpec, out: Path, log: Callable[[str], None]) -> str:
         else missing_profile(spec, _graph(spec))
     for name, why in skip.items():
         log(f"  {name}: not profiled ({why})")
-    t0 = time.perf_counter()
+    t0, before = time.perf_counter(), os.getloadavg()
     if todo:
         for name, why in todo.items():
             log(f"  {name}: profiling ({why})")
         profile_spec(spec, default_profile_path(), groups=list(todo), progress=False, log=lambda s: log(f"  {s}"))
     record = {"profile": str(default_profile_path()), "profiled": todo, "skipped": skip,
-              "wall_s": round(time.perf_counter() - t0, 2), "load": list(os.getloadavg())}
+              "wall_s": round(time.perf_counter() - t0, 2), "load_before": before, "load_after": os.getloadavg()}
     return str(atomic_write_text(out / "profile.json", json.dumps(record, indent=1)))
 
 
