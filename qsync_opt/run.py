@@ -89,6 +89,9 @@ def run(spec_path: str, out: "str | Path", *, start: str | None = None, steps: i
     if start is not None and start not in STAGES:
         raise SpecError(f"--from {start!r}: not a stage; stages are {', '.join(STAGES)}")
     spec = load_spec(spec_path)
+    if spec.kind != "training":
+        raise SpecError(f"kind: {spec.kind}: `qsync-opt run` profiles, plans and trains a training job; "
+                        "plan a serving spec with `qsync-opt solve`")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / "run.json"

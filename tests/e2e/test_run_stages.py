@@ -37,3 +37,10 @@ def test_measured_step_is_the_slowest_rank_median_after_the_first_step(tmp_path)
         (tmp_path / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
     assert measured_iteration_ms(tmp_path) == (20.0, 3)  # steps 2..4: max(10,11)=11, 20, 30 -> median 20
     assert measured_iteration_ms(tmp_path / "none") is None
+
+
+def test_run_refuses_a_serving_spec_by_its_kind(tmp_path, capsys):
+    from qsync_opt.cli import main
+
+    assert main(["run", "examples/serving_opt30b_t4_v100.yaml", "-o", str(tmp_path)]) == 2
+    assert "kind: serving: `qsync-opt run` profiles, plans and trains a training job" in capsys.readouterr().err
