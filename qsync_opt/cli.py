@@ -94,10 +94,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--json", action="store_true", help="print the JSON result alone on stdout")
     t.set_defaults(func=_cmd_train)
 
-    r = sub.add_parser("run", help="solve -> train -> report; each stage's artefact cached in the output folder")
+    r = sub.add_parser("run", help="profile -> indicate -> solve -> predict -> train -> report; each stage's artefact cached in the output folder")
     r.add_argument("spec")
-    r.add_argument("-o", "--output", required=True, help="folder for plan.json, train/, report.md and PNGs")
-    r.add_argument("--from", dest="start", help="rerun from this stage: solve | train | report")
+    r.add_argument("-o", "--output", required=True, help="folder for the stages' artefacts, train/, report.md and PNGs")
+    r.add_argument("--from", dest="start", help="rerun from this stage: profile | indicate | solve | predict | train | report")
     r.add_argument("--steps", type=int, help="training steps (default: training.steps)")
     r.set_defaults(func=_cmd_run)
 

@@ -1,4 +1,5 @@
-"""The report of `qsync-opt run`: Markdown with the plan, the policies, training and test curves, and PNGs."""
+"""The report of `qsync-opt run`: Markdown with the plan, the predicted timeline against the measured
+step time, the policies, training and test curves, and PNGs."""
 
 from __future__ import annotations
 
@@ -46,27 +47,6 @@ def precision_strip(plan: Plan, path: Path) -> Path:
     return path
 
 
-def time_bars(plan: Plan, path: Path) -> Path:
-    """Predicted per-group iteration: compute and exposed all-reduce, against the bound."""
-    plt = _plt()
-    names = list(plan.groups)
-    comp = [plan.groups[n].compute_ms for n in names]
-    comm = [plan.groups[n].comm_exposed_ms for n in names]
-    fig, ax = plt.subplots(figsize=(6, 0.7 * len(names) + 1.5))
-    ax.barh(names, comp, color="#2e75b6", label="compute + casts")
-    ax.barh(names, comm, left=comp, color="#ed7d31", label="exposed all-reduce")
-    for i, n in enumerate(names):
-        b = plan.groups[n].time_bound_ms
-        if b is not None:
-            ax.plot([b, b], [i - 0.4, i + 0.4], color="black", lw=2)
-    ax.set_xlabel("predicted ms per iteration (black: the group's bound)")
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def curves(steps: list[dict], evals: list[dict], path: Path) -> Path:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -94,7 +74,6 @@ def write_report(spec: JobSpec, plan: Plan, metrics: Path, out: Path) -> Path:
     steps = [steps[s] for s in sorted(steps)]
     evals = read_eval(metrics)
     precision_strip(plan, out / "precisions.png")
-    time_bars(plan, out / "timeline.png")
     curves(steps, evals, out / "curves.png")
     lines = [f"# {spec.name}: {plan.model}", "",
              f"Cluster: {', '.join(f'{g.name} = {g.count}x {g.device_spec.name}' for g in spec.cluster.groups)}; "
@@ -106,7 +85,7 @@ def write_report(spec: JobSpec, plan: Plan, metrics: Path, out: Path) -> Path:
         bound = "-" if g.time_bound_ms is None else f"{g.time_bound_ms:.3f}"
         lines.append(f"| {n} | {g.count}x {g.device} | {g.local_batch} | {mix} | {g.iteration_ms:.3f} | {bound} | {g.indicator:.4g} |")
     lines += ["", "![precision per operator and group](precisions.png)", "",
-              "![predicted iteration per group](timeline.png)", "",
+              *_prediction_lines(out, metrics),
               "## Policies (predicted for the cluster)", "", "| policy | iteration ms | indicator | meets bounds |",
               "|---|---|---|---|", f"| **this plan** | {plan.iteration_ms:.3f} | {plan.indicator:.4g} | - |"]
     for name, b in plan.baselines.items():
@@ -122,3 +101,40 @@ def write_report(spec: JobSpec, plan: Plan, metrics: Path, out: Path) -> Path:
     for note in plan.solver.notes:
         lines.append(f"- note: {note}")
     return atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
+
+
+def _load(x) -> str:
+    return f"{x[0]:.2f}" if x else "-"
+
+
+def _prediction_lines(out: Path, metrics: Path) -> list[str]:
+    """Predicted (replayer) against measured (train) iteration time, each with the load it was made under."""
+    from .run_stages import measured_iteration_ms
+
+    pred_path = out / "predict.json"
+    if not pred_path.exists():
+        return []
+    pred = json.loads(pred_path.read_text())
+    costs = sorted({g["costs"].split(" (")[0] for g in pred["groups"].values()})
+    measured = measured_iteration_ms(metrics)
+    load_path, prof_path = metrics / "load.json", out / "profile.json"
+    load = json.loads(load_path.read_text()) if load_path.exists() else {}
+    prof = json.loads(prof_path.read_text()) if prof_path.exists() else {}
+    if prof.get("profiled"):
+        pred_load = f"{_load(prof.get('load_before'))} -> {_load(prof.get('load_after'))} (profiled in this run)"
+    elif "measured" in costs:
+        pred_load = "- (costs from a profile measured before this run)"
+    else:
+        pred_load = "- (no measured costs)"
+    lines = ["## Iteration time: predicted against measured", "",
+             "| | ms per iteration | machine load (1-min) |", "|---|---|---|",
+             f"| predicted (replayer; costs {', '.join(costs)}) | {pred['iteration_ms']:.2f} | {pred_load} |"]
+    if measured:
+        ms, n = measured
+        lines.append(f"| measured (train: median of {n} steps, slowest rank) | {ms:.2f} | "
+                     f"{_load(load.get('before'))} -> {_load(load.get('after'))} |")
+        lines += ["", f"Measured / predicted: {ms / pred['iteration_ms']:.2f}x. Training shares this machine's cores "
+                  "with every rank (and anything else running), so the measured time moves with the load."]
+    lines += ["", "![predicted timeline](timeline.png)", "",
+              f"Chrome trace of the prediction: [{pred['trace']}]({pred['trace']}) (opens in https://ui.perfetto.dev).", ""]
+    return lines
