@@ -169,7 +169,7 @@ def _bound_words(spec: JobSpec) -> str:
 
 def _raise_none_feasible(splits, outcomes, untried, unknown, even) -> None:
     """Infeasible only when every grid split was proven so; otherwise the answer is unknown."""
-    first = {o.split == even: o for o in outcomes}.get(True)
+    first = next((o for o in outcomes if o.split == even), None)
     if not untried and not unknown:
         diag = [f"all {len(splits)} splits on the grid proven infeasible"]
         if first is not None and first.reason:
