@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from qsync_opt.pipeline import _as_baseline, prepare, solve
 from qsync_opt.predictor.instance_builder import baseline, build_instance
-from qsync_opt.solver.batching import candidate_splits
+from qsync_opt.batch_split import candidate_splits
 from qsync_opt.spec import load_spec
 
 POLICIES = ("fp32", "uniform-lowest", "qsync-greedy", "greedy", "ilp", "batching", "joint")

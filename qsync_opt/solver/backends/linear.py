@@ -27,6 +27,9 @@ from qsync_opt.solver.problem import Constraint, OneHot, Problem, Variable
 
 Method = Literal["mccormick", "marginal"]
 METHODS = ("mccormick", "marginal")
+CONST_TOL = 1e-9
+"""A variable-free row fails only by more than this: a bound equal to a pinned group's own time
+differs from the row's sum by rounding (0 <= -2.2e-16), which no solver and no evaluate() rejects."""
 
 
 @dataclass
@@ -96,7 +99,8 @@ def linearize(problem: Problem, method: Method = "mccormick") -> LinearModel:
         coeffs = _sub(c.coeffs, rename)
         if coeffs:
             model.constraints.append(Constraint(c.name, coeffs, c.sense, c.rhs))
-        elif (c.sense == "<=" and c.rhs < 0) or (c.sense == ">=" and c.rhs > 0) or (c.sense == "==" and c.rhs != 0):
+        elif (c.sense == "<=" and c.rhs < -CONST_TOL) or (c.sense == ">=" and c.rhs > CONST_TOL) or (
+                c.sense == "==" and abs(c.rhs) > CONST_TOL):
             model.violated_constants.append(f"{c.name}: 0 {c.sense} {c.rhs:.6g}")
     model.constraints.extend(extra)
     model.objective = _sub(problem.objective, rename)
