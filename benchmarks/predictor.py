@@ -124,6 +124,8 @@ def merge_profiles(paths: list[Path], out: Path) -> None:
             sec.ops[sig] = {f: statistics.median(v[f] for v in vals) for f in ("fwd_ms", "bwd_ms")}
         for k in sec.optimizer:
             sec.optimizer[k] = statistics.median(o.optimizer[k] for o in others if k in o.optimizer)
+        for k, per in sec.steps.items():
+            sec.steps[k] = {p: statistics.median(o.steps[k][p] for o in others if p in o.steps.get(k, {})) for p in per}
     for k in merged.allreduce:
         vals = [p.allreduce[k] for p in profs if k in p.allreduce]
         merged.allreduce[k] = {f: statistics.median(v[f] for v in vals) for f in ("alpha_ms", "beta_ms_per_byte")}
