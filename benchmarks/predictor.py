@@ -105,7 +105,8 @@ def measure(spec: dict, plans, job_dir: Path, *, warmup: int, blocks: int, repea
     if s.cluster.world_size == 1:
         codes = [subprocess.run(argv, env=envs[0]).returncode]
     else:
-        codes = spawn_ranks(argv, envs, timeout_s=900)
+        done = spawn_ranks(argv, envs, timeout_s=900)
+        codes = done.codes + ([done.failure] if done.failure else [])
     if any(codes) or not res.exists():
         raise RuntimeError(f"measuring {spec['name']} failed: exit codes {codes}")
     return json.loads(res.read_text())
