@@ -105,7 +105,8 @@ def measure(spec: dict, plans, job_dir: Path, *, warmup: int, blocks: int, repea
     if s.cluster.world_size == 1:
         codes = [subprocess.run(argv, env=envs[0]).returncode]
     else:
-        codes = spawn_ranks(argv, envs, timeout_s=900)
+        done = spawn_ranks(argv, envs, timeout_s=900)
+        codes = done.codes + ([done.failure] if done.failure else [])
     if any(codes) or not res.exists():
         raise RuntimeError(f"measuring {spec['name']} failed: exit codes {codes}")
     return json.loads(res.read_text())
@@ -124,6 +125,8 @@ def merge_profiles(paths: list[Path], out: Path) -> None:
             sec.ops[sig] = {f: statistics.median(v[f] for v in vals) for f in ("fwd_ms", "bwd_ms")}
         for k in sec.optimizer:
             sec.optimizer[k] = statistics.median(o.optimizer[k] for o in others if k in o.optimizer)
+        for k, per in sec.steps.items():
+            sec.steps[k] = {p: statistics.median(o.steps[k][p] for o in others if p in o.steps.get(k, {})) for p in per}
     for k in merged.allreduce:
         vals = [p.allreduce[k] for p in profs if k in p.allreduce]
         merged.allreduce[k] = {f: statistics.median(v[f] for v in vals) for f in ("alpha_ms", "beta_ms_per_byte")}

@@ -7,7 +7,9 @@ group's `env`, e.g. ONEDNN_MAX_CPU_ISA, changes which kernels run) and thread co
 
   ops:       op signature -> {fwd_ms, bwd_ms}    (signature: kind, shapes, FLOPs, precision)
   casts:     "src->dst" -> {a_ms_per_elem, b_ms} (a·n + b)
-  optimizer: "adamw|<params digest>" -> ms       (one optimizer.step())
+  optimizer: "adamw|<params digest>" -> ms       (one optimizer.step() + the loss)
+  steps:     same key -> {precision: ms}          (one whole training step, every selectable
+                                                   op at that precision; step_profile.py)
   allreduce: "gloo/<ranks>" -> {alpha_ms, beta_ms_per_byte}
 
 Signatures depend only on an OpNode's shapes and FLOPs, so models that share shapes share
@@ -32,7 +34,9 @@ from ..io import atomic_write_text
 from ..models.graph import OpGraph, OpNode
 
 FORMAT = "qsync-opt-profile"
-VERSION = 1
+VERSION = 2
+#: What each older version lacks, for the message that refuses it.
+_OLD = {1: "written before whole training steps were measured (the 'steps' the cost model needs)"}
 #: ISA flags that change which CPU kernels run (AMX, AVX-512 variants, VNNI).
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_fp16")
 
@@ -105,6 +109,7 @@ class Section:
     ops: dict[str, dict[str, float]] = field(default_factory=dict)
     casts: dict[str, dict[str, float]] = field(default_factory=dict)
     optimizer: dict[str, float] = field(default_factory=dict)
+    steps: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -134,7 +139,7 @@ class Profile:
             "format": FORMAT, "version": VERSION, "machine": self.machine, "versions": self.versions,
             "created": self.created, "updated": _now(),
             "sections": {k: {"env": s.env, "threads": s.threads, "ops": s.ops, "casts": s.casts,
-                             "optimizer": s.optimizer} for k, s in self.sections.items()},
+                             "optimizer": s.optimizer, "steps": s.steps} for k, s in self.sections.items()},
             "allreduce": self.allreduce,
         }
 
@@ -179,15 +184,17 @@ def load_profile(path: "str | Path", *, check_machine: bool = True) -> Profile:
         raise ProfileError(f"profile {path}: not a qsync-opt profile (format {raw.get('format') if isinstance(raw, dict) else None!r}, "
                            f"expected {FORMAT!r})")
     if raw.get("version") != VERSION:
-        raise ProfileError(f"profile {path}: version {raw.get('version')!r}, this release reads {VERSION}; profile again")
+        old = _OLD.get(raw.get("version"))
+        raise ProfileError(f"profile {path}: version {raw.get('version')!r}{f' ({old})' if old else ''}, this "
+                           f"release reads {VERSION}; delete it and run `qsync-opt profile SPEC` again")
     machine = _need(raw, "machine", dict, "", path)
     sections = {}
     for key, s in _need(raw, "sections", dict, "", path).items():
         where = f"sections[{key!r}]."
         sec = Section(_need(s, "env", dict, where, path), _need(s, "threads", int, where, path),
                       _need(s, "ops", dict, where, path), _need(s, "casts", dict, where, path),
-                      _need(s, "optimizer", dict, where, path))
-        for name in ("ops", "casts", "optimizer"):
+                      _need(s, "optimizer", dict, where, path), _need(s, "steps", dict, where, path))
+        for name in ("ops", "casts", "optimizer", "steps"):
             _numbers(getattr(sec, name), where + name, path)
         sections[key] = sec
     allreduce = _need(raw, "allreduce", dict, "", path)

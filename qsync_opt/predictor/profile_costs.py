@@ -9,7 +9,15 @@ under the group's `env` and thread count.
 Measured op times are of the runtime's own modules, which cast their fp32 input in and their
 output back (boundary 'fp32'), so a measured group is costed with that boundary: its casts
 are inside the op times and no edge cast is added. The optimizer figure is one step plus
-the loss's forward and backward. A profile's gloo all-reduce fit α + β·bytes replaces the
+the loss's forward and backward.
+
+Whole-step terms (`step_terms`): the profile also holds one whole training step per
+precision p (every selectable op at p), timed with the same estimator. Its difference from
+the sum this module predicts for that uniform plan, gap_p, is what isolated ops miss
+(autograd bookkeeping, dispatch, zero_grad, allocator, colder caches). gap_fp32 is charged
+once per step (added to the optimizer figure); gap_p − gap_fp32 is spread evenly over the
+selectable ops and added to each op's backward at p. Uniform plans are then costed at
+their measured steps, mixed plans by this linear split. A profile's gloo all-reduce fit α + β·bytes replaces the
 interconnect preset's figures for a cluster whose ranks all run here.
 """
 
@@ -32,6 +40,8 @@ class MeasuredCosts:
     optimizer_ms: float
     source: str
     """'measured (<profile file>, <section>)'."""
+    step_gap_ms: dict[str, float]
+    """precision -> measured whole step − the sum of its isolated ops (ms); see `step_terms`."""
 
 
 class Incomplete(Exception):
@@ -42,8 +52,9 @@ class Incomplete(Exception):
         self.missing = missing
 
 
-def section_costs(sec: Section, gg: OpGraph, offer: tuple[str, ...], optimizer: str) -> tuple[dict, dict, float]:
-    """(selectable costs, other costs, optimizer+loss ms) of `gg` from one profile section."""
+def section_costs(sec: Section, gg: OpGraph, offer: tuple[str, ...], optimizer: str) -> tuple[dict, dict, float, dict]:
+    """(selectable costs, other costs, per-step ms, gap per precision) of `gg` from one section,
+    the whole-step terms folded in (`step_terms`)."""
     missing = []
 
     def get(node, p) -> OpCost:
@@ -57,11 +68,32 @@ def section_costs(sec: Section, gg: OpGraph, offer: tuple[str, ...], optimizer: 
     other = {n.name: {"fp32": get(n, "fp32")} for n in gg.fixed}
     key = step_key(optimizer, gg)
     opt = sec.optimizer.get(key)
+    steps = sec.steps.get(key, {})
     if opt is None:
         missing.append(key)
+    missing += [f"steps[{key}][{p}]" for p in offer if p not in steps]
     if missing:
         raise Incomplete(missing)
-    return costs, other, opt
+    return step_terms(costs, other, opt, {p: steps[p] for p in offer})
+
+
+def step_terms(costs: dict, other: dict, opt: float, steps: dict[str, float]) -> tuple[dict, dict, float, dict]:
+    """Fold measured whole steps into op costs: (costs, other, optimizer ms, gap per precision).
+
+    gap_p = step_p − (Σ op fwd+bwd at p + Σ other ops + opt). gap of fp32 (else of the first
+    precision) goes to the per-step figure; the rest, (gap_p − gap_base) / #selectable, to
+    each selectable op's backward at p. Clamped so that no figure goes negative.
+    """
+    fixed = sum(c.fwd_ms + c.bwd_ms for per in other.values() for c in per.values())
+    gap = {p: ms - (fixed + opt + sum(per[p].fwd_ms + per[p].bwd_ms for per in costs.values()))
+           for p, ms in steps.items()}
+    if not gap:
+        return costs, other, opt, gap
+    base = gap["fp32"] if "fp32" in gap else next(iter(gap.values()))
+    n = max(1, len(costs))
+    out = {name: {p: OpCost(c.fwd_ms, max(0.0, c.bwd_ms + (gap.get(p, base) - base) / n), c.weight_cast_ms)
+                  for p, c in per.items()} for name, per in costs.items()}
+    return out, other, max(0.0, opt + base), gap
 
 
 def profile_for(group, spec_dir: Path | None = None) -> Path | None:
@@ -95,9 +127,9 @@ def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
             f"profile {path} has no section for env {group.env or '{}'} with {threads} thread(s)" if sec is None else "")
         if sec is not None:
             try:
-                c, o, opt = section_costs(sec, gg, offer, spec.training.optimizer)
+                c, o, opt, gap = section_costs(sec, gg, offer, spec.training.optimizer)
                 first = "; profiled on first use" if attempt else ""
-                return MeasuredCosts(c, o, opt, f"measured ({path}{first})"), ""
+                return MeasuredCosts(c, o, opt, f"measured ({path}{first})", gap), ""
             except Incomplete as e:
                 why = f"profile {path} lacks {len(e.missing)} of this model's entries (e.g. {e.missing[0]!r})"
         can_measure = group.profile is None and (profile_on_first_use or spec.costs == "measured")

@@ -5,7 +5,8 @@ the group's `env` (ONEDNN_MAX_CPU_ISA changes which oneDNN kernels run) and its 
 count: for every distinct (op kind, shapes) of the model's graph at the group's local batch,
 forward and backward time of the op as the runtime runs it — selectable modules swapped for
 the runtime's quantized module at every precision the group may use, everything else as
-traced — plus cast fits a·n + b and one optimizer step with the loss. Then, for a cluster of
+traced — plus cast fits a·n + b, one optimizer step with the loss, and one whole training
+step per precision (step_profile.py: what the isolated ops miss). Then, for a cluster of
 several ranks, a gloo all-reduce fit α + β·bytes over that many local processes.
 
 Each op runs in isolation on the very tensors the traced model feeds it (an fx Interpreter
@@ -295,6 +296,10 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
     key = step_key(spec.training.optimizer, gg)
     if key not in sec.optimizer:
         sec.optimizer[key] = measure_step(spec, module, inputs)
+    if key not in sec.steps:
+        from .step_profile import measure_steps
+
+        sec.steps[key] = measure_steps(spec, module, inputs, gg, g.allowed_precisions, robust_ms)
     prof.save(path)
     bar.close()
     return sec

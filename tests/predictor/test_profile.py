@@ -20,9 +20,14 @@ def _profile(graph, precisions=("fp32", "bf16", "int8"), env=None, threads=1) ->
     sec = prof.section(env or {}, threads)
     for i, n in enumerate(graph.nodes):
         for p in precisions if n.selectable else ("fp32",):
-            sec.ops[op_signature(n, p)] = {"fwd_ms": 1.0 + i + 0.1 * precisions.index(p), "bwd_ms": 2.0 + i}
+            sec.ops[op_signature(n, p)] = {"fwd_ms": 1.0 + i + 0.125 * precisions.index(p), "bwd_ms": 2.0 + i}
     sec.casts["fp32->bf16"] = {"a_ms_per_elem": 1e-6, "b_ms": 0.01}
     sec.optimizer[step_key("adam", graph)] = 0.5
+    # whole steps equal to the op sums (dyadic figures: exact sums): no gap, the op figures stand
+    for p in precisions:
+        sec.steps.setdefault(step_key("adam", graph), {})[p] = 0.5 + sum(
+            e["fwd_ms"] + e["bwd_ms"] for n in graph.nodes
+            for e in [sec.ops[op_signature(n, p if n.selectable else "fp32")]])
     prof.allreduce["gloo/2"] = {"alpha_ms": 0.2, "beta_ms_per_byte": 1e-6}
     return prof
 
@@ -135,3 +140,57 @@ objective: {{max_iteration_time: 1000.0}}
     prof.save(path)
     _, ctx = build_instance(spec, graph, flat_omega(graph))
     assert ctx.group("t4").cost_source == f"measured ({path})"
+
+
+def test_whole_step_gaps_are_carried_from_profile_to_costs(tmp_path):
+    """A step measured longer than its op sum: fp32's gap goes to the per-step figure, each
+    other precision's extra gap is spread over the selectable ops' backward; uniform plans
+    then replay to exactly the measured steps."""
+    from qsync_opt.predictor.replayer import replay
+
+    graph = mlp_graph(batch=1)
+    gg = graph.for_batch(16)
+    path = tmp_path / "p.json"
+    prof = _profile(gg, env=ENV)
+    sec = prof.find_section(ENV, 1)
+    key = step_key("adam", gg)
+    exact = dict(sec.steps[key])
+    sec.steps[key] = {"fp32": exact["fp32"] + 3.0, "bf16": exact["bf16"] + 3.0 + 2.0, "int8": exact["int8"] + 1.0}
+    prof.save(path)
+    _, ctx = build_instance(load_spec(SPEC % path), graph, flat_omega(graph))
+    here = ctx.group("here")
+    sel = here.graph.selectable
+    assert here.optimizer_ms == pytest.approx(0.5 + 3.0)
+    for n in sel:
+        e = {p: sec.ops[op_signature(n, p)] for p in ("fp32", "bf16", "int8")}
+        c = here.costs[n.name]
+        assert c["fp32"].bwd_ms == pytest.approx(e["fp32"]["bwd_ms"])
+        assert c["bf16"].bwd_ms == pytest.approx(e["bf16"]["bwd_ms"] + 2.0 / len(sel))
+        assert c["int8"].bwd_ms == pytest.approx(e["int8"]["bwd_ms"] - 2.0 / len(sel))
+        assert c["int8"].fwd_ms == e["int8"]["fwd_ms"]
+    t4_plan = {n.name: "fp32" for n in ctx.group("t4").graph.selectable}
+    for p in ("fp32", "bf16", "int8"):
+        tl = replay(ctx, {"here": {n.name: p for n in sel}, "t4": t4_plan})
+        assert tl.groups["here"].compute_ms == pytest.approx(sec.steps[key][p])
+
+
+def test_a_profile_without_whole_steps_is_incomplete(tmp_path):
+    graph = mlp_graph(batch=1)
+    path = tmp_path / "p.json"
+    prof = _profile(graph.for_batch(16), env=ENV)
+    del prof.find_section(ENV, 1).steps[step_key("adam", graph.for_batch(16))]["int8"]
+    prof.save(path)
+    _, ctx = build_instance(load_spec(SPEC % path), graph, flat_omega(graph))
+    assert "lacks" in ctx.group("here").cost_source and "[int8]" in ctx.group("here").cost_source
+
+
+def test_a_version_1_profile_is_refused_with_the_reason(tmp_path):
+    path = tmp_path / "p.json"
+    _profile(mlp_graph()).save(path)
+    raw = json.loads(path.read_text())
+    for s in raw["sections"].values():
+        del s["steps"]
+    path.write_text(json.dumps({**raw, "version": 1}))
+    with pytest.raises(ProfileError, match="version 1 .*whole training steps.*profile SPEC") as e:
+        load_profile(path)
+    assert str(path) in str(e.value)

@@ -1,0 +1,51 @@
+"""Whole training steps of the runtime, timed by the profiler beside its isolated ops.
+
+An op timed alone misses what a real step pays around it: autograd graph bookkeeping and
+Python dispatch per op, zero_grad, the allocator, and backward kernels running on
+activations that are no longer hot in cache. Summing isolated ops under-predicts the step,
+and by a different amount per precision (the quantized modules dispatch more small ops).
+So the profiler also times, with the same estimator, one whole step per precision of the
+very model it profiled: every selectable op at that precision (runtime.apply_plan), the
+spec's optimizer, zero_grad + forward + loss + backward + step — what a trainer runs. The
+cost model (profile_costs.py) turns the difference between these and its own op sums into
+a per-step term and a per-op term per precision.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from ..models.graph import OpGraph
+
+
+def measure_steps(spec, module: nn.Module, inputs, gg: OpGraph, precisions, robust_ms) -> dict[str, float]:
+    """precision -> ms of one whole training step with every selectable op at that precision."""
+    from ..runtime.apply import apply_plan
+    from ..runtime.trainer import make_optimizer
+
+    rt = spec.runtime
+    out = {}
+    for p in precisions:
+        torch.manual_seed(spec.training.seed)
+        model = copy.deepcopy(module).train()
+        if p != "fp32":
+            model = apply_plan(model, {n.name: p for n in gg.selectable}, kernels=rt.kernels,
+                               weight_granularity=rt.weight_granularity,
+                               backward_precision=rt.backward_precision, rounding=rt.rounding)
+        opt = make_optimizer(spec.training, [q for q in model.parameters() if q.requires_grad])
+        with torch.no_grad():
+            shape = model(*inputs).shape
+        target = torch.randint(0, shape[-1], shape[:-1], generator=torch.Generator().manual_seed(1))
+
+        def step(model=model, opt=opt, target=target):
+            opt.zero_grad(set_to_none=True)
+            y = model(*inputs)
+            nn.functional.cross_entropy(y.reshape(-1, y.size(-1)).float(), target.reshape(-1)).backward()
+            opt.step()
+
+        with torch.enable_grad():
+            out[p] = robust_ms(step)
+    return out
