@@ -219,9 +219,10 @@ def _describe(m: dict) -> str:
 
 
 def cache_dir() -> Path:
-    """Where profiles and indicator caches live: $QSYNC_OPT_CACHE, else ~/.cache/qsync-opt."""
-    root = os.environ.get("QSYNC_OPT_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "qsync-opt"
+    """Where profiles and indicator caches live: $QSYNC_OPT_PROFILE_DIR, else $QSYNC_OPT_CACHE,
+    else ~/.cache/qsync_opt/profiles (beside the kernel and data caches)."""
+    root = os.environ.get("QSYNC_OPT_PROFILE_DIR") or os.environ.get("QSYNC_OPT_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "qsync_opt" / "profiles"
 
 
 def default_profile_path() -> Path:

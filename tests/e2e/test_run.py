@@ -17,7 +17,7 @@ STAGES = ("profile", "indicate", "solve", "predict", "train", "report")
 def quick_cache(tmp_path, monkeypatch):
     """A fresh profile/indicator cache, so the profile stage really measures; the profiler's
     own options keep it short (one block of one repeat per op)."""
-    monkeypatch.setenv("QSYNC_OPT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("QSYNC_OPT_PROFILE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("QSYNC_OPT_PROFILE_BLOCKS", "1")
     monkeypatch.setenv("QSYNC_OPT_PROFILE_REPEATS", "1")
     return tmp_path / "cache"

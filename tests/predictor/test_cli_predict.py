@@ -52,7 +52,7 @@ def test_profile_refuses_a_spec_with_nothing_to_measure(tmp_path, capsys):
 
 
 def test_indicate_writes_omega(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("QSYNC_OPT_CACHE", str(tmp_path))
+    monkeypatch.setenv("QSYNC_OPT_PROFILE_DIR", str(tmp_path))
     spec = tmp_path / "job.yaml"
     spec.write_text(SPEC + "indicator: {method: gvar, calibration: {batches: 1, batch_size: 4}}\n")
     out = tmp_path / "omega.json"

@@ -152,7 +152,7 @@ indicator: {method: %s, calibration: {batches: 1, batch_size: 4}}
 
 @pytest.mark.parametrize("method", ["gvar", "hessian", "empirical"])
 def test_spec_selects_the_method_and_caches(method, tmp_path, monkeypatch):
-    monkeypatch.setenv("QSYNC_OPT_CACHE", str(tmp_path))
+    monkeypatch.setenv("QSYNC_OPT_PROFILE_DIR", str(tmp_path))
     spec = load_spec(SPEC % method)
     sens, note = compute_indicator(spec)
     assert sens.method == method and method in note and "cached" in note
