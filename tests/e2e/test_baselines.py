@@ -13,8 +13,8 @@ from qsync_opt.runtime.apply import apply_plan
 from qsync_opt.spec import load_spec
 
 SPEC = {
-    "cluster": {"groups": [{"name": "v100", "device": "V100-32GB", "role": "training", "local_batch": 2560},
-                           {"name": "t4", "device": "T4", "role": "inference", "local_batch": 1536}],
+    "cluster": {"groups": [{"name": "v100", "device": "V100-32GB", "role": "training", "local_batch": 3072},
+                           {"name": "t4", "device": "T4", "role": "inference", "local_batch": 1024}],
                 "interconnect": "ethernet-100g"},
     "model": {"name": "tiny-cnn"},
     "training": {"global_batch": 4096, "seed": 1},

@@ -96,3 +96,15 @@ def test_apply_plan_with_a_device_refuses_what_its_runtime_cannot_run():
         apply_plan(model, {names[0]: "fp16"}, device=find_device("cpu-noamx"))
     apply_plan(model, {names[0]: "int4"}, device=find_device("cpu-noamx"))  # emulated through the int8 GEMM
     apply_plan(model, {names[1]: "fp16"}, device=find_device("T4"))
+
+
+def test_weightless_stand_ins_for_functional_ops_are_checked_by_kind():
+    from qsync_opt.plan import fingerprint_mismatch, make_fingerprint
+
+    plan = make_fingerprint({"root.bmm_0": "bmm[]", "root.linear_0": "linear[32,16]", "fc": "linear[10,32]"})
+    model = {"root.bmm_0": "matmul[]", "root.linear_0": "linear[]", "fc": "linear[10,32]"}
+    assert fingerprint_mismatch(plan, model) is None
+    wrong_kind = {**model, "root.linear_0": "conv2d[]"}
+    assert "root.linear_0" in fingerprint_mismatch(plan, wrong_kind)
+    wrong_shape = {**model, "fc": "linear[10,64]"}
+    assert "'fc' is linear[10,64] in the model but linear[10,32]" in fingerprint_mismatch(plan, wrong_shape)
