@@ -197,8 +197,13 @@ def _solve_problem(args, overrides: dict, out) -> int:
     else:
         r = solve_problem(problem, backend, opts)
     gap = "" if r.gap is None else f", gap {r.gap:.3%}"
-    out.print(f"{args.problem}: {r.backend} -> {r.status}, objective {r.objective:.9g}{gap}, {r.wall_s * 1000:.0f} ms",
-              highlight=False)
+    out.print(f"{args.problem}: {r.backend} -> {r.status}, objective {r.objective:.9g} (plan units){gap}, "
+              f"build {r.build_s * 1000:.0f} ms, solve {r.solve_s * 1000:.0f} ms", highlight=False)
+    if problem.source is not None:
+        out.print(f"plan checked against the instance: {len(r.assignment)} groups, "
+                  + ", ".join(f"{g}: {len(ops)} ops" for g, ops in r.assignment.items()), highlight=False)
+    elif not problem.choices:
+        out.print("no JSON twin beside the file: objective and status only (no plan to decode)", highlight=False)
     result = {"problem": str(args.problem), "backend": r.backend, "status": r.status, "objective": r.objective,
               "bound": r.bound, "gap": r.gap, "wall_s": r.wall_s, "assignment": r.assignment}
     text = json.dumps(result, indent=2) + "\n"

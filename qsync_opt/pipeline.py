@@ -268,25 +268,3 @@ def _versions() -> dict[str, str]:
         except PackageNotFoundError:
             pass
     return out
-
-
-def solve_saved_problem(path: str, overrides: dict, console) -> int:
-    """`qsync-opt solve --problem FILE`: re-solve an exported program (.json, .mps, .lp) without the model."""
-    from .solver.backends.base import SolveOptions
-    from .solver.export import load_problem
-    from .solver.solve import DEFAULT_BACKEND, solve_problem
-
-    problem = load_problem(path)
-    backend = overrides.get("solver.backend", "default")
-    backend = DEFAULT_BACKEND if backend == "default" else backend
-    opts = SolveOptions(time_limit_s=overrides.get("solver.time_limit_s", 60.0), rel_gap=overrides.get("solver.rel_gap", 1e-4))
-    r = solve_problem(problem, backend, opts)
-    gap = "" if r.gap is None else f", gap {r.gap:.3%}"
-    console.print(f"{path}: {r.backend} -> {r.status}, objective {r.objective:.9g} (plan units){gap}, "
-                  f"build {r.build_s * 1000:.0f} ms, solve {r.solve_s * 1000:.0f} ms")
-    if problem.source is not None:
-        console.print(f"plan checked against the instance: {len(r.assignment)} groups, "
-                      + ", ".join(f"{g}: {len(ops)} ops" for g, ops in r.assignment.items()))
-    elif not problem.choices:
-        console.print("no JSON twin beside the file: objective and status only (no plan to decode)")
-    return 0
