@@ -10,6 +10,7 @@ scheduler can pipe it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import sys
 from pathlib import Path
@@ -140,16 +141,17 @@ def _cmd_solve(args) -> int:
         return _solve_problem(args, overrides, out)
     if not args.spec:
         raise SpecError("solve needs a SPEC path (or --problem FILE)")
-    if args.json:  # whatever a library prints from C, stdout carries the plan alone
-        from .solver.backends.quiet import fd1_redirected
+    from .solver.backends.quiet import fd1_redirected
 
-        with fd1_redirected(2):
-            plan = pipeline.solve(args.spec, export_problem=args.export_problem, **overrides)
-    else:
+    # with --json, whatever a library prints from C goes to stderr: stdout carries the plan alone
+    with fd1_redirected(2) if args.json else contextlib.nullcontext():
         plan = pipeline.solve(args.spec, export_problem=args.export_problem, **overrides)
     if getattr(plan, "kind", None) == "serving":
-        from .serving_report import print_serving_plan as print_plan
-    print_plan(plan, out)
+        from .serving_report import print_serving_plan
+
+        print_serving_plan(plan, out)
+    else:
+        print_plan(plan, out)
     if args.output:
         path = plan.save(args.output)
         out.print(f"plan written to {path}")
