@@ -19,7 +19,6 @@ from .models.from_spec import build_from_spec, input_maker
 from .models.graph import OpGraph
 from .models.trace import trace
 from .plan import Baseline, GroupPlan, Plan, Provenance, SolverReport, graph_fingerprint
-from .precision import PRECISIONS
 from .predictor.context import Context
 from .predictor.indicators import compute_indicator
 from .predictor.instance_builder import baseline, build_instance

@@ -101,7 +101,7 @@ def spawn_ranks(argv: list[str], envs: list[dict[str, str]], *, timeout_s: float
         t.join(timeout=2.0)
     if failure is not None and bad is not None:
         tail = [line.rstrip() for line in tails[bad] if line.strip()]
-        failure += (f"; stopped the other ranks. Last lines of its stderr:\n    " + "\n    ".join(tail)
+        failure += ("; stopped the other ranks. Last lines of its stderr:\n    " + "\n    ".join(tail)
                     if tail else "; stopped the other ranks (its stderr was empty)")
     elif failure is not None:
         failure += "; stopped every rank"
