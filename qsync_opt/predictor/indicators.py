@@ -51,19 +51,15 @@ def load_checkpoint(spec: JobSpec, module: nn.Module) -> nn.Module:
     return module
 
 
-def calibration_batches(spec: JobSpec) -> list[tuple[tuple[torch.Tensor, ...], torch.Tensor]]:
-    """The first N batches of the job's training data, as (inputs, targets)."""
-    from ..runtime.data import SyntheticTask
+def calibration_batches(spec: JobSpec, task=None) -> list[tuple[tuple[torch.Tensor, ...], torch.Tensor]]:
+    """The first N batches of the job's training data (its `data:` section, else the synthetic
+    task), as (inputs, targets): sensitivity is a property of the data the job trains on."""
+    from ..runtime.data import build_task
 
     cal = spec.indicator.calibration
     size = cal.batch_size or min(spec.training.global_batch, 32)
-    task = SyntheticTask(spec)
+    task = task or build_task(spec)
     return [task.samples(i * size, size) for i in range(cal.batches)]
-
-
-def _loss(spec: JobSpec):
-    """The training loss (runtime/data.py SyntheticTask.loss): mean cross-entropy."""
-    return lambda out, targets: nn.functional.cross_entropy(out.reshape(-1, out.size(-1)).float(), targets.reshape(-1))
 
 
 def _weights_digest(module: nn.Module) -> str:
@@ -79,7 +75,8 @@ def cache_key(spec: JobSpec, module: nn.Module, precisions: tuple[str, ...]) -> 
     model = spec.model.model_dump(mode="json", by_alias=True, exclude={"checkpoint"})
     data = {"seed": spec.training.seed, "seq_len": spec.training.seq_len,
             "calibration": spec.indicator.calibration.model_dump(mode="json"),
-            "global_batch": spec.training.global_batch}
+            "global_batch": spec.training.global_batch,
+            "source": spec.data.model_dump(mode="json", by_alias=True) if spec.data is not None else None}
     blob = json.dumps({"model": model, "weights": _weights_digest(module), "data": data,
                        "method": spec.indicator.method, "precisions": list(precisions),
                        "backward": spec.runtime.backward_precision}, sort_keys=True)
@@ -125,8 +122,11 @@ def compute_indicator(spec: JobSpec, module: nn.Module | None = None, graph: OpG
             pass  # a damaged cache entry is recomputed
     if log:
         log(f"computing the {method} indicator from {spec.indicator.calibration.batches} calibration batches")
-    batches = calibration_batches(spec)
-    loss = _loss(spec)
+    from ..runtime.data import build_task
+
+    task = build_task(spec)
+    batches = calibration_batches(spec, task)
+    loss = task.loss  # the job's own training loss
     bwd = spec.runtime.backward_precision
     if method == "gvar":
         from .gvar import gvar_indicator

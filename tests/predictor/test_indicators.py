@@ -182,3 +182,21 @@ def test_bad_checkpoint_names_the_field(tmp_path):
         compute_indicator(spec)
     with pytest.raises(SpecError, match="indicator.method"):
         load_spec(SPEC % "guess")
+
+
+def test_calibration_batches_are_the_jobs_own_data_and_key_the_cache():
+    """GVAR/Hessian/empirical measure sensitivity on what the job trains on, not a stand-in task."""
+    from qsync_opt.data.task import build_task
+    from qsync_opt.models.zoo import build_model
+    from qsync_opt.predictor.indicators import cache_key, calibration_batches
+
+    synthetic = load_spec(SPEC % "gvar")
+    digits = load_spec(SPEC % "gvar" + "data: {name: digits}\n")
+    (x, ), y = calibration_batches(digits)[0]
+    (ref, ), ref_y = build_task(digits).samples(0, 4)
+    assert torch.equal(x, ref) and torch.equal(y, ref_y)
+    assert x.shape[1:] == (1, 8, 8) and 0.0 <= float(x.min()) and float(x.max()) <= 1.0  # digits / 16
+    (sx, ), _ = calibration_batches(synthetic)[0]
+    assert sx.shape != x.shape or not torch.equal(sx, x)
+    model = build_model("tiny-cnn")
+    assert cache_key(digits, model, ("fp32", "int8")) != cache_key(synthetic, model, ("fp32", "int8"))
