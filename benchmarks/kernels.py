@@ -181,7 +181,7 @@ def targets(gemm: list[dict], quant: list[dict]) -> list[str]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="three shapes, fewer repeats (about a minute)")
+    p.add_argument("--quick", action="store_true", help="three shapes, fewer repeats (about a minute with AMX; over 15 min on an AVX2-only CPU, where bf16 GEMMs have no native path and run ~55x slower than fp32)")
     p.add_argument("--out", default="results", help="directory for kernels_gemm.csv and kernels_quantize.csv")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per variant (default 7, quick 3)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
