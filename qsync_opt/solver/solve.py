@@ -65,21 +65,25 @@ def solve_instance(
     tie_break: bool = True,
     budget: Budget | None = None,
     decompose: bool = True,
+    lagrangian: bool = True,
 ) -> SolveResult:
     """The best plan `backend` finds within the limits; InfeasibleError (with diagnosis) if none exists.
 
     With `tie_break`, a second solve keeps the first objective at its value and optimises the
     other one (iteration time -> indicator, indicator -> iteration time), so no group is lowered
     for nothing; it shares the time limit and is skipped, with a note, when none is left.
-    With `decompose`, a separable instance (decompose.py) is solved one group at a time.
+    With `decompose`, a separable instance (decompose.py) is solved one group at a time; with
+    `lagrangian` too, each group's exact solve starts from a Lagrangian bound, plan and
+    variable fixing (bounded.py), a single-group instance included.
     """
+    from qsync_opt.solver.bounded import applies
     from qsync_opt.solver.decompose import separable, solve_by_group
     from qsync_opt.solver.lexicographic import tie_break as second_objective
 
     budget = budget or Budget(time_limit_s)
     opts = SolveOptions(time_limit_s=time_limit_s, rel_gap=rel_gap, threads=threads, seed=seed, formulation=formulation)
-    if decompose and backend in EXACT and separable(instance):
-        first = solve_by_group(instance, backend, opts, budget, warm_start)
+    if decompose and backend in EXACT and (separable(instance) or (lagrangian and warm_start and applies(instance))):
+        first = solve_by_group(instance, backend, opts, budget, warm_start, lagrangian)
     else:
         first = solve_problem(_compiled(instance, budget), backend, opts, warm_start=warm_start, budget=budget)
     if not tie_break or backend not in EXACT:
