@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from qsync_opt.solver.backends.base import OPTIMALITY_TOL, SolveOptions, proven_within
 from qsync_opt.solver.budget import Budget
+from qsync_opt.solver.greedy import greedy
 from qsync_opt.solver.instance import TrainingInstance, evaluate
 from qsync_opt.solver.lagrange import group_arrays, solve_dual
 
@@ -34,7 +35,7 @@ def applies(instance: TrainingInstance) -> bool:
 
 def solve_group(instance: TrainingInstance, backend: str, options: SolveOptions, budget: Budget):
     """A SolveResult for a one-group instance, or None when the Lagrangian does not apply or has no time."""
-    from qsync_opt.solver.solve import SolveResult, _compiled, solve_problem
+    from qsync_opt.solver.solve import GREEDY_ALWAYS_CHOICES, SolveResult, _compiled, solve_problem
 
     if not applies(instance):
         return None
@@ -49,7 +50,11 @@ def solve_group(instance: TrainingInstance, backend: str, options: SolveOptions,
     if MIN_PASSES * ga.d.pass_seconds(9) > want or (given := budget.grant("lagrangian", want)) is None:
         return None
     t1 = time.perf_counter()
-    lag = solve_dual(ga, t1 + given, target_gap=options.rel_gap)
+    start = None
+    if sum(map(len, ga.allowed)) <= GREEDY_ALWAYS_CHOICES:  # cheap here: the incumbent is never worse than QSync's
+        gr = greedy(instance)
+        start = gr.assignment[g.name] if gr.feasible else None
+    lag = solve_dual(ga, t1 + given, target_gap=options.rel_gap, start=start)
     budget.charge(time.perf_counter() - t1)
     note = (f"Lagrangian: bound {lag.bound:.6g} in {lag.dp_passes} DP passes ({lag.seconds:.2f} s), "
             f"{len(ga.ops) * ga.d.width - lag.removed} of {sum(map(len, ga.allowed))} choices removed")

@@ -5,10 +5,13 @@ sum of each group's optimum, and a proven bound is the sum of the groups' bounds
 Solving G programs of size n instead of one of size G·n is exact and, since MIP effort grows
 faster than linearly, much faster. Groups draw on one Budget in turn, each given an equal share
 of what remains; a group that ends without a plan makes the whole call fail as the undivided
-solve would (the diagnosis then runs on the whole instance).
+solve would (the diagnosis then runs on the whole instance). Each group's solve starts with
+the Lagrangian stage (bounded.py) unless the caller turns it off.
 """
 
 from __future__ import annotations
+
+import time
 
 from qsync_opt.solver.backends.base import OPTIMALITY_TOL, SolveOptions, proven_within
 from qsync_opt.solver.budget import Budget
@@ -40,8 +43,10 @@ def solve_by_group(instance: TrainingInstance, backend: str, options: SolveOptio
         finally:  # charged whether the group found a plan or not
             budget.charge(share.spent_s + share.build_s, share.build_s)
             budget.grants.extend((f"group {g.name}: {label}", given, left_s) for label, given, left_s in share.grants)
+    t0 = time.perf_counter()
     assignment = {g: ops for r in parts for g, ops in r.assignment.items()}
     ev = evaluate(instance, assignment)
+    budget.charge(time.perf_counter() - t0)
     bounds = [r.bound for r in parts]
     bound = sum(bounds) if all(b is not None for b in bounds) else None
     ok, gap = proven_within(ev.objective(instance), bound, max(options.rel_gap, OPTIMALITY_TOL))

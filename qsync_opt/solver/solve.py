@@ -10,6 +10,7 @@ program), so no backend's own word, nor a scaled copy's, reaches the user unchec
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field, replace
 
 from qsync_opt.errors import InfeasibleError, SolverError
@@ -28,6 +29,16 @@ DEFAULT_BACKEND = "highs"
 """Measured with `qsync-opt bench solvers` (synthetic, 5 precisions x 4 groups): HiGHS was the
 fastest exact backend on most sizes; see benchmarks/results/ for the table and its command."""
 
+WARM_START_SHARE = 0.3
+"""At most this part of what remains goes to the greedy warm start (past it: the fastest plan)."""
+GREEDY_ALWAYS_CHOICES = 2000
+"""Up to this many choices greedy always runs to the end (milliseconds), so no solve returns a
+plan worse than QSync's; above, it is cut at its share (seconds per group at 5,000 ops)."""
+CHECK_S_PER_VARIABLE = 3e-6
+"""Encoding and checking a warm start (measured ~2 us per variable)."""
+POST_S_PER_VARIABLE = 3e-6
+"""Kept back from the solver's grant for signing, decoding and evaluating its plan
+(measured ~1.5 us per variable; 0.4 s at 125k variables)."""
 
 
 @dataclass(frozen=True)
@@ -92,8 +103,6 @@ def solve_instance(
 
 
 def _compiled(instance: TrainingInstance, budget: Budget) -> Problem:
-    import time
-
     t0 = time.perf_counter()
     problem = compile_training(instance)
     budget.charge(time.perf_counter() - t0, build_s=time.perf_counter() - t0)
@@ -112,7 +121,6 @@ def solve_problem(
 
     `start` (an Assignment) replaces the greedy warm start; it is used only if it checks.
     """
-    import time
 
     options = options or SolveOptions()
     budget = budget or Budget(options.time_limit_s)
@@ -127,20 +135,25 @@ def solve_problem(
     hint = None
     if warm_start and backend != "greedy" and (instance is not None or start is not None):
         t0 = time.perf_counter()
-        if start is None:
-            g = greedy(instance)
+        share = budget.remaining() * WARM_START_SHARE - CHECK_S_PER_VARIABLE * len(problem.variables)
+        if start is None:  # QSync's allocator; on large programs cut at its share of the limit
+            cheap = len(problem.choices) <= GREEDY_ALWAYS_CHOICES
+            g = greedy(instance, deadline=None if cheap else t0 + share)
             start = g.assignment if g.feasible else None
         if start is not None:
             cand = problem.encode(start)
             hint = cand if not problem.violated(cand) else None
         budget.charge(time.perf_counter() - t0)
-    given = budget.grant(f"{backend} solve")
+    given = budget.grant(f"{backend} solve", budget.remaining() - POST_S_PER_VARIABLE * len(problem.variables))
     if given is None:
         raw = RawResult(backend, "unknown", message="time limit spent before the solver could start")
     else:
         raw = be.solve(problem, replace(options, time_limit_s=given, hint=hint))
         budget.charge(raw.wall_s, raw.build_s)
-    return _finish(problem, sign(problem, raw, replace(options, hint=hint)), budget, built0, spent0)
+    t0 = time.perf_counter()
+    signed = sign(problem, raw, replace(options, hint=hint))
+    budget.charge(time.perf_counter() - t0)
+    return _finish(problem, signed, budget, built0, spent0)
 
 
 def sign(problem: Problem, raw: RawResult, options: SolveOptions) -> RawResult:
@@ -203,6 +216,7 @@ def _finish(problem: Problem, raw: RawResult, budget: Budget, built0: float, spe
                 raise InfeasibleError(f"no plan satisfies the bounds ({raw.backend} found none)", diag)
         fix = "use an exact backend such as 'highs'" if raw.backend == "greedy" else "raise time_limit_s, or try another backend"
         raise SolverError(f"backend {raw.backend}: no plan ({raw.status}: {raw.message or 'no message'}); fix: {fix}")
+    t0 = time.perf_counter()
     assignment = problem.decode(raw.values)
     ev, objective = None, raw.objective
     if instance is not None:
@@ -210,6 +224,7 @@ def _finish(problem: Problem, raw: RawResult, budget: Budget, built0: float, spe
         if ev.violations:
             raise SolverError(f"backend {raw.backend} returned a plan that breaks the instance: {'; '.join(ev.violations)}")
         objective = ev.objective(instance)
+    budget.charge(time.perf_counter() - t0)  # decoding and checking are part of the answer's time
     return SolveResult(
         assignment=assignment,
         status=raw.status,
