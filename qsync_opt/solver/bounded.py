@@ -59,7 +59,7 @@ def solve_group(instance: TrainingInstance, backend: str, options: SolveOptions,
     lag = solve_dual(ga, t1 + given, target_gap=options.rel_gap, start=start)
     budget.charge(time.perf_counter() - t1)
     note = (f"Lagrangian: bound {lag.bound:.6g} in {lag.dp_passes} DP passes ({lag.seconds:.2f} s), "
-            f"{len(ga.ops) * ga.d.width - lag.removed} of {sum(map(len, ga.allowed))} choices removed")
+            f"{sum(map(len, ga.allowed)) - lag.kept} of {sum(map(len, ga.allowed))} choices removed")
     if lag.plan is None:
         return None
     plan = {g.name: lag.plan}

@@ -102,7 +102,7 @@ class LagrangeResult:
     seconds: float
 
     @property
-    def removed(self) -> int:
+    def kept(self) -> int:
         return sum(len(a) for a in self.keep.values())
 
 
@@ -171,8 +171,8 @@ def solve_dual(ga: GroupArrays, deadline: float, target_gap: float = 1e-4, max_p
                 best = (v, lam[k].copy())
             if part[k, 1] <= 1 - ROW_TOL and part[k, 2] <= 1 - ROW_TOL and part[k, 0] < inc_f:
                 inc_x, inc_f = x[k].copy(), float(part[k, 0])
-        if inc_x is not None and passes == 1 or passes % 4 == 0:
-            inc_x, inc_f = improve(ev, inc_x, inc_f) if inc_x is not None else (inc_x, inc_f)
+        if inc_x is not None and (passes == 1 or passes % 4 == 0):
+            inc_x, inc_f = improve(ev, inc_x, inc_f)
         top, point = _cut_lp(np.array(cuts), box, ga.active)
         for j in range(2):  # the box stops the model from running off; widen it where it binds
             if ga.active[j] and point[j] >= box[j] * (1 - 1e-9):
