@@ -25,6 +25,7 @@ from .solver.backends.base import SolveOptions
 from .solver.greedy import greedy
 from .solver.instance import TrainingInstance, evaluate
 from .solver.random_instances import synthetic
+from .solver.bounded import applies
 from .solver.decompose import separable
 from .solver.solve import solve_instance, solve_problem
 from .solver.training import compile_training
@@ -87,8 +88,16 @@ def saved_cases(directory: str) -> list[Case]:
     return [Case(p.stem, "saved", None, load_problem(str(p))) for p in sorted(Path(directory).glob("*.json"))]
 
 
-COLUMNS = ["case", "family", "size", "backend", "status", "wall_s", "build_s", "solve_s", "formulation", "objective",
-           "bound", "gap", "greedy_objective", "greedy_over_objective", "per_group", "load1"]
+COLUMNS = ["case", "family", "size", "backend", "lagrangian", "status", "wall_s", "build_s", "solve_s", "formulation",
+           "objective", "bound", "gap", "greedy_objective", "greedy_over_objective", "per_group", "binaries",
+           "binaries_left", "load1"]
+MIP_ONLY = "-mip"
+"""Backend-name suffix for the run without the Lagrangian stage (solver/bounded.py): 'highs-mip'."""
+
+
+def split_backend(name: str) -> tuple[str, bool]:
+    """('highs', True) for 'highs'; ('highs', False) for 'highs-mip'."""
+    return (name[: -len(MIP_ONLY)], False) if name.endswith(MIP_ONLY) else (name, True)
 
 
 def run_case(case: Case, backend: str, limit: float, gap: float, repeats: int, formulation: str = "mccormick",
@@ -97,14 +106,20 @@ def run_case(case: Case, backend: str, limit: float, gap: float, repeats: int, f
 
     build_s counts linearising and loading the solver; compiling the instance (shared by every
     backend) is timed once per case and reported in the log line."""
-    problem = problem or (case.problem if case.problem is not None else compile_training(case.instance))
+    label = backend
+    backend, lagrangian = split_backend(backend)
+    per_group = case.instance is not None and backend in EXACT and (
+        separable(case.instance) or (lagrangian and applies(case.instance)))
+    if problem is None and not per_group:
+        problem = case.problem if case.problem is not None else compile_training(case.instance)
     walls, r, status = [], None, "error"
     for _ in range(repeats):
         try:
-            if case.instance is not None and separable(case.instance) and backend in EXACT:
-                # what users get: a separable instance is solved one group at a time (solver/decompose.py)
+            if per_group:
+                # what users get: a separable instance is solved one group at a time (solver/decompose.py),
+                # each from a Lagrangian bound, plan and fixing (solver/bounded.py) unless the name says -mip
                 r = solve_instance(case.instance, backend, time_limit_s=limit, rel_gap=gap, threads=1,
-                                   formulation=formulation, tie_break=False)
+                                   formulation=formulation, tie_break=False, lagrangian=lagrangian)
             else:
                 r = solve_problem(problem, backend, SolveOptions(time_limit_s=limit, rel_gap=gap, threads=1,
                                                                  formulation=formulation))
@@ -120,11 +135,14 @@ def run_case(case: Case, backend: str, limit: float, gap: float, repeats: int, f
             break
     mid = sorted(walls)[len(walls) // 2] if walls else (None, None, None)
     return {
-        "case": case.name, "family": case.family, "size": case.size, "backend": backend, "status": status,
+        "case": case.name, "family": case.family, "size": case.size, "backend": label, "status": status,
+        "lagrangian": lagrangian and per_group,
+        "binaries": r.problem_stats.get("binaries") if r and walls else None,
+        "binaries_left": r.problem_stats.get("binaries_left") if r and walls else None,
         "wall_s": mid[0], "build_s": mid[1], "solve_s": mid[2], "formulation": formulation,
         "objective": r.objective if r and walls else None, "bound": r.bound if r and walls else None,
         "gap": r.gap if r and walls else None,
-        "per_group": bool(case.instance is not None and separable(case.instance) and backend in EXACT),
+        "per_group": per_group,
     }
 
 
@@ -136,7 +154,7 @@ def run_benchmark(out_dir: Path, instances_dir: str | None = None, quick: bool =
     """Every case x formulation x backend; each CSV row is written (and flushed) as soon as it is measured."""
     console = Console()
     ok = available()
-    backends = [b for b in (backends or [*EXACT, "greedy"]) if ok.get(b)]
+    backends = [b for b in (backends or [*EXACT, "greedy"]) if ok.get(split_backend(b)[0])]
     formulations = formulations or ["mccormick"]
     if models is None:
         models = ["resnet18"] if quick else list_models_default()
@@ -155,15 +173,23 @@ def run_benchmark(out_dir: Path, instances_dir: str | None = None, quick: bool =
     with open(csv_path, "w", encoding="utf-8", newline="") as f:
         f.write(f"# command: {command or 'qsync-opt bench solvers'}\n")
         f.write(f"# started {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; load at start {_load()}; "
-                f"{os.cpu_count()} cores; limit {limit} s, gap {gap}, threads 1, greedy warm start on (as users get it), no tie-break\n")
+                f"{os.cpu_count()} cores; limit {limit} s, gap {gap}, threads 1, warm start on (as users get it), no tie-break; "
+                f"backend NAME-mip: without the Lagrangian stage (greedy warm start, whole-group MIP)\n")
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         w.writeheader()
         f.flush()
         for case in cases:
             t0 = time.perf_counter()
-            problem = case.problem if case.problem is not None else compile_training(case.instance)
-            console.print(f"  {case.name}: compiled in {time.perf_counter() - t0:.2f}s, {problem.stats()}")
+            problem = case.problem
+            if problem is None and not all(b in EXACT and (separable(case.instance) or applies(case.instance))
+                                           for b in map(lambda n: split_backend(n)[0], backends)):
+                problem = compile_training(case.instance)  # once for the backends that take the whole program
+            if problem is not None:
+                console.print(f"  {case.name}: compiled in {time.perf_counter() - t0:.2f}s, {problem.stats()}")
+            t0 = time.perf_counter()
             g = greedy(case.instance) if case.instance is not None else None
+            if g is not None:
+                console.print(f"  {case.name}: QSync's greedy in {time.perf_counter() - t0:.2f}s")
             g_obj = evaluate(case.instance, g.assignment).objective(case.instance) if g is not None and g.feasible else None
             for formulation in formulations:
                 for b in backends:

@@ -20,6 +20,11 @@ gain wins.
 
 The result is infeasible when even the start breaks a time bound or memory cannot be
 brought under capacity; that is the heuristic giving up, not a proof (solve.diagnose is).
+
+With a `deadline` (time.perf_counter() seconds) the raising phase stops when it passes: every
+plan along the way keeps the bounds, so a cut run is still a plan, only a worse one. A solve
+uses this to keep its warm start inside the time limit (QSync's allocator in Python takes
+seconds per group at 5,000 ops).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import time
 from dataclasses import dataclass
 
 from qsync_opt.precision import BITS, rank
@@ -39,10 +45,13 @@ class GreedyResult:
     feasible: bool
     reason: str = ""
     steps: int = 0
+    complete: bool = True
+    """False when the deadline cut the raising phase short."""
 
 
-def greedy(instance: TrainingInstance) -> GreedyResult:
+def greedy(instance: TrainingInstance, deadline: float | None = None) -> GreedyResult:
     """A plan for `instance` by QSync's greedy rules (see the module docstring)."""
+    late = (lambda: False) if deadline is None else (lambda: time.perf_counter() > deadline)
     states = []
     for g in instance.groups:
         bounded = g.time_bound_ms is not None or instance.objective == "iteration_time"
@@ -56,15 +65,17 @@ def greedy(instance: TrainingInstance) -> GreedyResult:
     budget = math.inf if instance.max_degradation is None else instance.max_degradation
     if instance.objective == "accuracy_degradation":
         for st in states:
-            st.raise_while_it_fits()
+            st.raise_while_it_fits(late)
     else:
-        _buy_back_accuracy(states, budget)
+        _buy_back_accuracy(states, budget, late)
     plan = {st.g.name: dict(st.choice) for st in states}
     steps = sum(st.steps for st in states)
     deg = sum(st.deg for st in states)
+    cut = late()
     if deg > budget * (1 + 1e-9):
-        return GreedyResult(plan, False, f"indicator {deg:.6g} stays above budget {budget:.6g}", steps)
-    return GreedyResult(plan, True, "", steps)
+        return GreedyResult(plan, False, f"indicator {deg:.6g} stays above budget {budget:.6g}"
+                            + (" (stopped at the deadline)" if cut else ""), steps, not cut)
+    return GreedyResult(plan, True, "stopped at the deadline" if cut else "", steps, not cut)
 
 
 def _fastest(g: GroupInstance, op: str) -> str:
@@ -135,6 +146,8 @@ class _GroupState:
         return None
 
     def _run(self, key_fn, stop=lambda: False) -> None:
+        if stop():  # before the set-up, which alone is seconds at 5,000 ops
+            return
         heap, parked = [], []
         for op in self.g.allowed:
             self._push(heap, op, key_fn)
@@ -152,8 +165,8 @@ class _GroupState:
                     heapq.heappush(heap, e)
                 parked.clear()
 
-    def raise_while_it_fits(self) -> None:
-        self._run(_gain_per_time)
+    def raise_while_it_fits(self, stop=lambda: False) -> None:
+        self._run(_gain_per_time, stop)
 
     def shrink_to_capacity(self) -> bool:
         cap = self.g.mem_capacity_bytes
@@ -169,13 +182,13 @@ def _gain_per_time(dt: float, dm: float, dd: float):
     return (0, -gain) if dt <= 0 else (1, dt / gain)
 
 
-def _buy_back_accuracy(states: list[_GroupState], budget: float) -> None:
+def _buy_back_accuracy(states: list[_GroupState], budget: float, stop=lambda: False) -> None:
     heaps = [[] for _ in states]
     parked = [[] for _ in states]
     for st, h in zip(states, heaps):
         for op in st.g.allowed:
             st._push(h, op, _gain_per_time)
-    while sum(st.deg for st in states) > budget:
+    while sum(st.deg for st in states) > budget and not stop():
         tops = [(i, st._pop(heaps[i], parked[i])) for i, st in enumerate(states)]
         tops = [(i, e) for i, e in tops if e is not None]
         if not tops:

@@ -10,6 +10,7 @@ program), so no backend's own word, nor a scaled copy's, reaches the user unchec
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field, replace
 
 from qsync_opt.errors import InfeasibleError, SolverError
@@ -28,6 +29,17 @@ DEFAULT_BACKEND = "highs"
 """Measured with `qsync-opt bench solvers` (synthetic, 5 precisions x 4 groups): HiGHS was the
 fastest exact backend on most sizes; see benchmarks/results/ for the table and its command."""
 
+WARM_START_SHARE = 0.3
+"""At most this part of what remains goes to the greedy warm start (past it: the fastest plan)."""
+GREEDY_ALWAYS_CHOICES = 2000
+"""Up to this many choices greedy always runs to the end (milliseconds), so no solve returns a
+plan worse than QSync's; above, it is cut at its share (seconds per group at 5,000 ops)."""
+CHECK_S_PER_VARIABLE = 3e-6
+"""Encoding and checking a warm start (measured ~2 us per variable)."""
+POST_S_PER_VARIABLE = 2e-5
+"""Kept back from the solver's grant for what its time limit does not stop: HiGHS ran 1.3-1.8 s
+past a 2 s limit on a 25k-column model (load 7, 2 cores), and signing, decoding and evaluating
+the plan take ~1.5 us per variable."""
 
 
 @dataclass(frozen=True)
@@ -65,21 +77,25 @@ def solve_instance(
     tie_break: bool = True,
     budget: Budget | None = None,
     decompose: bool = True,
+    lagrangian: bool = True,
 ) -> SolveResult:
     """The best plan `backend` finds within the limits; InfeasibleError (with diagnosis) if none exists.
 
     With `tie_break`, a second solve keeps the first objective at its value and optimises the
     other one (iteration time -> indicator, indicator -> iteration time), so no group is lowered
     for nothing; it shares the time limit and is skipped, with a note, when none is left.
-    With `decompose`, a separable instance (decompose.py) is solved one group at a time.
+    With `decompose`, a separable instance (decompose.py) is solved one group at a time; with
+    `lagrangian` too, each group's exact solve starts from a Lagrangian bound, plan and
+    variable fixing (bounded.py), a single-group instance included.
     """
+    from qsync_opt.solver.bounded import applies
     from qsync_opt.solver.decompose import separable, solve_by_group
     from qsync_opt.solver.lexicographic import tie_break as second_objective
 
     budget = budget or Budget(time_limit_s)
     opts = SolveOptions(time_limit_s=time_limit_s, rel_gap=rel_gap, threads=threads, seed=seed, formulation=formulation)
-    if decompose and backend in EXACT and separable(instance):
-        first = solve_by_group(instance, backend, opts, budget, warm_start)
+    if decompose and backend in EXACT and (separable(instance) or (lagrangian and warm_start and applies(instance))):
+        first = solve_by_group(instance, backend, opts, budget, warm_start, lagrangian)
     else:
         first = solve_problem(_compiled(instance, budget), backend, opts, warm_start=warm_start, budget=budget)
     if not tie_break or backend not in EXACT:
@@ -88,8 +104,6 @@ def solve_instance(
 
 
 def _compiled(instance: TrainingInstance, budget: Budget) -> Problem:
-    import time
-
     t0 = time.perf_counter()
     problem = compile_training(instance)
     budget.charge(time.perf_counter() - t0, build_s=time.perf_counter() - t0)
@@ -108,7 +122,6 @@ def solve_problem(
 
     `start` (an Assignment) replaces the greedy warm start; it is used only if it checks.
     """
-    import time
 
     options = options or SolveOptions()
     budget = budget or Budget(options.time_limit_s)
@@ -123,20 +136,25 @@ def solve_problem(
     hint = None
     if warm_start and backend != "greedy" and (instance is not None or start is not None):
         t0 = time.perf_counter()
-        if start is None:
-            g = greedy(instance)
+        share = budget.remaining() * WARM_START_SHARE - CHECK_S_PER_VARIABLE * len(problem.variables)
+        if start is None:  # QSync's allocator; on large programs cut at its share of the limit
+            cheap = len(problem.choices) <= GREEDY_ALWAYS_CHOICES
+            g = greedy(instance, deadline=None if cheap else t0 + share)
             start = g.assignment if g.feasible else None
         if start is not None:
             cand = problem.encode(start)
             hint = cand if not problem.violated(cand) else None
         budget.charge(time.perf_counter() - t0)
-    given = budget.grant(f"{backend} solve")
+    given = budget.grant(f"{backend} solve", budget.remaining() - POST_S_PER_VARIABLE * len(problem.variables))
     if given is None:
         raw = RawResult(backend, "unknown", message="time limit spent before the solver could start")
     else:
         raw = be.solve(problem, replace(options, time_limit_s=given, hint=hint))
         budget.charge(raw.wall_s, raw.build_s)
-    return _finish(problem, sign(problem, raw, replace(options, hint=hint)), budget, built0, spent0)
+    t0 = time.perf_counter()
+    signed = sign(problem, raw, replace(options, hint=hint))
+    budget.charge(time.perf_counter() - t0)
+    return _finish(problem, signed, budget, built0, spent0)
 
 
 def sign(problem: Problem, raw: RawResult, options: SolveOptions) -> RawResult:
@@ -199,6 +217,7 @@ def _finish(problem: Problem, raw: RawResult, budget: Budget, built0: float, spe
                 raise InfeasibleError(f"no plan satisfies the bounds ({raw.backend} found none)", diag)
         fix = "use an exact backend such as 'highs'" if raw.backend == "greedy" else "raise time_limit_s, or try another backend"
         raise SolverError(f"backend {raw.backend}: no plan ({raw.status}: {raw.message or 'no message'}); fix: {fix}")
+    t0 = time.perf_counter()
     assignment = problem.decode(raw.values)
     ev, objective = None, raw.objective
     if instance is not None:
@@ -206,6 +225,7 @@ def _finish(problem: Problem, raw: RawResult, budget: Budget, built0: float, spe
         if ev.violations:
             raise SolverError(f"backend {raw.backend} returned a plan that breaks the instance: {'; '.join(ev.violations)}")
         objective = ev.objective(instance)
+    budget.charge(time.perf_counter() - t0)  # decoding and checking are part of the answer's time
     return SolveResult(
         assignment=assignment,
         status=raw.status,

@@ -124,7 +124,7 @@ def test_a_backend_stopped_without_a_plan_falls_back_to_the_checked_warm_start(m
 
     inst = synthetic(30, 4, 2, "dag", seed=2)
     monkeypatch.setattr(highs, "solve", lambda problem, options: RawResult("highs", "unknown", message="Time limit reached"))
-    r = solve_instance(inst, backend="highs", time_limit_s=0.1)
+    r = solve_instance(inst, backend="highs", time_limit_s=0.1, lagrangian=False)  # the greedy start, not the DP's plan
     assert r.status == "feasible" and r.warm_start_used
     assert r.assignment == greedy(inst).assignment
     assert "nothing better than the greedy warm start" in r.message
@@ -145,5 +145,5 @@ def test_a_plan_worse_than_the_warm_start_is_replaced_by_it(monkeypatch):
         return RawResult("highs", "feasible", values=values, objective=problem.objective_value(values), gap=0.5)
 
     monkeypatch.setattr(highs, "solve", slow)
-    r = solve_instance(inst, backend="highs")
+    r = solve_instance(inst, backend="highs", lagrangian=False)  # the greedy start, not the DP's plan
     assert r.status == "feasible" and r.assignment == greedy(inst).assignment
