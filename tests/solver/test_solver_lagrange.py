@@ -115,7 +115,7 @@ def test_solves_with_the_lagrangian_match_brute_force(backend, small_cases):
     bad = []
     for seed, inst, br in cases:
         try:
-            r = solve_instance(inst, backend=backend, rel_gap=0.0, time_limit_s=20, threads=1, tie_break=False)
+            r = solve_instance(inst, backend=backend, rel_gap=0.0, time_limit_s=120, threads=1, tie_break=False)
         except InfeasibleError:
             if br.status != "infeasible":
                 bad.append(f"seed {seed}: infeasible, brute force {br.objective:.9g}")
