@@ -8,7 +8,7 @@ from qsync_opt.hardware.device import catalog, find_device
 
 EXPECTED = {
     "T4", "V100-16GB", "V100-32GB", "P100", "A100-40GB", "A100-80GB", "A10", "A30", "L4",
-    "H100-SXM", "H200", "cpu-local", "cpu-noamx",
+    "H100-SXM", "H200", "cpu-local", "cpu-noamx", "cpu-sse41",
 }
 NAMES = sorted(catalog())
 
@@ -45,6 +45,7 @@ def test_entry_is_complete_and_positive(name):
         ("H200", {"bf16", "fp8_e4m3", "int8"}, {"int4"}),
         ("cpu-local", {"bf16", "int8"}, {"fp16", "tf32"}),
         ("cpu-noamx", {"bf16", "int8"}, {"fp16", "tf32"}),
+        ("cpu-sse41", {"bf16", "int8"}, {"fp16", "tf32"}),
     ],
 )
 def test_supported_precisions_follow_the_datasheets(name, has, lacks):
@@ -80,6 +81,15 @@ def test_cpu_entries_are_the_same_chip_with_and_without_amx():
     assert amx.peak_tflops["fp32"] == noamx.peak_tflops["fp32"]
     assert noamx.achieved_flops("bf16") < amx.achieved_flops("fp32") < amx.achieved_flops("bf16")
     assert noamx.achieved_flops("int8") < amx.achieved_flops("int8")
+
+
+def test_cpu_sse41_prices_low_precision_below_fp32_as_measured_without_native_bf16_or_int8():
+    """Without AVX-512-BF16/VNNI/AMX (the SSE4.1 cap) bf16 and int8 run far slower than fp32:
+    a roofline plan for this device must never prefer them."""
+    d = catalog()["cpu-sse41"]
+    assert d.kind == "cpu" and "SSE41" in d.source
+    assert d.achieved_flops("bf16") < d.achieved_flops("fp32") / 10
+    assert d.achieved_flops("int8") < d.achieved_flops("fp32") / 10
 
 
 def test_find_device_is_forgiving_and_lists_names_on_a_miss():
