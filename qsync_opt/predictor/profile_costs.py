@@ -14,11 +14,20 @@ the loss's forward and backward.
 Whole-step terms (`step_terms`): the profile also holds one whole training step per
 precision p (every selectable op at p), timed with the same estimator. Its difference from
 the sum this module predicts for that uniform plan, gap_p, is what isolated ops miss
-(autograd bookkeeping, dispatch, zero_grad, allocator, colder caches). gap_fp32 is charged
-once per step (added to the optimizer figure); gap_p − gap_fp32 is spread evenly over the
-selectable ops and added to each op's backward at p. Uniform plans are then costed at
-their measured steps, mixed plans by this linear split. A profile's gloo all-reduce fit α + β·bytes replaces the
+(autograd bookkeeping, dispatch, zero_grad, allocator, colder caches, a co-located rank's
+contention). gap_p is spread evenly over the selectable ops and added to each op's backward
+at p: it happens inside the step, before the gradients are ready, so in a lockstep it
+delays the all-reduce and not the optimizer. (Charged to the optimizer figure, the fast
+group's gap landed after the slow group's all-reduce: on cpu_tiny at load 5, 89 ms added to
+a 324 ms lockstep.) Uniform plans are then costed at their measured steps, mixed plans by
+this linear split. A profile's gloo all-reduce fit α + β·bytes replaces the
 interconnect preset's figures for a cluster whose ranks all run here.
+
+DDP term (`ddp_overhead`): for such a cluster the profile also holds one whole fp32 DDP
+step, every rank running at once (allreduce_profile.measure_ddp_step). What it costs beyond
+the replay of that same uniform-fp32 plan (DDP's buffer broadcast and bucket copies, gloo's
+threads competing with backward for shared cores, the jitter a lockstep waits for) is
+charged once per iteration, on every group's per-step figure.
 """
 
 from __future__ import annotations
@@ -80,20 +89,17 @@ def section_costs(sec: Section, gg: OpGraph, offer: tuple[str, ...], optimizer: 
 def step_terms(costs: dict, other: dict, opt: float, steps: dict[str, float]) -> tuple[dict, dict, float, dict]:
     """Fold measured whole steps into op costs: (costs, other, optimizer ms, gap per precision).
 
-    gap_p = step_p − (Σ op fwd+bwd at p + Σ other ops + opt). gap of fp32 (else of the first
-    precision) goes to the per-step figure; the rest, (gap_p − gap_base) / #selectable, to
-    each selectable op's backward at p. Clamped so that no figure goes negative.
+    gap_p = step_p − (Σ op fwd+bwd at p + Σ other ops + opt), spread as gap_p / #selectable over
+    each selectable op's backward at p (clamped so that no figure goes negative); the
+    optimizer figure stays the measured step + loss.
     """
     fixed = sum(c.fwd_ms + c.bwd_ms for per in other.values() for c in per.values())
     gap = {p: ms - (fixed + opt + sum(per[p].fwd_ms + per[p].bwd_ms for per in costs.values()))
            for p, ms in steps.items()}
-    if not gap:
-        return costs, other, opt, gap
-    base = gap["fp32"] if "fp32" in gap else next(iter(gap.values()))
     n = max(1, len(costs))
-    out = {name: {p: OpCost(c.fwd_ms, max(0.0, c.bwd_ms + (gap.get(p, base) - base) / n), c.weight_cast_ms)
+    out = {name: {p: OpCost(c.fwd_ms, max(0.0, c.bwd_ms + gap.get(p, 0.0) / n), c.weight_cast_ms)
                   for p, c in per.items()} for name, per in costs.items()}
-    return out, other, max(0.0, opt + base), gap
+    return out, other, opt, gap
 
 
 def profile_for(group, spec_dir: Path | None = None) -> Path | None:
@@ -170,3 +176,26 @@ def measured_link(spec, path: Path | None) -> tuple[float, float] | None:
     # allreduce_ms = 2(n−1)/n · B / (bw·1e6) + 2(n−1) · lat / 1e3   (comm.py)
     return 2 * (n - 1) / n / (beta * 1e6), fit["alpha_ms"] * 1e3 / (2 * (n - 1))
 
+
+
+def ddp_overhead(spec, gcs, proto) -> tuple[float, str] | None:
+    """(ms per iteration, note) DDP adds beyond the replayed uniform-fp32 plan, from the measured
+    DDP step; None when not every group is measured here or the profile has no such step."""
+    from dataclasses import replace
+
+    from .allreduce_profile import ddp_key
+    from .replayer import replay
+
+    if spec.cluster.world_size < 2 or not all(gc.cost_source.startswith("measured") for gc in gcs):
+        return None
+    path = profile_for(spec.cluster.groups[0])
+    if path is None or not path.exists() or any(g.profile for g in spec.cluster.groups):
+        return None
+    entry = load_profile(path).allreduce.get(ddp_key(spec))
+    if not entry or not all("fp32" in per for gc in gcs for per in gc.costs.values()):
+        return None
+    uniform = {gc.name: {op: "fp32" for op in gc.costs} for gc in gcs}
+    replayed = replay(replace(proto, groups=tuple(gcs)), uniform).iteration_ms
+    over = max(0.0, entry["fp32_ms"] - replayed)
+    return over, (f"DDP term {over:.2f} ms per iteration: measured fp32 DDP step {entry['fp32_ms']:.2f} ms "
+                  f"- its replay {replayed:.2f} ms ({path})")

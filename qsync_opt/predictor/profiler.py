@@ -21,7 +21,6 @@ import copy
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from torch import nn
 from ..errors import SpecError
 from ..models.graph import OpGraph
 from ..spec import JobSpec, load_spec
+from . import estimator as est
 from .profile import Profile, ProfileError, Section, load_profile, op_signature, step_key
 
 tr = importlib.import_module("qsync_opt.models.trace")  # the module (models/__init__ exports a function of that name)
@@ -42,36 +42,14 @@ CAST_PAIRS = (("fp32", "bf16"), ("bf16", "fp32"), ("fp32", "fp16"), ("fp16", "fp
 CAST_SIZES = (1 << 12, 1 << 15, 1 << 18, 1 << 20)
 
 
-#: Estimator settings; QSYNC_OPT_PROFILE_BLOCKS / _REPEATS override them (benchmarks trade
-#: precision for time with fewer).
-BLOCKS = int(os.environ.get("QSYNC_OPT_PROFILE_BLOCKS", 5))
-REPEATS = int(os.environ.get("QSYNC_OPT_PROFILE_REPEATS", 5))
+BLOCKS, REPEATS = est.BLOCKS, est.REPEATS  # noqa: F401 (kept for callers that patch them)
 
 
-def robust_ms(fn: Callable[[], object], *, before: Callable[[], object] | None = None,
-              warmup: int = 3, blocks: int | None = None, repeats: int | None = None) -> float:
-    """Median over `blocks` of the minimum of `repeats` timed calls, in ms.
-
-    The minimum rejects preemption by other processes within a block; the median over blocks
-    rejects a block that was slow throughout. `before` runs untimed before each call.
-    """
-    blocks, repeats = blocks or BLOCKS, repeats or REPEATS
-    for _ in range(warmup):
-        if before:
-            before()
-        fn()
-    mins = []
-    for _ in range(blocks):
-        best = float("inf")
-        for _ in range(repeats):
-            if before:
-                before()
-            t = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - t)
-        mins.append(best)
-    mins.sort()
-    return mins[len(mins) // 2] * 1e3
+def robust_ms(fn, **kw) -> float:
+    """estimator.robust_ms with this module's BLOCKS/REPEATS (tests patch them)."""
+    kw.setdefault("blocks", BLOCKS)
+    kw.setdefault("repeats", REPEATS)
+    return est.robust_ms(fn, **kw)
 
 
 def group_threads(group, world_size: int) -> int:
@@ -336,14 +314,25 @@ def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None =
     local = [g for g in spec.cluster.groups if is_local(g.device_spec) and (groups is None or g.name in groups)]
     if not local:
         raise SpecError("profile: no group of cluster.groups runs on this machine's device; nothing to measure")
-    seen = set()
+    seen, profile = set(), []
     for g in local:
         key = (tuple(sorted(g.env.items())), group_threads(g, spec.cluster.world_size), spec.local_batches()[g.name])
-        if key in seen:
-            continue
-        seen.add(key)
-        log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
-        _run_group_subprocess(spec, src, g, path, progress)
+        if key not in seen:
+            seen.add(key)
+            profile.append(g)
+    here = [g for g in spec.cluster.groups if is_local(g.device_spec)]
+    if sum(g.count for g in here) > 1:  # ranks train at once here: time them so (colocate.py)
+        from .colocate import rank_jobs, run_colocated
+
+        for g in profile:
+            log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
+        jobs = rank_jobs(spec, here, profile)
+        log(f"co-located: {len(jobs)} processes at once, one per local rank")
+        run_colocated(spec, jobs, Path(path), progress, lambda g: group_threads(g, spec.cluster.world_size))
+    else:
+        for g in profile:
+            log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
+            _run_group_subprocess(spec, src, g, path, progress)
     prof = load_profile(path)
     world = spec.cluster.world_size
     if allreduce and world > 1 and f"gloo/{world}" not in prof.allreduce:
@@ -352,6 +341,13 @@ def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None =
 
         prof.allreduce[f"gloo/{world}"] = measure_allreduce(world)
         prof.save(path)
+    if allreduce and world > 1 and all(is_local(g.device_spec) for g in spec.cluster.groups):
+        from .allreduce_profile import ddp_key, measure_ddp_step
+
+        if ddp_key(spec) not in prof.allreduce:
+            log(f"profiling one fp32 DDP step over the {world} ranks, co-located as they train")
+            prof.allreduce[ddp_key(spec)] = {"fp32_ms": measure_ddp_step(spec)}
+            prof.save(path)
     return prof
 
 
@@ -377,11 +373,21 @@ def _run_group_subprocess(spec: JobSpec, src, g, path, progress: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Subprocess entry: `python -m qsync_opt.predictor.profiler SPEC.json GROUP PROFILE [--quiet]`."""
+    """Subprocess entry: `python -m qsync_opt.predictor.profiler SPEC.json GROUP PROFILE [--quiet]
+    [--busy DIR --peers N [--busy-only]]` (colocate.py: keep running steps until N profilers are done)."""
     argv = sys.argv[1:] if argv is None else argv
     spec_file, group, path = argv[:3]
+    busy = Path(argv[argv.index("--busy") + 1]) if "--busy" in argv else None
     try:
-        profile_group(load_spec(spec_file), group, path, progress="--quiet" not in argv)
+        spec = load_spec(spec_file)
+        if "--busy-only" not in argv:
+            profile_group(spec, group, path, progress="--quiet" not in argv)
+        if busy is not None:
+            from .colocate import keep_busy
+            from .step_profile import fp32_step
+
+            keep_busy(fp32_step(spec, group), busy, int(argv[argv.index("--peers") + 1]),
+                      done_name=None if "--busy-only" in argv else group)
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
