@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .profile import Profile, ProfileError, load_profile, section_key
+from .profile import Profile, ProfileError, load_profile
 
 #: A companion stops after this long even if a profiler never reports (e.g. it was killed).
 BUSY_LIMIT_S = 1800.0
@@ -40,8 +40,11 @@ def rank_jobs(spec, local: list, profile: list) -> list[tuple[object, bool]]:
     return jobs
 
 
-def run_colocated(spec, jobs: list[tuple[object, bool]], path: Path, progress: bool, threads_of) -> None:
-    """Start every job's process at once, wait for all, merge the profilers' parts into `path`."""
+def run_colocated(spec, jobs: list[tuple[object, bool]], path: Path, progress: bool, key_of) -> None:
+    """Start every job's process at once, wait for all, merge the profilers' parts into `path`
+    (`key_of(group)`: the section a group's profiler writes)."""
+    from .profiler import group_threads
+
     path = Path(path)
     with tempfile.TemporaryDirectory() as d:
         spec_file = Path(d) / "spec.json"
@@ -51,7 +54,7 @@ def run_colocated(spec, jobs: list[tuple[object, bool]], path: Path, progress: b
         peers = sum(1 for _, prof in jobs if prof)
         procs, parts = [], []
         for i, (g, prof) in enumerate(jobs):
-            env = {**os.environ, "OMP_NUM_THREADS": str(threads_of(g)), **g.env}
+            env = {**os.environ, "OMP_NUM_THREADS": str(group_threads(g, spec.cluster.world_size)), **g.env}
             root = str(Path(__file__).resolve().parents[2])
             env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
             part = path.with_name(f"{path.name}.{g.name}.part")
@@ -74,7 +77,7 @@ def run_colocated(spec, jobs: list[tuple[object, bool]], path: Path, progress: b
                     p.terminate()
             raise ProfileError(f"profiler: group(s) {', '.join(f'{n} (exit {rc})' for n, rc in bad)} failed; "
                                "see the messages above (measured entries are kept and resumed next time)")
-    merge_parts(path, [(part, section_key(g.env, threads_of(g))) for g, part in parts])
+    merge_parts(path, [(part, key_of(g)) for g, part in parts])
 
 
 def merge_parts(path: Path, parts: list[tuple[Path, str]]) -> None:

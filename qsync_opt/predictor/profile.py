@@ -79,10 +79,11 @@ def library_versions() -> dict:
     return out
 
 
-def section_key(env: dict[str, str], threads: int) -> str:
-    """Name of the section measured under `env` with `threads` threads."""
+def section_key(env: dict[str, str], threads: int, ranks: int = 1) -> str:
+    """Name of the section measured under `env` with `threads` threads, beside `ranks` − 1 other
+    ranks busy on this machine (colocate.py: what a rank costs depends on who shares its cores)."""
     parts = [f"{k}={v}" for k, v in sorted(env.items())]
-    return ",".join([f"threads={threads}", *parts])
+    return ",".join([f"threads={threads}", *parts, *([f"ranks={ranks}"] if ranks > 1 else [])])
 
 
 def op_signature(node: OpNode, precision: str) -> str:
@@ -125,14 +126,14 @@ class Profile:
     def new(cls) -> "Profile":
         return cls(machine_description(), library_versions(), _now())
 
-    def section(self, env: dict[str, str], threads: int) -> Section:
-        key = section_key(env, threads)
+    def section(self, env: dict[str, str], threads: int, ranks: int = 1) -> Section:
+        key = section_key(env, threads, ranks)
         if key not in self.sections:
             self.sections[key] = Section(dict(env), threads)
         return self.sections[key]
 
-    def find_section(self, env: dict[str, str], threads: int) -> Section | None:
-        return self.sections.get(section_key(env, threads))
+    def find_section(self, env: dict[str, str], threads: int, ranks: int = 1) -> Section | None:
+        return self.sections.get(section_key(env, threads, ranks))
 
     def to_dict(self) -> dict:
         return {

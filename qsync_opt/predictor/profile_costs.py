@@ -115,7 +115,7 @@ def profile_for(group, spec_dir: Path | None = None) -> Path | None:
 def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
                    *, profile_on_first_use: bool = False, log=None) -> tuple[MeasuredCosts | None, str]:
     """Measured costs of `group`, or (None, why not) when the roofline must be used."""
-    from .profiler import group_threads, profile_spec
+    from .profiler import group_threads, local_ranks, profile_spec
 
     if spec.costs == "roofline":
         return None, "roofline (costs: roofline)"
@@ -128,9 +128,10 @@ def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
     threads = group_threads(group, spec.cluster.world_size)
     for attempt in (0, 1):
         prof: Profile | None = _load_for(group, path) if path.exists() else None
-        sec = prof.find_section(group.env, threads) if prof else None
+        sec = prof.find_section(group.env, threads, local_ranks(spec)) if prof else None
         why = f"no profile at {path}" if prof is None else (
-            f"profile {path} has no section for env {group.env or '{}'} with {threads} thread(s)" if sec is None else "")
+            f"profile {path} has no section for env {group.env or '{}'} with {threads} thread(s)"
+            + (f" beside {local_ranks(spec) - 1} other busy rank(s)" if local_ranks(spec) > 1 else "") if sec is None else "")
         if sec is not None:
             try:
                 c, o, opt, gap = section_costs(sec, gg, offer, spec.training.optimizer)
@@ -188,8 +189,11 @@ def ddp_overhead(spec, gcs, proto) -> tuple[float, str] | None:
 
     if spec.cluster.world_size < 2 or not all(gc.cost_source.startswith("measured") for gc in gcs):
         return None
-    path = profile_for(spec.cluster.groups[0])
-    if path is None or not path.exists() or any(g.profile for g in spec.cluster.groups):
+    from .profiler import is_local
+
+    paths = {profile_for(g) for g in spec.cluster.groups}
+    path = paths.pop() if len(paths) == 1 else None
+    if path is None or not path.exists() or not all(is_local(g.device_spec) for g in spec.cluster.groups):
         return None
     entry = load_profile(path).allreduce.get(ddp_key(spec))
     if not entry or not all("fp32" in per for gc in gcs for per in gc.costs.values()):

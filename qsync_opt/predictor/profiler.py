@@ -34,7 +34,7 @@ from ..errors import SpecError
 from ..models.graph import OpGraph
 from ..spec import JobSpec, load_spec
 from . import estimator as est
-from .profile import Profile, ProfileError, Section, load_profile, op_signature, step_key
+from .profile import Profile, ProfileError, Section, load_profile, op_signature, section_key, step_key
 
 tr = importlib.import_module("qsync_opt.models.trace")  # the module (models/__init__ exports a function of that name)
 
@@ -59,6 +59,11 @@ def group_threads(group, world_size: int) -> int:
     if v:
         return int(v)
     return max(1, (os.cpu_count() or 1) // world_size) if group.device_spec.kind == "cpu" else 1
+
+
+def local_ranks(spec) -> int:
+    """Ranks of `spec` that train on this machine at once (its section is measured beside them)."""
+    return sum(g.count for g in spec.cluster.groups if is_local(g.device_spec))
 
 
 def is_local(device) -> bool:
@@ -228,7 +233,7 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
     threads = group_threads(g, spec.cluster.world_size)
     torch.set_num_threads(threads)
     prof = load_profile(path) if Path(path).exists() else Profile.new()
-    sec = prof.section(g.env, threads)
+    sec = prof.section(g.env, threads, local_ranks(spec))
     lb = spec.local_batches()[group]
     torch.manual_seed(spec.training.seed)
     module = build_from_spec(spec).train()
@@ -321,14 +326,15 @@ def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None =
             seen.add(key)
             profile.append(g)
     here = [g for g in spec.cluster.groups if is_local(g.device_spec)]
-    if sum(g.count for g in here) > 1:  # ranks train at once here: time them so (colocate.py)
+    if local_ranks(spec) > 1:  # ranks train at once here: time them so (colocate.py)
         from .colocate import rank_jobs, run_colocated
 
         for g in profile:
             log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
         jobs = rank_jobs(spec, here, profile)
         log(f"co-located: {len(jobs)} processes at once, one per local rank")
-        run_colocated(spec, jobs, Path(path), progress, lambda g: group_threads(g, spec.cluster.world_size))
+        run_colocated(spec, jobs, Path(path), progress,
+                      lambda g: section_key(g.env, group_threads(g, spec.cluster.world_size), local_ranks(spec)))
     else:
         for g in profile:
             log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")

@@ -15,9 +15,9 @@ from qsync_opt.predictor.profiler import _fit_line, robust_ms
 from qsync_opt.spec import load_spec
 
 
-def _profile(graph, precisions=("fp32", "bf16", "int8"), env=None, threads=1) -> Profile:
+def _profile(graph, precisions=("fp32", "bf16", "int8"), env=None, threads=1, ranks=1) -> Profile:
     prof = Profile.new()
-    sec = prof.section(env or {}, threads)
+    sec = prof.section(env or {}, threads, ranks)
     for i, n in enumerate(graph.nodes):
         for p in precisions if n.selectable else ("fp32",):
             sec.ops[op_signature(n, p)] = {"fwd_ms": 1.0 + i + 0.125 * precisions.index(p), "bwd_ms": 2.0 + i}
@@ -220,8 +220,13 @@ def test_the_measured_ddp_step_charges_what_the_replay_misses_once_per_iteration
     monkeypatch.setenv("QSYNC_OPT_PROFILE_DIR", str(tmp_path))
     graph = mlp_graph(batch=1)
     spec = load_spec(TWO_HERE)
-    prof = _profile(graph.for_batch(16), env=ENV)
-    prof.sections.update(_profile(graph.for_batch(16), env={**ENV, "ONEDNN_MAX_CPU_ISA": "SSE41"}).sections)
+    alone = _profile(graph.for_batch(16), env=ENV)
+    alone.sections.update(_profile(graph.for_batch(16), env={**ENV, "ONEDNN_MAX_CPU_ISA": "SSE41"}).sections)
+    alone.save(default_profile_path())
+    _, ctx = build_instance(spec, graph, flat_omega(graph))  # timed alone: not what 2 ranks at once cost
+    assert all("beside 1 other busy rank" in g.cost_source for g in ctx.groups), [g.cost_source for g in ctx.groups]
+    prof = _profile(graph.for_batch(16), env=ENV, ranks=2)
+    prof.sections.update(_profile(graph.for_batch(16), env={**ENV, "ONEDNN_MAX_CPU_ISA": "SSE41"}, ranks=2).sections)
     prof.save(default_profile_path())
     _, ctx = build_instance(spec, graph, flat_omega(graph))
     fp32 = {g.name: {op: "fp32" for op in g.costs} for g in ctx.groups}
