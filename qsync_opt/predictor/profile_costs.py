@@ -15,12 +15,14 @@ Whole-step terms (`step_terms`): the profile also holds one whole training step 
 precision p (every selectable op at p), timed with the same estimator. Its difference from
 the sum this module predicts for that uniform plan, gap_p, is what isolated ops miss
 (autograd bookkeeping, dispatch, zero_grad, allocator, colder caches, a co-located rank's
-contention). gap_p is spread evenly over the selectable ops and added to each op's backward
-at p: it happens inside the step, before the gradients are ready, so in a lockstep it
-delays the all-reduce and not the optimizer. (Charged to the optimizer figure, the fast
+contention). Each selectable op's forward and backward at p are scaled by
+1 + gap_p / S_p (S_p: their sum at p), i.e. the gap is shared in proportion to each op's
+measured time. It happens inside the step, before the gradients are ready, so in a lockstep
+it delays the all-reduce and not the optimizer. (Charged to the optimizer figure, the fast
 group's gap landed after the slow group's all-reduce: on cpu_tiny at load 5, 89 ms added to
-a 324 ms lockstep.) Uniform plans are then costed at their measured steps, mixed plans by
-this linear split. A profile's gloo all-reduce fit α + β·bytes replaces the
+a 324 ms lockstep. Spread evenly, a negative gap of a slow format drove its small ops to
+0 ms, cheaper than fp32, and the solver picked them.) Uniform plans are then costed at
+their measured steps, mixed plans by this split. A profile's gloo all-reduce fit α + β·bytes replaces the
 interconnect preset's figures for a cluster whose ranks all run here.
 
 DDP term (`ddp_overhead`): for such a cluster the profile also holds one whole fp32 DDP
@@ -89,15 +91,15 @@ def section_costs(sec: Section, gg: OpGraph, offer: tuple[str, ...], optimizer: 
 def step_terms(costs: dict, other: dict, opt: float, steps: dict[str, float]) -> tuple[dict, dict, float, dict]:
     """Fold measured whole steps into op costs: (costs, other, optimizer ms, gap per precision).
 
-    gap_p = step_p − (Σ op fwd+bwd at p + Σ other ops + opt), spread as gap_p / #selectable over
-    each selectable op's backward at p (clamped so that no figure goes negative); the
-    optimizer figure stays the measured step + loss.
+    gap_p = step_p − (S_p + Σ other ops + opt), S_p = Σ selectable op fwd+bwd at p; each selectable
+    op's fwd and bwd at p are scaled by max(0, 1 + gap_p / S_p); the optimizer figure stays the
+    measured step + loss.
     """
     fixed = sum(c.fwd_ms + c.bwd_ms for per in other.values() for c in per.values())
-    gap = {p: ms - (fixed + opt + sum(per[p].fwd_ms + per[p].bwd_ms for per in costs.values()))
-           for p, ms in steps.items()}
-    n = max(1, len(costs))
-    out = {name: {p: OpCost(c.fwd_ms, max(0.0, c.bwd_ms + gap.get(p, 0.0) / n), c.weight_cast_ms)
+    sel = {p: sum(per[p].fwd_ms + per[p].bwd_ms for per in costs.values() if p in per) for p in steps}
+    gap = {p: ms - (fixed + opt + sel[p]) for p, ms in steps.items()}
+    scale = {p: max(0.0, 1 + gap[p] / sel[p]) if sel[p] > 0 else 1.0 for p in gap}
+    out = {name: {p: OpCost(c.fwd_ms * scale.get(p, 1.0), c.bwd_ms * scale.get(p, 1.0), c.weight_cast_ms)
                   for p, c in per.items()} for name, per in costs.items()}
     return out, other, opt, gap
 

@@ -106,3 +106,12 @@ def test_measured_local_cpu_is_a_valid_device():
     assert "fp32" in d.precisions and d.launch_overhead_us >= 1.0
     assert set(d.efficiency) == set(d.peak_tflops)
     assert "measured" in d.source
+
+
+def test_a_capped_cpu_is_re_measured_in_a_process_carrying_the_cap():
+    """The ISA cap is read once per process, so it is measured in a fresh one; the entry says so."""
+    from qsync_opt.hardware.local import measure_local_env
+
+    d = measure_local_env({"ONEDNN_MAX_CPU_ISA": "SSE41"}, "cpu-sse41-here", n=128, threads=1)
+    assert d.name == "cpu-sse41-here" and d.kind == "cpu" and "fp32" in d.precisions
+    assert d.source.endswith("env ONEDNN_MAX_CPU_ISA=SSE41") and "with 1 threads" in d.source
