@@ -174,49 +174,6 @@ def _fit_line(xs, ys) -> tuple[float, float]:
     return a, max(my - a * mx, 0.0)
 
 
-def measure_casts(spec: JobSpec) -> dict[str, dict[str, float]]:
-    """a·n + b per (src, dst) pair, timed through the runtime's own cast and quantize."""
-    from ..runtime.casts import cast, quantize
-    from ..runtime.recipe import Recipe
-
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    out = {}
-    for src, dst in CAST_PAIRS:
-        ms = []
-        for n in CAST_SIZES:
-            x = torch.randn(n)
-            if src == "int8":
-                q = quantize(x, Recipe("int8", spec.runtime.backward_precision))
-                ms.append(robust_ms(lambda: q.dequantize(torch.float32)))
-            elif dst == "int8":
-                r = Recipe("int8", spec.runtime.backward_precision)
-                ms.append(robust_ms(lambda: quantize(x, r)))
-            else:
-                x = x.to(dtypes[src])
-                ms.append(robust_ms(lambda: cast(x, dtypes[dst])))
-        a, b = _fit_line(list(CAST_SIZES), ms)
-        out[f"{src}->{dst}"] = {"a_ms_per_elem": a, "b_ms": b}
-    return out
-
-
-def measure_step(spec: JobSpec, module: nn.Module, inputs) -> float:
-    """ms of one optimizer step plus the loss's forward and backward."""
-    from ..runtime.trainer import make_optimizer
-
-    model = copy.deepcopy(module).train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        p.grad = torch.randn_like(p)
-    opt = make_optimizer(spec.training, params)
-    step = robust_ms(opt.step)
-    with torch.no_grad():
-        out = model(*inputs).detach()
-    logits = out.reshape(-1, out.size(-1)).float().requires_grad_(True)
-    target = torch.randint(0, logits.size(-1), (logits.size(0),))
-    loss = robust_ms(lambda: nn.functional.cross_entropy(logits, target).backward())
-    return step + loss
-
-
 def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGraph | None = None,
                   progress: bool = True) -> Section:
     """Measure `group`'s ops into the profile at `path` (resuming what it already holds).
@@ -274,14 +231,14 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
         sec.ops[op_signature(node, p)] = {"fwd_ms": fwd, "bwd_ms": bwd}
         prof.save(path)
         bar.advance()
+    from .step_profile import measure_casts, measure_step, measure_steps
+
     if not sec.casts:
-        sec.casts = measure_casts(spec)
+        sec.casts = measure_casts(spec, robust_ms)
     key = step_key(spec.training.optimizer, gg)
     if key not in sec.optimizer:
         sec.optimizer[key] = measure_step(spec, module, inputs)
     if key not in sec.steps:
-        from .step_profile import measure_steps
-
         sec.steps[key] = measure_steps(spec, module, inputs, gg, g.allowed_precisions, robust_ms)
     prof.save(path)
     bar.close()
@@ -326,34 +283,43 @@ def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None =
             seen.add(key)
             profile.append(g)
     here = [g for g in spec.cluster.groups if is_local(g.device_spec)]
+    world = spec.cluster.world_size
+    from .allreduce_profile import ddp_key, measure_allreduce, measure_ddp_step
+
+    before = load_profile(path) if Path(path).exists() else None
+    every_rank_here = world > 1 and local_ranks(spec) == world
+    want_ar = allreduce and world > 1 and (before is None or f"gloo/{world}" not in before.allreduce)
+    want_ddp = allreduce and every_rank_here and (before is None or ddp_key(spec) not in before.allreduce)
+    ar_fit = ddp_ms = None
     if local_ranks(spec) > 1:  # ranks train at once here: time them so (colocate.py)
         from .colocate import rank_jobs, run_colocated
 
         for g in profile:
             log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
         jobs = rank_jobs(spec, here, profile)
-        log(f"co-located: {len(jobs)} processes at once, one per local rank")
-        run_colocated(spec, jobs, Path(path), progress,
-                      lambda g: section_key(g.env, group_threads(g, spec.cluster.world_size), local_ranks(spec)))
+        together = [w for w, on in (("the gloo all-reduce", want_ar and every_rank_here),
+                                    ("one fp32 DDP step", want_ddp)) if on]
+        log(f"co-located: {len(jobs)} processes at once, one per local rank"
+            + (f"; then, in them, {' and '.join(together)}" if together else ""))
+        ar_fit, ddp_ms = run_colocated(spec, jobs, Path(path), progress,
+                                       lambda g: section_key(g.env, group_threads(g, world), local_ranks(spec)),
+                                       allreduce=want_ar and every_rank_here, ddp=want_ddp)
     else:
         for g in profile:
             log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
             _run_group_subprocess(spec, src, g, path, progress)
     prof = load_profile(path)
-    world = spec.cluster.world_size
-    if allreduce and world > 1 and f"gloo/{world}" not in prof.allreduce:
-        log(f"profiling gloo all-reduce over {world} local processes")
-        from .allreduce_profile import measure_allreduce
-
-        prof.allreduce[f"gloo/{world}"] = measure_allreduce(world)
-        prof.save(path)
-    if allreduce and world > 1 and all(is_local(g.device_spec) for g in spec.cluster.groups):
-        from .allreduce_profile import ddp_key, measure_ddp_step
-
-        if ddp_key(spec) not in prof.allreduce:
+    if want_ar:
+        if ar_fit is None:
+            log(f"profiling gloo all-reduce over {world} local processes")
+            ar_fit = measure_allreduce(world)
+        prof.allreduce[f"gloo/{world}"] = ar_fit
+    if want_ddp:
+        if ddp_ms is None:
             log(f"profiling one fp32 DDP step over the {world} ranks, co-located as they train")
-            prof.allreduce[ddp_key(spec)] = {"fp32_ms": measure_ddp_step(spec)}
-            prof.save(path)
+            ddp_ms = measure_ddp_step(spec)
+        prof.allreduce[ddp_key(spec)] = {"fp32_ms": ddp_ms}
+    prof.save(path)
     return prof
 
 
@@ -394,6 +360,12 @@ def main(argv: list[str] | None = None) -> int:
 
             keep_busy(fp32_step(spec, group), busy, int(argv[argv.index("--peers") + 1]),
                       done_name=None if "--busy-only" in argv else group)
+            if "--collect" in argv:  # every rank: the all-reduce and a DDP step, together
+                from .allreduce_profile import collectives
+
+                what = argv[argv.index("--collect") + 1].split(",")
+                collectives(spec, int(argv[argv.index("--rank") + 1]), int(argv[argv.index("--world") + 1]),
+                            f"file://{busy / 'store'}", busy, ar="allreduce" in what, ddp="ddp" in what)
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
