@@ -8,10 +8,11 @@ The DDP step (`measure_ddp_step`): every rank of the spec, each with its group's
 threads, trains the model at fp32 under DistributedDataParallel exactly as the trainer's
 timed step does (zero_grad, forward, loss, backward with the bucket all-reduces, optimizer
 step, the scalar all-reduce), a barrier before each step; the slowest rank's estimate is
-the lockstep step. What DDP adds beyond the replayed parts (buffer broadcast in forward,
-gloo threads taking cores from backward on a shared CPU, the reducer's bucket copies,
-stragglers' jitter) is that measurement minus the replay of the same plan
-(profile_costs.ddp_overhead), charged once per iteration.
+the lockstep step. The replay of the same plan is brought to it
+(profile_costs.ddp_calibrate): what DDP adds beyond the replayed parts (buffer broadcast in
+forward, gloo threads taking cores from backward, the reducer's bucket copies) is charged
+once per iteration; a replay above it (the co-located profile's companions never wait, a
+lockstep's faster rank does) is scaled down to it.
 
 Both are measured by `collectives`, which every rank runs: in processes spawned here, or,
 when the profiler already runs one process per rank (colocate.py), in those very processes

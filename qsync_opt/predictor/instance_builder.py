@@ -33,7 +33,7 @@ from .context import Context, GroupContext
 from .costs import op_costs, optimizer_ms
 from .followers import BOUNDARIES, follow_format, follower_costs, owners
 from .memory import capacity_bytes, memory_model
-from .profile_costs import ddp_overhead, measured_costs, measured_link, profile_for
+from .profile_costs import ddp_calibrate, measured_costs, measured_link, profile_for
 from .replayer import replay_group
 from .sensitivity import Sensitivity
 
@@ -158,10 +158,10 @@ def build_instance(
         link_latency_us=link.latency_us, global_batch=spec.training.global_batch,
     )
     notes = []
-    ddp = ddp_overhead(spec, gcs, proto)  # profile_costs.py: measured DDP step − its replay
+    ddp = ddp_calibrate(spec, gcs, proto)  # profile_costs.py: the replay brought to the measured DDP step
     if ddp is not None:
-        gcs = [replace(gc, optimizer_ms=gc.optimizer_ms + ddp[0]) for gc in gcs]
-        notes.append(ddp[1])
+        gcs, note = ddp
+        notes.append(note)
     highest = {gc.name: replay_group(gc, gc.highest, proto) for gc in gcs}
     fastest = min(t.iteration_ms for t in highest.values())
     roles = {g.name: g.role for g in spec.cluster.groups}

@@ -25,11 +25,13 @@ a 324 ms lockstep. Spread evenly, a negative gap of a slow format drove its smal
 their measured steps, mixed plans by this split. A profile's gloo all-reduce fit α + β·bytes replaces the
 interconnect preset's figures for a cluster whose ranks all run here.
 
-DDP term (`ddp_overhead`): for such a cluster the profile also holds one whole fp32 DDP
-step, every rank running at once (allreduce_profile.measure_ddp_step). What it costs beyond
-the replay of that same uniform-fp32 plan (DDP's buffer broadcast and bucket copies, gloo's
-threads competing with backward for shared cores, the jitter a lockstep waits for) is
-charged once per iteration, on every group's per-step figure.
+DDP calibration (`ddp_calibrate`): for such a cluster the profile also holds one whole fp32
+DDP step, every rank running at once (allreduce_profile.measure_ddp_step), and the replay
+of that same uniform-fp32 plan is brought to it: what it costs beyond the replay (DDP's
+buffer broadcast and bucket copies, gloo's threads competing with backward for shared
+cores) is charged once per iteration; when it costs less, the co-located profile
+over-counted contention (its busy companions never wait; a lockstep's faster rank does)
+and every op is scaled by the measured ratio. Other plans follow from that calibration.
 """
 
 from __future__ import annotations
@@ -181,18 +183,26 @@ def measured_link(spec, path: Path | None) -> tuple[float, float] | None:
 
 
 
-def ddp_overhead(spec, gcs, proto) -> tuple[float, str] | None:
-    """(ms per iteration, note) DDP adds beyond the replayed uniform-fp32 plan, from the measured
-    DDP step; None when not every group is measured here or the profile has no such step."""
+def ddp_calibrate(spec, gcs: list, proto) -> tuple[list, str] | None:
+    """The groups' costs made to agree with the measured fp32 DDP step, and a note saying how;
+    None when not every group is measured here or the profile has no such step.
+
+    Replay of the uniform-fp32 plan below the measured step: the excess is DDP's own work
+    per iteration (buffer broadcast, bucket copies, gloo threads taking cores from backward),
+    charged once per iteration on every group's per-step figure. Above it: the co-located
+    profile over-counted contention, since its companions never idle while in a lockstep
+    the faster rank waits for the slower one, leaving it a core; every group's op and
+    per-step figures are scaled by measured / replayed (the all-reduce fit is left alone).
+    """
     from dataclasses import replace
 
     from .allreduce_profile import ddp_key
+    from .costs import OpCost
+    from .profiler import is_local
     from .replayer import replay
 
     if spec.cluster.world_size < 2 or not all(gc.cost_source.startswith("measured") for gc in gcs):
         return None
-    from .profiler import is_local
-
     paths = {profile_for(g) for g in spec.cluster.groups}
     path = paths.pop() if len(paths) == 1 else None
     if path is None or not path.exists() or not all(is_local(g.device_spec) for g in spec.cluster.groups):
@@ -202,6 +212,17 @@ def ddp_overhead(spec, gcs, proto) -> tuple[float, str] | None:
         return None
     uniform = {gc.name: {op: "fp32" for op in gc.costs} for gc in gcs}
     replayed = replay(replace(proto, groups=tuple(gcs)), uniform).iteration_ms
-    over = max(0.0, entry["fp32_ms"] - replayed)
-    return over, (f"DDP term {over:.2f} ms per iteration: measured fp32 DDP step {entry['fp32_ms']:.2f} ms "
-                  f"- its replay {replayed:.2f} ms ({path})")
+    measured = entry["fp32_ms"]
+    head = f"measured fp32 DDP step {measured:.2f} ms, its replay {replayed:.2f} ms ({path})"
+    if measured >= replayed:
+        over = measured - replayed
+        return ([replace(gc, optimizer_ms=gc.optimizer_ms + over) for gc in gcs],
+                f"DDP term {over:.2f} ms per iteration: {head}")
+    f = measured / replayed
+
+    def scaled(table):
+        return {op: {p: OpCost(c.fwd_ms * f, c.bwd_ms * f, c.weight_cast_ms * f) for p, c in per.items()}
+                for op, per in table.items()}
+
+    return ([replace(gc, costs=scaled(gc.costs), other_costs=scaled(gc.other_costs), optimizer_ms=gc.optimizer_ms * f)
+             for gc in gcs], f"DDP contention factor {f:.3f} on every op: {head}")
