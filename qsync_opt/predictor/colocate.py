@@ -77,12 +77,8 @@ def run_colocated(spec, jobs: list[tuple[object, bool]], path: Path, progress: b
             if not progress or i:  # one progress bar on the terminal, not interleaved ones
                 argv.append("--quiet")
             procs.append((g, prof, subprocess.Popen(argv, env=env)))
-        failed = [(g.name, p.wait()) for g, prof, p in procs]
-        bad = [(n, rc) for n, rc in failed if rc != 0]
+        bad = wait_all([(g.name, p) for g, _, p in procs])
         if bad:
-            for g, prof, p in procs:
-                if p.poll() is None:
-                    p.terminate()
             raise ProfileError(f"profiler: group(s) {', '.join(f'{n} (exit {rc})' for n, rc in bad)} failed; "
                                "see the messages above (measured entries are kept and resumed next time)")
         collected = read_results(busy, len(jobs))
@@ -99,6 +95,24 @@ def merge_parts(path: Path, parts: list[tuple[Path, str]]) -> None:
     merged.save(path)
     for part, _ in parts:
         part.unlink(missing_ok=True)
+
+
+def wait_all(procs: list[tuple[str, subprocess.Popen]], poll_s: float = 0.2) -> list[tuple[str, int]]:
+    """Wait for every process; once one fails, stop the others (they would keep busy waiting
+    for its 'done' mark) and return [(name, exit code)] of the failed ones."""
+    while True:
+        codes = [(n, p.poll()) for n, p in procs]
+        bad = [(n, rc) for n, rc in codes if rc not in (None, 0)]
+        if bad:
+            for _, p in procs:
+                if p.poll() is None:
+                    p.terminate()
+            for _, p in procs:
+                p.wait()
+            return bad
+        if all(rc == 0 for _, rc in codes):
+            return []
+        time.sleep(poll_s)
 
 
 def keep_busy(step, busy: Path, peers: int, *, done_name: str | None) -> None:

@@ -57,3 +57,17 @@ def test_a_finished_profiler_keeps_stepping_until_every_peer_is_done(tmp_path):
     assert len(calls) == 3 and (tmp_path / "a.done").exists()
     keep_busy(step, tmp_path, 2, done_name=None)  # a companion: peers already done, no step
     assert len(calls) == 3
+
+
+def test_one_failing_process_stops_the_others_instead_of_leaving_them_busy():
+    import subprocess
+    import sys
+
+    from qsync_opt.predictor.colocate import wait_all
+
+    busy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    failing = subprocess.Popen([sys.executable, "-c", "raise SystemExit(2)"])
+    assert wait_all([("a", busy), ("b", failing)], poll_s=0.05) == [("b", 2)]
+    assert busy.poll() is not None  # stopped, not left running for a minute
+    ok = [("c", subprocess.Popen([sys.executable, "-c", "pass"]))]
+    assert wait_all(ok, poll_s=0.05) == []
