@@ -28,7 +28,7 @@ from .profile import Profile, ProfileError, load_profile
 BUSY_LIMIT_S = 1800.0
 
 
-def rank_jobs(spec, local: list, profile: list) -> list[tuple[object, bool]]:
+def rank_jobs(local: list, profile: list) -> list[tuple[object, bool]]:
     """(group, profiles?) per local rank: one profiler per group in `profile`, companions for
     the other ranks of local groups (in rank order)."""
     todo = {g.name for g in profile}

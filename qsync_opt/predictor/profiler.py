@@ -6,12 +6,13 @@ count: for every distinct (op kind, shapes) of the model's graph at the group's 
 forward and backward time of the op as the runtime runs it — selectable modules swapped for
 the runtime's quantized module at every precision the group may use, everything else as
 traced — plus cast fits a·n + b, one optimizer step with the loss, and one whole training
-step per precision (step_profile.py: what the isolated ops miss). Then, for a cluster of
-several ranks, a gloo all-reduce fit α + β·bytes over that many local processes.
+step per precision (step_profile.py: what the isolated ops miss). When several ranks train
+here, all their processes run at once (colocate.py), and then time, together, a gloo
+all-reduce fit α + β·bytes and one whole fp32 DDP step (allreduce_profile.py).
 
 Each op runs in isolation on the very tensors the traced model feeds it (an fx Interpreter
-records them). Estimator (`robust_ms`): warm-up, then blocks of short repeats; the median of
-the block minima. The profile file is saved after every op, so an interrupted run resumes
+records them). Estimator (estimator.py): the median of block minima, adaptive in warm-ups,
+repeats and blocks. The profile file is saved after every op, so an interrupted run resumes
 where it stopped.
 """
 
@@ -296,7 +297,7 @@ def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None =
 
         for g in profile:
             log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
-        jobs = rank_jobs(spec, here, profile)
+        jobs = rank_jobs(here, profile)
         together = [w for w, on in (("the gloo all-reduce", want_ar and every_rank_here),
                                     ("one fp32 DDP step", want_ddp)) if on]
         log(f"co-located: {len(jobs)} processes at once, one per local rank"

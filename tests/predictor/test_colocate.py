@@ -20,10 +20,10 @@ training: {global_batch: 24, optimizer: adam}
 def test_one_process_per_local_rank_profilers_first_in_rank_order():
     spec = load_spec(SPEC)
     a, b = spec.cluster.groups
-    jobs = rank_jobs(spec, [a, b], [a, b])
+    jobs = rank_jobs([a, b], [a, b])
     assert [(g.name, prof) for g, prof in jobs] == [("a", True), ("a", False), ("b", True)]
     # b's section is already measured: it only keeps its core busy while a is profiled
-    assert [(g.name, prof) for g, prof in rank_jobs(spec, [a, b], [a])] == [("a", True), ("a", False), ("b", False)]
+    assert [(g.name, prof) for g, prof in rank_jobs([a, b], [a])] == [("a", True), ("a", False), ("b", False)]
 
 
 def test_merging_parts_keeps_each_profilers_own_section_only(tmp_path):
