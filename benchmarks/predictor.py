@@ -3,10 +3,12 @@
     PYTHONPATH=. python benchmarks/predictor.py --out results/predictor [--quick]
 
 Time: for each model, random mixed plans plus uniform fp32 / bf16 / int8, in two modes:
-'single' (one process, group amx = cpu-local) and 'ddp' (2-rank gloo DDP: amx, and noamx =
-cpu-noamx with ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16, i.e. AMX capped off). Every process
-runs 1 thread. The run alternates, in several rounds, a fresh profile of the runtime's
-kernels (qsync_opt.predictor.profiler, one subprocess per group with its env) and real
+'single' (one process, group native = cpu-local) and 'ddp' (2-rank gloo DDP: native, and
+sse41 = cpu-sse41 with ONEDNN_MAX_CPU_ISA=SSE41, oneDNN capped at a level every x86-64 CPU
+is above, so older kernels run on any x86 machine). Every process runs 1 thread. The run
+alternates, in several rounds, a fresh profile of the runtime's kernels for each mode
+(qsync_opt.predictor.profiler: one subprocess per group with its env; for 'ddp' both ranks'
+profilers at once, as they train, plus one measured fp32 DDP step) and real
 training steps of every plan (benchmarks/predictor_worker.py); the profile used for the
 prediction is the per-entry median over rounds, the measurement the median over rounds of
 each round's median-of-block-minima, the same estimator the profiler uses. Noise floor: the
@@ -45,7 +47,7 @@ import torch  # noqa: E402
 from qsync_opt.io import atomic_write_text  # noqa: E402
 from qsync_opt.spec import load_spec  # noqa: E402
 
-NOAMX_ENV = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16", "OMP_NUM_THREADS": "1"}
+SSE41_ENV = {"ONEDNN_MAX_CPU_ISA": "SSE41", "OMP_NUM_THREADS": "1"}
 ONE = {"OMP_NUM_THREADS": "1"}
 PRECS = ("fp32", "bf16", "int8")
 
@@ -59,11 +61,11 @@ def specs(model: str, batch: int, profile: str | None = None) -> dict[str, dict]
     base = {"model": {"name": model}, "runtime": {"boundary": "fp32"}, "costs": "measured" if profile else "auto",
             "objective": {"max_iteration_time": 1e9}}
     single = {**base, "name": f"{model}-single", "training": {"global_batch": batch, "optimizer": "adam"},
-              "cluster": {"groups": [{"name": "amx", "device": "cpu-local", "env": ONE, "precisions": list(PRECS), **extra}],
+              "cluster": {"groups": [{"name": "native", "device": "cpu-local", "env": ONE, "precisions": list(PRECS), **extra}],
                           "interconnect": "loopback"}}
     ddp = {**base, "name": f"{model}-ddp", "training": {"global_batch": 2 * batch, "optimizer": "adam"},
-           "cluster": {"groups": [{"name": "amx", "device": "cpu-local", "env": ONE, "precisions": list(PRECS), **extra},
-                                  {"name": "noamx", "device": "cpu-noamx", "env": NOAMX_ENV, **extra}],
+           "cluster": {"groups": [{"name": "native", "device": "cpu-local", "env": ONE, "precisions": list(PRECS), **extra},
+                                  {"name": "sse41", "device": "cpu-sse41", "env": SSE41_ENV, **extra}],
                        "interconnect": "loopback"}}
     return {"single": single, "ddp": ddp}
 
@@ -129,7 +131,7 @@ def merge_profiles(paths: list[Path], out: Path) -> None:
             sec.steps[k] = {p: statistics.median(o.steps[k][p] for o in others if p in o.steps.get(k, {})) for p in per}
     for k in merged.allreduce:
         vals = [p.allreduce[k] for p in profs if k in p.allreduce]
-        merged.allreduce[k] = {f: statistics.median(v[f] for v in vals) for f in ("alpha_ms", "beta_ms_per_byte")}
+        merged.allreduce[k] = {f: statistics.median(v[f] for v in vals) for f in vals[0]}
     merged.save(out)
 
 
@@ -171,7 +173,7 @@ def indicator_rows(model: str, spec: dict, prepared, plans, batches: int) -> lis
     base = _mean_loss(base_model, data, loss)
     changes = {}
     for key, plan in plans:
-        m = apply_plan(copy.deepcopy(prepared.module).eval(), plan["amx"])
+        m = apply_plan(copy.deepcopy(prepared.module).eval(), plan["native"])
         changes[key] = abs(_mean_loss(m, data, loss) - base)
     pairs = [(op, p) for op in sens["empirical"].omega for p in ("bf16", "int8")]
     emp = [sens["empirical"].omega[op][p] for op, p in pairs]
@@ -180,7 +182,7 @@ def indicator_rows(model: str, spec: dict, prepared, plans, batches: int) -> lis
         om = sens[m].omega
         rows.append({"model": model, "method": m, "level": "op", "spearman_vs_empirical":
                      spearman([om[op][p] for op, p in pairs], emp), "n": len(pairs)})
-        sums = [sum(om[op][p] for op, p in plan["amx"].items()) for _, plan in plans]
+        sums = [sum(om[op][p] for op, p in plan["native"].items()) for _, plan in plans]
         rows.append({"model": model, "method": m, "level": "plan", "spearman_vs_empirical":
                      spearman(sums, [changes[k] for k, _ in plans]), "n": len(plans)})
     return rows
@@ -253,7 +255,8 @@ def main(argv=None) -> int:
                 path = tmp / f"{model}-round{r}.json"
                 from qsync_opt.predictor.profiler import profile_spec
 
-                profile_spec(load_spec(base["ddp"]), path, progress=False, log=lambda s: None)
+                for mode in base:  # a rank alone and two at once cost differently: a section each
+                    profile_spec(load_spec(base[mode]), path, progress=False, log=lambda s: None)
                 round_profiles.append(path)
                 for mode in base:
                     measured[mode].append(measure(base[mode], plans[mode], tmp, warmup=2, blocks=a.blocks,

@@ -56,7 +56,10 @@ def cmd_profile(args) -> int:
         t.add_row(key, str(len(sec.ops)), str(len(sec.casts)), str(len(sec.optimizer)))
     out.print(t)
     for key, fit in prof.allreduce.items():
-        out.print(f"all-reduce {key}: {fit['alpha_ms']:.3f} ms + {fit['beta_ms_per_byte'] * 1e6:.3f} ms/MB")
+        if "alpha_ms" in fit:
+            out.print(f"all-reduce {key}: {fit['alpha_ms']:.3f} ms + {fit['beta_ms_per_byte'] * 1e6:.3f} ms/MB")
+        else:  # allreduce_profile.ddp_key: one whole fp32 DDP step, every rank here at once
+            out.print(f"{key}: fp32 DDP step {fit['fp32_ms']:.2f} ms")
     out.print(f"machine: {prof.machine.get('cpu')} ({', '.join(prof.machine.get('isa', []))}); torch {prof.versions.get('torch')}")
     return 0
 

@@ -41,7 +41,7 @@ def missing_profile(spec: JobSpec, graph) -> tuple[dict[str, str], dict[str, str
     entry the profiler would write for it (the same list `profile_group` works through).
     """
     from .predictor.profile import default_profile_path, load_profile, op_signature, step_key
-    from .predictor.profiler import group_threads, is_local
+    from .predictor.profiler import group_threads, is_local, local_ranks
 
     path = default_profile_path()
     prof = load_profile(path) if path.exists() else None  # another machine's profile: refused by name
@@ -56,7 +56,7 @@ def missing_profile(spec: JobSpec, graph) -> tuple[dict[str, str], dict[str, str
         if not is_local(g.device_spec):
             skip[g.name] = f"device {g.device_spec.name} does not run here"
             continue
-        sec = prof.find_section(g.env, group_threads(g, spec.cluster.world_size)) if prof else None
+        sec = prof.find_section(g.env, group_threads(g, spec.cluster.world_size), local_ranks(spec)) if prof else None
         if sec is None:
             todo[g.name] = f"no section for env {g.env or '{}'} in {path}" if prof else f"no profile at {path}"
             continue

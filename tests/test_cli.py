@@ -37,10 +37,10 @@ def test_bad_spec_exits_2_with_field_and_no_traceback(tmp_path):
 
 def test_infeasible_exits_3_with_diagnosis(tmp_path):
     bad = tmp_path / "tight.yaml"
-    bad.write_text(Path(TINY).read_text().replace("count: 1\n    - name: noamx", "count: 1\n      memory_gb: 0.527\n    - name: noamx"))
+    bad.write_text(Path(TINY).read_text().replace("count: 1\n    - name: sse41", "count: 1\n      memory_gb: 0.527\n    - name: sse41"))
     r = run("solve", str(bad))
     assert r.returncode == 3, r.stderr
-    assert "amx: memory needs" in r.stderr
+    assert "native: memory needs" in r.stderr
 
 
 @pytest.mark.parametrize("fmt", ["json", "mps", "lp"])
@@ -114,16 +114,16 @@ def test_solve_problem_honours_output_and_json_and_refuses_uniform(tmp_path, cap
     assert main(["solve", "--problem", str(p), "-o", str(out), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(out.read_text())
-    assert printed["status"] == "optimal" and set(printed["assignment"]) == {"amx", "noamx"}
+    assert printed["status"] == "optimal" and set(printed["assignment"]) == {"native", "sse41"}
 
 
 def test_train_with_a_plan_of_other_groups_or_unknown_operators_exits_2(tmp_path, capsys):
     plan = _tiny_plan(tmp_path)
     capsys.readouterr()
     other = tmp_path / "other.json"
-    other.write_text(plan.read_text().replace('"noamx"', '"gpu"'))
+    other.write_text(plan.read_text().replace('"sse41"', '"gpu"'))
     assert main(["train", TINY, "--plan", str(other)]) == 2
-    assert "plan groups ['amx', 'gpu'] do not match spec cluster.groups ['amx', 'noamx']" in capsys.readouterr().err
+    assert "plan groups ['native', 'gpu'] do not match spec cluster.groups ['native', 'sse41']" in capsys.readouterr().err
     unknown = tmp_path / "unknown.json"
     unknown.write_text(plan.read_text().replace('"layer1.0.conv1"', '"layer9.conv1"'))
     assert main(["train", TINY, "--plan", str(unknown)]) == 2
@@ -133,7 +133,7 @@ def test_train_with_a_plan_of_other_groups_or_unknown_operators_exits_2(tmp_path
 def test_a_plan_with_a_precision_the_device_cannot_run_exits_2(tmp_path, capsys):
     plan = Plan.load(_tiny_plan(tmp_path))
     data = plan.model_dump(mode="json")
-    data["groups"]["amx"]["precisions"] = {k: "fp16" for k in data["groups"]["amx"]["precisions"]}
+    data["groups"]["native"]["precisions"] = {k: "fp16" for k in data["groups"]["native"]["precisions"]}
     bad = tmp_path / "fp16.json"
     bad.write_text(json.dumps(data))
     capsys.readouterr()

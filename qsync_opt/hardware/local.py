@@ -1,12 +1,17 @@
 """A DeviceSpec for the CPU this process runs on, measured in a few seconds.
 
-The catalog's `cpu-local` entry holds the figures measured once on the development machine;
-this module re-measures them wherever the package runs (a scheduler's node, a laptop), so a
-CPU group can be planned with its own numbers. Measured: copy bandwidth (read + write) of a
-64 MiB tensor, and square-GEMM throughput for fp32, bf16, fp16 (torch.matmul) and int8
-(torch._int_mm). A format is kept when it reaches at least 5% of the fp32 rate (fp16 without
-AMX-FP16 under an AVX512_CORE_BF16 cap collapses to ~1%: no usable path). Medians of repeats;
-the CPU's own run-to-run spread (±20-40% for 2-thread int8) is not hidden by this.
+The catalog's CPU entries hold figures measured once: `cpu-local` on an AVX-512/AMX
+development machine, `cpu-sse41` on an AVX2-only EPYC under ONEDNN_MAX_CPU_ISA=SSE41. This
+module re-measures them wherever the package runs (a scheduler's node, a laptop), so a CPU
+group can be planned with its own numbers; `measure_local_env` does it under a group's env
+(in a subprocess, since oneDNN reads its ISA cap once, at its first kernel), and
+`python -m qsync_opt.hardware.local [--env K=V ...] [--threads N]` prints the result as a
+catalog entry. Measured: copy bandwidth (read + write) of a 64 MiB tensor, and square-GEMM
+throughput for fp32, bf16, fp16 (torch.matmul) and int8 (torch._int_mm). A format is kept
+when it reaches at least MIN_FRACTION_OF_FP32 of the fp32 rate (fp16 without AMX-FP16 under
+an AVX512_CORE_BF16 cap collapses to ~1%: no usable path; on an AVX2-only CPU bf16 and int8
+run at 2% of fp32, and are dropped). Medians of repeats; the CPU's own run-to-run spread
+(±20-40% for 2-thread int8) is not hidden by this.
 """
 
 from __future__ import annotations
@@ -85,6 +90,58 @@ def measure_local(name: str = "cpu-measured", *, n: int = 1024, memory_gb: float
     )
 
 
+def measure_local_env(env: dict[str, str], name: str = "cpu-measured", *, n: int = 1024,
+                      threads: int | None = None) -> DeviceSpec:
+    """measure_local in a fresh process carrying `env` (e.g. {"ONEDNN_MAX_CPU_ISA": "SSE41"})."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    argv = [sys.executable, "-m", "qsync_opt.hardware.local", "--json", "--name", name, "--n", str(n)]
+    if threads:
+        argv += ["--threads", str(threads)]
+    root = str(Path(__file__).resolve().parents[2])
+    penv = {**os.environ, **env, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run(argv, env=penv, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"measuring this CPU under env {env} failed: {r.stderr[-1000:]}")
+    d = DeviceSpec(**json.loads(r.stdout))
+    caps = ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
+    return d.model_copy(update={"source": f"{d.source}, env {caps}" if caps else d.source})
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+    import os
+
+    import yaml
+
+    ap = argparse.ArgumentParser(description="Measure this CPU as a catalog entry.")
+    ap.add_argument("--name", default="cpu-measured")
+    ap.add_argument("--n", type=int, default=1024, help="GEMM size")
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    ap.add_argument("--env", action="append", default=[], metavar="K=V", help="measure under this env (repeatable)")
+    ap.add_argument("--json", action="store_true", help="print the DeviceSpec as JSON")
+    a = ap.parse_args(argv)
+    env = dict(kv.split("=", 1) for kv in a.env)
+    if env:
+        d = measure_local_env(env, a.name, n=a.n, threads=a.threads)
+    else:
+        if a.threads:
+            torch.set_num_threads(a.threads)
+        d = measure_local(a.name, n=a.n)
+    data = d.model_dump(exclude_none=True)
+    if a.json:
+        print(json.dumps(data))
+    else:
+        print(yaml.safe_dump({data.pop("name"): data}, sort_keys=False), end="")
+        print(f"# load {os.getloadavg()}")
+    return 0
+
+
 def _total_memory_gb() -> float:
     try:
         with open("/proc/meminfo") as f:
@@ -94,3 +151,7 @@ def _total_memory_gb() -> float:
     except OSError:
         pass
     return 8.0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

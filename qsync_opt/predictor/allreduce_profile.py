@@ -1,8 +1,22 @@
-"""The gloo all-reduce of this machine, fitted α + β·bytes over a few message sizes.
+"""The gloo all-reduce of this machine, fitted α + β·bytes, and one whole DDP step.
 
 `world` local processes (spawned, 1 thread each) time all_reduce of 4 KiB .. 16 MiB with a
 barrier before each call and the profiler's estimator; rank 0's times are fitted by least
 squares. On one host this is the loopback ring DDP uses for CPU ranks here.
+
+The DDP step (`measure_ddp_step`): every rank of the spec, each with its group's env and
+threads, trains the model at fp32 under DistributedDataParallel exactly as the trainer's
+timed step does (zero_grad, forward, loss, backward with the bucket all-reduces, optimizer
+step, the scalar all-reduce), a barrier before each step; the slowest rank's estimate is
+the lockstep step. The replay of the same plan is brought to it
+(profile_costs.ddp_calibrate): what DDP adds beyond the replayed parts (buffer broadcast in
+forward, gloo threads taking cores from backward, the reducer's bucket copies) is charged
+once per iteration; a replay above it (the co-located profile's companions never wait, a
+lockstep's faster rank does) is scaled down to it.
+
+Both are measured by `collectives`, which every rank runs: in processes spawned here, or,
+when the profiler already runs one process per rank (colocate.py), in those very processes
+once their profiling is done (two fewer rounds of process start-up, 3 s of imports each).
 """
 
 from __future__ import annotations
@@ -16,27 +30,100 @@ from .profiler import _fit_line, robust_ms
 ALLREDUCE_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
 
 
-def _allreduce_worker(rank: int, world: int, port: int, result: str) -> None:
+def allreduce_times() -> dict[int, float]:
+    """bytes -> ms of a gloo all_reduce in the current process group (every rank calls this)."""
+    import torch.distributed as dist
+
+    out = {}
+    for nbytes in ALLREDUCE_BYTES:
+        x = torch.ones(nbytes // 4)
+        out[nbytes] = robust_ms(lambda: dist.all_reduce(x), before=dist.barrier, blocks=3, repeats=3,
+                                adaptive=False)  # every rank the same calls
+    return out
+
+
+def fit(times: dict[int, float]) -> dict[str, float]:
+    a, b = _fit_line(list(times), list(times.values()))
+    return {"alpha_ms": b, "beta_ms_per_byte": a}
+
+
+def ddp_step_ms(spec, rank: int) -> float:
+    """This rank's estimate of one fp32 DDP training step in the current process group, as the
+    trainer's timed step runs it; the process already carries its group's env."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ..models.from_spec import input_maker
+    from ..runtime.trainer import build_rank_model, make_optimizer
+    from .profiler import group_threads
+
+    g = spec.cluster.group_of_rank(rank)
+    torch.set_num_threads(group_threads(g, spec.cluster.world_size))
+    model = build_rank_model(spec, None, g.name).train()
+    ddp = DDP(model)
+    opt = make_optimizer(spec.training, model.parameters())
+    inputs = tuple(input_maker(spec)(spec.local_batches()[g.name], torch.Generator().manual_seed(rank)))
+    with torch.no_grad():
+        shape = model(*inputs).shape
+    target = torch.randint(0, shape[-1], shape[:-1], generator=torch.Generator().manual_seed(1))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        y = ddp(*inputs)
+        loss = nn.functional.cross_entropy(y.reshape(-1, y.size(-1)).float(), target.reshape(-1))
+        loss.backward()
+        opt.step()
+        dist.all_reduce(torch.stack([loss.detach(), torch.zeros(())]))
+
+    # the profiler's estimator (median of block minima), fixed counts: every rank steps alike
+    return robust_ms(step, before=dist.barrier, warmup=2, blocks=3, repeats=3, adaptive=False)
+
+
+def collectives(spec, rank: int, world: int, init_method: str, out_dir: Path, *, ar: bool, ddp: bool) -> None:
+    """Every rank: join the group, time what is asked, write rank-r results into `out_dir`."""
     import json
 
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     try:
-        out = {}
-        for nbytes in ALLREDUCE_BYTES:
-            x = torch.ones(nbytes // 4)
-            out[nbytes] = robust_ms(lambda: dist.all_reduce(x), before=dist.barrier, blocks=3, repeats=3)
-        if rank == 0:
-            Path(result).write_text(json.dumps(out))
+        if ar:
+            torch.set_num_threads(1)
+            times = allreduce_times()
+            if rank == 0:
+                (out_dir / "allreduce.json").write_text(json.dumps(times))
+        if ddp:
+            (out_dir / f"ddp.{rank}").write_text(json.dumps(ddp_step_ms(spec, rank)))
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def measure_allreduce(world: int) -> dict[str, float]:
-    """α (ms) and β (ms per byte) of a gloo all-reduce over `world` local processes."""
+def read_results(out_dir: Path, world: int) -> tuple[dict | None, float | None]:
+    """(all-reduce fit, slowest rank's DDP step ms) written by `collectives`, None where absent."""
+    import json
+
+    ar = out_dir / "allreduce.json"
+    fitted = fit({int(k): v for k, v in json.loads(ar.read_text()).items()}) if ar.exists() else None
+    steps = [out_dir / f"ddp.{r}" for r in range(world)]
+    ddp = max(json.loads(f.read_text()) for f in steps) if all(f.exists() for f in steps) else None
+    return fitted, ddp
+
+
+def _worker(rank: int, world: int, port: int, spec_file: str | None, out_dir: str, ar: bool, ddp: bool) -> None:
+    import os
+
+    spec = None
+    if spec_file:
+        from ..spec import load_spec
+
+        spec = load_spec(spec_file)
+        os.environ.update(spec.cluster.group_of_rank(rank).env)  # before any kernel: oneDNN reads its cap once
+    collectives(spec, rank, world, f"tcp://127.0.0.1:{port}", Path(out_dir), ar=ar, ddp=ddp)
+
+
+def _spawn(world: int, spec, *, ar: bool, ddp: bool) -> tuple[dict | None, float | None]:
     import json
     import tempfile
 
@@ -45,8 +132,34 @@ def measure_allreduce(world: int) -> dict[str, float]:
     from ..runtime.launch import _free_port
 
     with tempfile.TemporaryDirectory() as d:
-        res = str(Path(d) / "ar.json")
-        mp.start_processes(_allreduce_worker, args=(world, _free_port(), res), nprocs=world, start_method="spawn")
-        ms = {int(k): v for k, v in json.loads(Path(res).read_text()).items()}
-    a, b = _fit_line(list(ms), list(ms.values()))
-    return {"alpha_ms": b, "beta_ms_per_byte": a}
+        spec_file = None
+        if spec is not None:
+            spec_file = str(Path(d) / "spec.json")
+            Path(spec_file).write_text(json.dumps(spec.model_dump(mode="json", by_alias=True)))
+        mp.start_processes(_worker, args=(world, _free_port(), spec_file, d, ar, ddp), nprocs=world,
+                           start_method="spawn")
+        return read_results(Path(d), world)
+
+
+def measure_allreduce(world: int) -> dict[str, float]:
+    """α (ms) and β (ms per byte) of a gloo all-reduce over `world` local processes."""
+    return _spawn(world, None, ar=True, ddp=False)[0]
+
+
+def ddp_key(spec) -> str:
+    """Profile key of one DDP step: world, model, optimizer and every rank's env, threads, batch."""
+    import hashlib
+    import json
+
+    from .profiler import group_threads
+
+    world = spec.cluster.world_size
+    ranks = [(g.env, group_threads(g, world), spec.local_batches()[g.name])
+             for g in spec.cluster.groups for _ in range(g.count)]
+    ident = json.dumps([spec.model.model_dump(mode="json"), spec.training.optimizer, ranks], sort_keys=True)
+    return f"ddp/{world}|{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
+
+
+def measure_ddp_step(spec) -> float:
+    """ms of the slowest rank's fp32 DDP training step, every rank of `spec` running here at once."""
+    return _spawn(spec.cluster.world_size, spec, ar=False, ddp=True)[1]

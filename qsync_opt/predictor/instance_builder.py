@@ -33,7 +33,7 @@ from .context import Context, GroupContext
 from .costs import op_costs, optimizer_ms
 from .followers import BOUNDARIES, follow_format, follower_costs, owners
 from .memory import capacity_bytes, memory_model
-from .profile_costs import measured_costs, measured_link, profile_for
+from .profile_costs import ddp_calibrate, measured_costs, measured_link, profile_for
 from .replayer import replay_group
 from .sensitivity import Sensitivity
 
@@ -157,6 +157,11 @@ def build_instance(
         groups=(), world_size=spec.cluster.world_size, link_bandwidth_gbs=link.bandwidth_gbs,
         link_latency_us=link.latency_us, global_batch=spec.training.global_batch,
     )
+    notes = []
+    ddp = ddp_calibrate(spec, gcs, proto)  # profile_costs.py: the replay brought to the measured DDP step
+    if ddp is not None:
+        gcs, note = ddp
+        notes.append(note)
     highest = {gc.name: replay_group(gc, gc.highest, proto) for gc in gcs}
     fastest = min(t.iteration_ms for t in highest.values())
     roles = {g.name: g.role for g in spec.cluster.groups}
@@ -170,7 +175,6 @@ def build_instance(
         or (qsync_bound and roles[gc.name] == "auto"
             and highest[gc.name].iteration_ms <= fastest * (1 + AUTO_TRAINING_SLACK))
     )
-    notes = []
     if qsync_bound:
         if not training:
             raise SpecError(

@@ -3,7 +3,8 @@
 One JSON file per machine. Top level: `format`, `version`, `machine` (CPU model and ISA
 flags, or GPU name and capability), `versions` (torch, qsync-opt), `created`/`updated` (UTC),
 `sections` and `allreduce`. A section holds what was measured under one environment (a
-group's `env`, e.g. ONEDNN_MAX_CPU_ISA, changes which kernels run) and thread count:
+group's `env`, e.g. ONEDNN_MAX_CPU_ISA, changes which kernels run), thread count, and number
+of ranks busy on the machine at once (colocate.py; `ranks=N` in its key when N > 1):
 
   ops:       op signature -> {fwd_ms, bwd_ms}    (signature: kind, shapes, FLOPs, precision)
   casts:     "src->dst" -> {a_ms_per_elem, b_ms} (a·n + b)
@@ -11,6 +12,8 @@ group's `env`, e.g. ONEDNN_MAX_CPU_ISA, changes which kernels run) and thread co
   steps:     same key -> {precision: ms}          (one whole training step, every selectable
                                                    op at that precision; step_profile.py)
   allreduce: "gloo/<ranks>" -> {alpha_ms, beta_ms_per_byte}
+             "ddp/<ranks>|<digest>" -> {fp32_ms}   (one whole fp32 DDP step, every rank at once;
+                                                   allreduce_profile.ddp_key)
 
 Signatures depend only on an OpNode's shapes and FLOPs, so models that share shapes share
 entries. A file that is not valid JSON, misses a field, has another format/version, or was
@@ -79,10 +82,11 @@ def library_versions() -> dict:
     return out
 
 
-def section_key(env: dict[str, str], threads: int) -> str:
-    """Name of the section measured under `env` with `threads` threads."""
+def section_key(env: dict[str, str], threads: int, ranks: int = 1) -> str:
+    """Name of the section measured under `env` with `threads` threads, beside `ranks` − 1 other
+    ranks busy on this machine (colocate.py: what a rank costs depends on who shares its cores)."""
     parts = [f"{k}={v}" for k, v in sorted(env.items())]
-    return ",".join([f"threads={threads}", *parts])
+    return ",".join([f"threads={threads}", *parts, *([f"ranks={ranks}"] if ranks > 1 else [])])
 
 
 def op_signature(node: OpNode, precision: str) -> str:
@@ -125,14 +129,14 @@ class Profile:
     def new(cls) -> "Profile":
         return cls(machine_description(), library_versions(), _now())
 
-    def section(self, env: dict[str, str], threads: int) -> Section:
-        key = section_key(env, threads)
+    def section(self, env: dict[str, str], threads: int, ranks: int = 1) -> Section:
+        key = section_key(env, threads, ranks)
         if key not in self.sections:
             self.sections[key] = Section(dict(env), threads)
         return self.sections[key]
 
-    def find_section(self, env: dict[str, str], threads: int) -> Section | None:
-        return self.sections.get(section_key(env, threads))
+    def find_section(self, env: dict[str, str], threads: int, ranks: int = 1) -> Section | None:
+        return self.sections.get(section_key(env, threads, ranks))
 
     def to_dict(self) -> dict:
         return {

@@ -14,11 +14,24 @@ the loss's forward and backward.
 Whole-step terms (`step_terms`): the profile also holds one whole training step per
 precision p (every selectable op at p), timed with the same estimator. Its difference from
 the sum this module predicts for that uniform plan, gap_p, is what isolated ops miss
-(autograd bookkeeping, dispatch, zero_grad, allocator, colder caches). gap_fp32 is charged
-once per step (added to the optimizer figure); gap_p − gap_fp32 is spread evenly over the
-selectable ops and added to each op's backward at p. Uniform plans are then costed at
-their measured steps, mixed plans by this linear split. A profile's gloo all-reduce fit α + β·bytes replaces the
+(autograd bookkeeping, dispatch, zero_grad, allocator, colder caches, a co-located rank's
+contention). Each selectable op's forward and backward at p are scaled by
+1 + gap_p / S_p (S_p: their sum at p), i.e. the gap is shared in proportion to each op's
+measured time. It happens inside the step, before the gradients are ready, so in a lockstep
+it delays the all-reduce and not the optimizer. (Charged to the optimizer figure, the fast
+group's gap landed after the slow group's all-reduce: on cpu_tiny at load 5, 89 ms added to
+a 324 ms lockstep. Spread evenly, a negative gap of a slow format drove its small ops to
+0 ms, cheaper than fp32, and the solver picked them.) Uniform plans are then costed at
+their measured steps, mixed plans by this split. A profile's gloo all-reduce fit α + β·bytes replaces the
 interconnect preset's figures for a cluster whose ranks all run here.
+
+DDP calibration (`ddp_calibrate`): for such a cluster the profile also holds one whole fp32
+DDP step, every rank running at once (allreduce_profile.measure_ddp_step), and the replay
+of that same uniform-fp32 plan is brought to it: what it costs beyond the replay (DDP's
+buffer broadcast and bucket copies, gloo's threads competing with backward for shared
+cores) is charged once per iteration; when it costs less, the co-located profile
+over-counted contention (its busy companions never wait; a lockstep's faster rank does)
+and every op is scaled by the measured ratio. Other plans follow from that calibration.
 """
 
 from __future__ import annotations
@@ -80,20 +93,17 @@ def section_costs(sec: Section, gg: OpGraph, offer: tuple[str, ...], optimizer: 
 def step_terms(costs: dict, other: dict, opt: float, steps: dict[str, float]) -> tuple[dict, dict, float, dict]:
     """Fold measured whole steps into op costs: (costs, other, optimizer ms, gap per precision).
 
-    gap_p = step_p − (Σ op fwd+bwd at p + Σ other ops + opt). gap of fp32 (else of the first
-    precision) goes to the per-step figure; the rest, (gap_p − gap_base) / #selectable, to
-    each selectable op's backward at p. Clamped so that no figure goes negative.
+    gap_p = step_p − (S_p + Σ other ops + opt), S_p = Σ selectable op fwd+bwd at p; each selectable
+    op's fwd and bwd at p are scaled by max(0, 1 + gap_p / S_p); the optimizer figure stays the
+    measured step + loss.
     """
     fixed = sum(c.fwd_ms + c.bwd_ms for per in other.values() for c in per.values())
-    gap = {p: ms - (fixed + opt + sum(per[p].fwd_ms + per[p].bwd_ms for per in costs.values()))
-           for p, ms in steps.items()}
-    if not gap:
-        return costs, other, opt, gap
-    base = gap["fp32"] if "fp32" in gap else next(iter(gap.values()))
-    n = max(1, len(costs))
-    out = {name: {p: OpCost(c.fwd_ms, max(0.0, c.bwd_ms + (gap.get(p, base) - base) / n), c.weight_cast_ms)
+    sel = {p: sum(per[p].fwd_ms + per[p].bwd_ms for per in costs.values() if p in per) for p in steps}
+    gap = {p: ms - (fixed + opt + sel[p]) for p, ms in steps.items()}
+    scale = {p: max(0.0, 1 + gap[p] / sel[p]) if sel[p] > 0 else 1.0 for p in gap}
+    out = {name: {p: OpCost(c.fwd_ms * scale.get(p, 1.0), c.bwd_ms * scale.get(p, 1.0), c.weight_cast_ms)
                   for p, c in per.items()} for name, per in costs.items()}
-    return out, other, max(0.0, opt + base), gap
+    return out, other, opt, gap
 
 
 def profile_for(group, spec_dir: Path | None = None) -> Path | None:
@@ -109,7 +119,7 @@ def profile_for(group, spec_dir: Path | None = None) -> Path | None:
 def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
                    *, profile_on_first_use: bool = False, log=None) -> tuple[MeasuredCosts | None, str]:
     """Measured costs of `group`, or (None, why not) when the roofline must be used."""
-    from .profiler import group_threads, profile_spec
+    from .profiler import group_threads, local_ranks, profile_spec
 
     if spec.costs == "roofline":
         return None, "roofline (costs: roofline)"
@@ -122,9 +132,10 @@ def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
     threads = group_threads(group, spec.cluster.world_size)
     for attempt in (0, 1):
         prof: Profile | None = _load_for(group, path) if path.exists() else None
-        sec = prof.find_section(group.env, threads) if prof else None
+        sec = prof.find_section(group.env, threads, local_ranks(spec)) if prof else None
         why = f"no profile at {path}" if prof is None else (
-            f"profile {path} has no section for env {group.env or '{}'} with {threads} thread(s)" if sec is None else "")
+            f"profile {path} has no section for env {group.env or '{}'} with {threads} thread(s)"
+            + (f" beside {local_ranks(spec) - 1} other busy rank(s)" if local_ranks(spec) > 1 else "") if sec is None else "")
         if sec is not None:
             try:
                 c, o, opt, gap = section_costs(sec, gg, offer, spec.training.optimizer)
@@ -170,3 +181,48 @@ def measured_link(spec, path: Path | None) -> tuple[float, float] | None:
     # allreduce_ms = 2(n−1)/n · B / (bw·1e6) + 2(n−1) · lat / 1e3   (comm.py)
     return 2 * (n - 1) / n / (beta * 1e6), fit["alpha_ms"] * 1e3 / (2 * (n - 1))
 
+
+
+def ddp_calibrate(spec, gcs: list, proto) -> tuple[list, str] | None:
+    """The groups' costs made to agree with the measured fp32 DDP step, and a note saying how;
+    None when not every group is measured here or the profile has no such step.
+
+    Replay of the uniform-fp32 plan below the measured step: the excess is DDP's own work
+    per iteration (buffer broadcast, bucket copies, gloo threads taking cores from backward),
+    charged once per iteration on every group's per-step figure. Above it: the co-located
+    profile over-counted contention, since its companions never idle while in a lockstep
+    the faster rank waits for the slower one, leaving it a core; every group's op and
+    per-step figures are scaled by measured / replayed (the all-reduce fit is left alone).
+    """
+    from dataclasses import replace
+
+    from .allreduce_profile import ddp_key
+    from .costs import OpCost
+    from .profiler import is_local
+    from .replayer import replay
+
+    if spec.cluster.world_size < 2 or not all(gc.cost_source.startswith("measured") for gc in gcs):
+        return None
+    paths = {profile_for(g) for g in spec.cluster.groups}
+    path = paths.pop() if len(paths) == 1 else None
+    if path is None or not path.exists() or not all(is_local(g.device_spec) for g in spec.cluster.groups):
+        return None
+    entry = load_profile(path).allreduce.get(ddp_key(spec))
+    if not entry or not all("fp32" in per for gc in gcs for per in gc.costs.values()):
+        return None
+    uniform = {gc.name: {op: "fp32" for op in gc.costs} for gc in gcs}
+    replayed = replay(replace(proto, groups=tuple(gcs)), uniform).iteration_ms
+    measured = entry["fp32_ms"]
+    head = f"measured fp32 DDP step {measured:.2f} ms, its replay {replayed:.2f} ms ({path})"
+    if measured >= replayed:
+        over = measured - replayed
+        return ([replace(gc, optimizer_ms=gc.optimizer_ms + over) for gc in gcs],
+                f"DDP term {over:.2f} ms per iteration: {head}")
+    f = measured / replayed
+
+    def scaled(table):
+        return {op: {p: OpCost(c.fwd_ms * f, c.bwd_ms * f, c.weight_cast_ms * f) for p, c in per.items()}
+                for op, per in table.items()}
+
+    return ([replace(gc, costs=scaled(gc.costs), other_costs=scaled(gc.other_costs), optimizer_ms=gc.optimizer_ms * f)
+             for gc in gcs], f"DDP contention factor {f:.3f} on every op: {head}")

@@ -6,12 +6,13 @@ count: for every distinct (op kind, shapes) of the model's graph at the group's 
 forward and backward time of the op as the runtime runs it — selectable modules swapped for
 the runtime's quantized module at every precision the group may use, everything else as
 traced — plus cast fits a·n + b, one optimizer step with the loss, and one whole training
-step per precision (step_profile.py: what the isolated ops miss). Then, for a cluster of
-several ranks, a gloo all-reduce fit α + β·bytes over that many local processes.
+step per precision (step_profile.py: what the isolated ops miss). When several ranks train
+here, all their processes run at once (colocate.py), and then time, together, a gloo
+all-reduce fit α + β·bytes and one whole fp32 DDP step (allreduce_profile.py).
 
 Each op runs in isolation on the very tensors the traced model feeds it (an fx Interpreter
-records them). Estimator (`robust_ms`): warm-up, then blocks of short repeats; the median of
-the block minima. The profile file is saved after every op, so an interrupted run resumes
+records them). Estimator (estimator.py): the median of block minima, adaptive in warm-ups,
+repeats and blocks. The profile file is saved after every op, so an interrupted run resumes
 where it stopped.
 """
 
@@ -21,7 +22,6 @@ import copy
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,7 +34,8 @@ from torch import nn
 from ..errors import SpecError
 from ..models.graph import OpGraph
 from ..spec import JobSpec, load_spec
-from .profile import Profile, ProfileError, Section, load_profile, op_signature, step_key
+from . import estimator as est
+from .profile import Profile, ProfileError, Section, load_profile, op_signature, section_key, step_key
 
 tr = importlib.import_module("qsync_opt.models.trace")  # the module (models/__init__ exports a function of that name)
 
@@ -42,36 +43,14 @@ CAST_PAIRS = (("fp32", "bf16"), ("bf16", "fp32"), ("fp32", "fp16"), ("fp16", "fp
 CAST_SIZES = (1 << 12, 1 << 15, 1 << 18, 1 << 20)
 
 
-#: Estimator settings; QSYNC_OPT_PROFILE_BLOCKS / _REPEATS override them (benchmarks trade
-#: precision for time with fewer).
-BLOCKS = int(os.environ.get("QSYNC_OPT_PROFILE_BLOCKS", 5))
-REPEATS = int(os.environ.get("QSYNC_OPT_PROFILE_REPEATS", 5))
+BLOCKS, REPEATS = est.BLOCKS, est.REPEATS  # noqa: F401 (kept for callers that patch them)
 
 
-def robust_ms(fn: Callable[[], object], *, before: Callable[[], object] | None = None,
-              warmup: int = 3, blocks: int | None = None, repeats: int | None = None) -> float:
-    """Median over `blocks` of the minimum of `repeats` timed calls, in ms.
-
-    The minimum rejects preemption by other processes within a block; the median over blocks
-    rejects a block that was slow throughout. `before` runs untimed before each call.
-    """
-    blocks, repeats = blocks or BLOCKS, repeats or REPEATS
-    for _ in range(warmup):
-        if before:
-            before()
-        fn()
-    mins = []
-    for _ in range(blocks):
-        best = float("inf")
-        for _ in range(repeats):
-            if before:
-                before()
-            t = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - t)
-        mins.append(best)
-    mins.sort()
-    return mins[len(mins) // 2] * 1e3
+def robust_ms(fn, **kw) -> float:
+    """estimator.robust_ms with this module's BLOCKS/REPEATS (tests patch them)."""
+    kw.setdefault("blocks", BLOCKS)
+    kw.setdefault("repeats", REPEATS)
+    return est.robust_ms(fn, **kw)
 
 
 def group_threads(group, world_size: int) -> int:
@@ -81,6 +60,11 @@ def group_threads(group, world_size: int) -> int:
     if v:
         return int(v)
     return max(1, (os.cpu_count() or 1) // world_size) if group.device_spec.kind == "cpu" else 1
+
+
+def local_ranks(spec) -> int:
+    """Ranks of `spec` that train on this machine at once (its section is measured beside them)."""
+    return sum(g.count for g in spec.cluster.groups if is_local(g.device_spec))
 
 
 def is_local(device) -> bool:
@@ -191,49 +175,6 @@ def _fit_line(xs, ys) -> tuple[float, float]:
     return a, max(my - a * mx, 0.0)
 
 
-def measure_casts(spec: JobSpec) -> dict[str, dict[str, float]]:
-    """a·n + b per (src, dst) pair, timed through the runtime's own cast and quantize."""
-    from ..runtime.casts import cast, quantize
-    from ..runtime.recipe import Recipe
-
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    out = {}
-    for src, dst in CAST_PAIRS:
-        ms = []
-        for n in CAST_SIZES:
-            x = torch.randn(n)
-            if src == "int8":
-                q = quantize(x, Recipe("int8", spec.runtime.backward_precision))
-                ms.append(robust_ms(lambda: q.dequantize(torch.float32)))
-            elif dst == "int8":
-                r = Recipe("int8", spec.runtime.backward_precision)
-                ms.append(robust_ms(lambda: quantize(x, r)))
-            else:
-                x = x.to(dtypes[src])
-                ms.append(robust_ms(lambda: cast(x, dtypes[dst])))
-        a, b = _fit_line(list(CAST_SIZES), ms)
-        out[f"{src}->{dst}"] = {"a_ms_per_elem": a, "b_ms": b}
-    return out
-
-
-def measure_step(spec: JobSpec, module: nn.Module, inputs) -> float:
-    """ms of one optimizer step plus the loss's forward and backward."""
-    from ..runtime.trainer import make_optimizer
-
-    model = copy.deepcopy(module).train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        p.grad = torch.randn_like(p)
-    opt = make_optimizer(spec.training, params)
-    step = robust_ms(opt.step)
-    with torch.no_grad():
-        out = model(*inputs).detach()
-    logits = out.reshape(-1, out.size(-1)).float().requires_grad_(True)
-    target = torch.randint(0, logits.size(-1), (logits.size(0),))
-    loss = robust_ms(lambda: nn.functional.cross_entropy(logits, target).backward())
-    return step + loss
-
-
 def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGraph | None = None,
                   progress: bool = True) -> Section:
     """Measure `group`'s ops into the profile at `path` (resuming what it already holds).
@@ -250,7 +191,7 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
     threads = group_threads(g, spec.cluster.world_size)
     torch.set_num_threads(threads)
     prof = load_profile(path) if Path(path).exists() else Profile.new()
-    sec = prof.section(g.env, threads)
+    sec = prof.section(g.env, threads, local_ranks(spec))
     lb = spec.local_batches()[group]
     torch.manual_seed(spec.training.seed)
     module = build_from_spec(spec).train()
@@ -291,14 +232,14 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
         sec.ops[op_signature(node, p)] = {"fwd_ms": fwd, "bwd_ms": bwd}
         prof.save(path)
         bar.advance()
+    from .step_profile import measure_casts, measure_step, measure_steps
+
     if not sec.casts:
-        sec.casts = measure_casts(spec)
+        sec.casts = measure_casts(spec, robust_ms)
     key = step_key(spec.training.optimizer, gg)
     if key not in sec.optimizer:
         sec.optimizer[key] = measure_step(spec, module, inputs)
     if key not in sec.steps:
-        from .step_profile import measure_steps
-
         sec.steps[key] = measure_steps(spec, module, inputs, gg, g.allowed_precisions, robust_ms)
     prof.save(path)
     bar.close()
@@ -336,22 +277,50 @@ def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None =
     local = [g for g in spec.cluster.groups if is_local(g.device_spec) and (groups is None or g.name in groups)]
     if not local:
         raise SpecError("profile: no group of cluster.groups runs on this machine's device; nothing to measure")
-    seen = set()
+    seen, profile = set(), []
     for g in local:
         key = (tuple(sorted(g.env.items())), group_threads(g, spec.cluster.world_size), spec.local_batches()[g.name])
-        if key in seen:
-            continue
-        seen.add(key)
-        log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
-        _run_group_subprocess(spec, src, g, path, progress)
-    prof = load_profile(path)
+        if key not in seen:
+            seen.add(key)
+            profile.append(g)
+    here = [g for g in spec.cluster.groups if is_local(g.device_spec)]
     world = spec.cluster.world_size
-    if allreduce and world > 1 and f"gloo/{world}" not in prof.allreduce:
-        log(f"profiling gloo all-reduce over {world} local processes")
-        from .allreduce_profile import measure_allreduce
+    from .allreduce_profile import ddp_key, measure_allreduce, measure_ddp_step
 
-        prof.allreduce[f"gloo/{world}"] = measure_allreduce(world)
-        prof.save(path)
+    before = load_profile(path) if Path(path).exists() else None
+    every_rank_here = world > 1 and local_ranks(spec) == world
+    want_ar = allreduce and world > 1 and (before is None or f"gloo/{world}" not in before.allreduce)
+    want_ddp = allreduce and every_rank_here and (before is None or ddp_key(spec) not in before.allreduce)
+    ar_fit = ddp_ms = None
+    if local_ranks(spec) > 1:  # ranks train at once here: time them so (colocate.py)
+        from .colocate import rank_jobs, run_colocated
+
+        for g in profile:
+            log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
+        jobs = rank_jobs(here, profile)
+        together = [w for w, on in (("the gloo all-reduce", want_ar and every_rank_here),
+                                    ("one fp32 DDP step", want_ddp)) if on]
+        log(f"co-located: {len(jobs)} processes at once, one per local rank"
+            + (f"; then, in them, {' and '.join(together)}" if together else ""))
+        ar_fit, ddp_ms = run_colocated(spec, jobs, Path(path), progress,
+                                       lambda g: section_key(g.env, group_threads(g, world), local_ranks(spec)),
+                                       allreduce=want_ar and every_rank_here, ddp=want_ddp)
+    else:
+        for g in profile:
+            log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
+            _run_group_subprocess(spec, src, g, path, progress)
+    prof = load_profile(path)
+    if want_ar:
+        if ar_fit is None:
+            log(f"profiling gloo all-reduce over {world} local processes")
+            ar_fit = measure_allreduce(world)
+        prof.allreduce[f"gloo/{world}"] = ar_fit
+    if want_ddp:
+        if ddp_ms is None:
+            log(f"profiling one fp32 DDP step over the {world} ranks, co-located as they train")
+            ddp_ms = measure_ddp_step(spec)
+        prof.allreduce[ddp_key(spec)] = {"fp32_ms": ddp_ms}
+    prof.save(path)
     return prof
 
 
@@ -377,11 +346,27 @@ def _run_group_subprocess(spec: JobSpec, src, g, path, progress: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Subprocess entry: `python -m qsync_opt.predictor.profiler SPEC.json GROUP PROFILE [--quiet]`."""
+    """Subprocess entry: `python -m qsync_opt.predictor.profiler SPEC.json GROUP PROFILE [--quiet]
+    [--busy DIR --peers N [--busy-only]]` (colocate.py: keep running steps until N profilers are done)."""
     argv = sys.argv[1:] if argv is None else argv
     spec_file, group, path = argv[:3]
+    busy = Path(argv[argv.index("--busy") + 1]) if "--busy" in argv else None
     try:
-        profile_group(load_spec(spec_file), group, path, progress="--quiet" not in argv)
+        spec = load_spec(spec_file)
+        if "--busy-only" not in argv:
+            profile_group(spec, group, path, progress="--quiet" not in argv)
+        if busy is not None:
+            from .colocate import keep_busy
+            from .step_profile import fp32_step
+
+            keep_busy(fp32_step(spec, group), busy, int(argv[argv.index("--peers") + 1]),
+                      done_name=None if "--busy-only" in argv else group)
+            if "--collect" in argv:  # every rank: the all-reduce and a DDP step, together
+                from .allreduce_profile import collectives
+
+                what = argv[argv.index("--collect") + 1].split(",")
+                collectives(spec, int(argv[argv.index("--rank") + 1]), int(argv[argv.index("--world") + 1]),
+                            f"file://{busy / 'store'}", busy, ar="allreduce" in what, ddp="ddp" in what)
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
-"""Whole training steps of the runtime, timed by the profiler beside its isolated ops.
+"""Whole training steps of the runtime, timed by the profiler beside its isolated ops
+(and the two other whole-model figures it needs: the optimizer step with the loss, and casts).
 
 An op timed alone misses what a real step pays around it: autograd graph bookkeeping and
 Python dispatch per op, zero_grad, the allocator, and backward kernels running on
@@ -21,31 +22,95 @@ from torch import nn
 from ..models.graph import OpGraph
 
 
-def measure_steps(spec, module: nn.Module, inputs, gg: OpGraph, precisions, robust_ms) -> dict[str, float]:
-    """precision -> ms of one whole training step with every selectable op at that precision."""
+def make_step(spec, module: nn.Module, inputs, gg: OpGraph, p: str):
+    """A zero-argument whole training step of `module` with every selectable op at `p`."""
     from ..runtime.apply import apply_plan
     from ..runtime.trainer import make_optimizer
 
     rt = spec.runtime
-    out = {}
-    for p in precisions:
-        torch.manual_seed(spec.training.seed)
-        model = copy.deepcopy(module).train()
-        if p != "fp32":
-            model = apply_plan(model, {n.name: p for n in gg.selectable}, kernels=rt.kernels,
-                               weight_granularity=rt.weight_granularity,
-                               backward_precision=rt.backward_precision, rounding=rt.rounding)
-        opt = make_optimizer(spec.training, [q for q in model.parameters() if q.requires_grad])
-        with torch.no_grad():
-            shape = model(*inputs).shape
-        target = torch.randint(0, shape[-1], shape[:-1], generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(spec.training.seed)
+    model = copy.deepcopy(module).train()
+    if p != "fp32":
+        model = apply_plan(model, {n.name: p for n in gg.selectable}, kernels=rt.kernels,
+                           weight_granularity=rt.weight_granularity,
+                           backward_precision=rt.backward_precision, rounding=rt.rounding)
+    opt = make_optimizer(spec.training, [q for q in model.parameters() if q.requires_grad])
+    with torch.no_grad():
+        shape = model(*inputs).shape
+    target = torch.randint(0, shape[-1], shape[:-1], generator=torch.Generator().manual_seed(1))
 
-        def step(model=model, opt=opt, target=target):
+    def step():
+        with torch.enable_grad():
             opt.zero_grad(set_to_none=True)
             y = model(*inputs)
             nn.functional.cross_entropy(y.reshape(-1, y.size(-1)).float(), target.reshape(-1)).backward()
             opt.step()
 
-        with torch.enable_grad():
-            out[p] = robust_ms(step)
+    return step
+
+
+def measure_steps(spec, module: nn.Module, inputs, gg: OpGraph, precisions, robust_ms) -> dict[str, float]:
+    """precision -> ms of one whole training step with every selectable op at that precision."""
+    return {p: robust_ms(make_step(spec, module, inputs, gg, p)) for p in precisions}
+
+
+def fp32_step(spec, group: str):
+    """`group`'s whole fp32 training step, as a companion rank runs it (colocate.py)."""
+    from ..models.from_spec import build_from_spec, input_maker
+    from ..models.trace import trace
+    from .profiler import group_threads
+
+    g = next(x for x in spec.cluster.groups if x.name == group)
+    torch.set_num_threads(group_threads(g, spec.cluster.world_size))
+    lb = spec.local_batches()[group]
+    torch.manual_seed(spec.training.seed)
+    module = build_from_spec(spec).train()
+    make = input_maker(spec)
+    graph = trace(module, make(1, torch.Generator().manual_seed(0)), model_name=spec.model.name or "custom",
+                  leaf_modules=spec.model.leaf_modules)
+    return make_step(spec, module, tuple(make(lb, torch.Generator().manual_seed(0))), graph.for_batch(lb), "fp32")
+
+
+def measure_casts(spec, robust_ms) -> dict[str, dict[str, float]]:
+    """a·n + b per (src, dst) pair, timed through the runtime's own cast and quantize."""
+    from ..runtime.casts import cast, quantize
+    from .profiler import CAST_PAIRS, CAST_SIZES, _fit_line
+    from ..runtime.recipe import Recipe
+
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    out = {}
+    for src, dst in CAST_PAIRS:
+        ms = []
+        for n in CAST_SIZES:
+            x = torch.randn(n)
+            if src == "int8":
+                q = quantize(x, Recipe("int8", spec.runtime.backward_precision))
+                ms.append(robust_ms(lambda: q.dequantize(torch.float32)))
+            elif dst == "int8":
+                r = Recipe("int8", spec.runtime.backward_precision)
+                ms.append(robust_ms(lambda: quantize(x, r)))
+            else:
+                x = x.to(dtypes[src])
+                ms.append(robust_ms(lambda: cast(x, dtypes[dst])))
+        a, b = _fit_line(list(CAST_SIZES), ms)
+        out[f"{src}->{dst}"] = {"a_ms_per_elem": a, "b_ms": b}
     return out
+
+
+def measure_step(spec, module: nn.Module, inputs) -> float:
+    """ms of one optimizer step plus the loss's forward and backward."""
+    from ..runtime.trainer import make_optimizer
+    from .profiler import robust_ms
+
+    model = copy.deepcopy(module).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = make_optimizer(spec.training, params)
+    step = robust_ms(opt.step)
+    with torch.no_grad():
+        out = model(*inputs).detach()
+    logits = out.reshape(-1, out.size(-1)).float().requires_grad_(True)
+    target = torch.randint(0, logits.size(-1), (logits.size(0),))
+    loss = robust_ms(lambda: nn.functional.cross_entropy(logits, target).backward())
+    return step + loss

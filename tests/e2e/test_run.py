@@ -33,10 +33,10 @@ def test_run_writes_the_report_and_reuses_its_artefacts(tmp_path, capsys, quick_
     assert all(f"[{s}] running" in log for s in STAGES), log
 
     prof = json.loads((out / "profile.json").read_text())
-    assert set(prof["profiled"]) == {"amx", "noamx"}, prof  # both CPU groups run here; the cache was empty
+    assert set(prof["profiled"]) == {"native", "sse41"}, prof  # both CPU groups run here; the cache was empty
     assert list(quick_cache.glob("profile-*.json")) == [__import__("pathlib").Path(prof["profile"])]
     pred = json.loads((out / "predict.json").read_text())
-    assert set(pred["groups"]) == {"amx", "noamx"} and pred["iteration_ms"] > 0
+    assert set(pred["groups"]) == {"native", "sse41"} and pred["iteration_ms"] > 0
     assert all(g["costs"].startswith("measured") for g in pred["groups"].values()), pred["groups"]
     trace = json.loads((out / "timeline.trace.json").read_text())
     assert any(e.get("ph") == "X" for e in trace["traceEvents"])
@@ -64,7 +64,7 @@ def test_run_writes_the_report_and_reuses_its_artefacts(tmp_path, capsys, quick_
     out2 = tmp_path / "run2"
     assert main(["run", "examples/cpu_tiny.yaml", "-o", str(out2), "--steps", "2"]) == 0
     prof2 = json.loads((out2 / "profile.json").read_text())
-    assert prof2["profiled"] == {} and set(prof2["skipped"]) == {"amx", "noamx"}
+    assert prof2["profiled"] == {} and set(prof2["skipped"]) == {"native", "sse41"}
     assert all(why.startswith("measured in") for why in prof2["skipped"].values()), prof2
 
 

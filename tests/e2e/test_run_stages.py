@@ -11,7 +11,7 @@ from qsync_opt.spec import load_spec
 def test_costs_roofline_profiles_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("QSYNC_OPT_PROFILE_DIR", str(tmp_path))
     todo, skip = missing_profile(load_spec("examples/cpu_tiny.yaml", costs="roofline"), None)
-    assert todo == {} and skip == {"amx": "costs: roofline", "noamx": "costs: roofline"}
+    assert todo == {} and skip == {"native": "costs: roofline", "sse41": "costs: roofline"}
 
 
 def test_devices_that_do_not_run_here_are_not_profiled(tmp_path, monkeypatch):
@@ -25,7 +25,7 @@ def test_devices_that_do_not_run_here_are_not_profiled(tmp_path, monkeypatch):
 def test_local_groups_without_a_profile_are_profiled(tmp_path, monkeypatch):
     monkeypatch.setenv("QSYNC_OPT_PROFILE_DIR", str(tmp_path))
     todo, skip = missing_profile(load_spec("examples/cpu_tiny.yaml"), None)
-    assert skip == {} and set(todo) == {"amx", "noamx"}
+    assert skip == {} and set(todo) == {"native", "sse41"}
     assert all(why.startswith("no profile at ") for why in todo.values())
 
 

@@ -8,7 +8,7 @@ from qsync_opt.hardware.device import catalog, find_device
 
 EXPECTED = {
     "T4", "V100-16GB", "V100-32GB", "P100", "A100-40GB", "A100-80GB", "A10", "A30", "L4",
-    "H100-SXM", "H200", "cpu-local", "cpu-noamx",
+    "H100-SXM", "H200", "cpu-local", "cpu-noamx", "cpu-sse41",
 }
 NAMES = sorted(catalog())
 
@@ -45,6 +45,7 @@ def test_entry_is_complete_and_positive(name):
         ("H200", {"bf16", "fp8_e4m3", "int8"}, {"int4"}),
         ("cpu-local", {"bf16", "int8"}, {"fp16", "tf32"}),
         ("cpu-noamx", {"bf16", "int8"}, {"fp16", "tf32"}),
+        ("cpu-sse41", {"bf16", "int8"}, {"fp16", "tf32"}),
     ],
 )
 def test_supported_precisions_follow_the_datasheets(name, has, lacks):
@@ -82,6 +83,15 @@ def test_cpu_entries_are_the_same_chip_with_and_without_amx():
     assert noamx.achieved_flops("int8") < amx.achieved_flops("int8")
 
 
+def test_cpu_sse41_prices_low_precision_below_fp32_as_measured_without_native_bf16_or_int8():
+    """Without AVX-512-BF16/VNNI/AMX (the SSE4.1 cap) bf16 and int8 run far slower than fp32:
+    a roofline plan for this device must never prefer them."""
+    d = catalog()["cpu-sse41"]
+    assert d.kind == "cpu" and "SSE41" in d.source
+    assert d.achieved_flops("bf16") < d.achieved_flops("fp32") / 10
+    assert d.achieved_flops("int8") < d.achieved_flops("fp32") / 10
+
+
 def test_find_device_is_forgiving_and_lists_names_on_a_miss():
     assert find_device("h100_sxm").name == "H100-SXM"
     with pytest.raises(KeyError, match="T4"):
@@ -96,3 +106,12 @@ def test_measured_local_cpu_is_a_valid_device():
     assert "fp32" in d.precisions and d.launch_overhead_us >= 1.0
     assert set(d.efficiency) == set(d.peak_tflops)
     assert "measured" in d.source
+
+
+def test_a_capped_cpu_is_re_measured_in_a_process_carrying_the_cap():
+    """The ISA cap is read once per process, so it is measured in a fresh one; the entry says so."""
+    from qsync_opt.hardware.local import measure_local_env
+
+    d = measure_local_env({"ONEDNN_MAX_CPU_ISA": "SSE41"}, "cpu-sse41-here", n=128, threads=1)
+    assert d.name == "cpu-sse41-here" and d.kind == "cpu" and "fp32" in d.precisions
+    assert d.source.endswith("env ONEDNN_MAX_CPU_ISA=SSE41") and "with 1 threads" in d.source

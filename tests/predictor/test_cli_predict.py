@@ -60,3 +60,19 @@ def test_indicate_writes_omega(tmp_path, monkeypatch, capsys):
     data = json.loads(out.read_text())
     assert data["method"] == "gvar" and set(data["omega"]) == {"conv1", "conv2", "conv3", "fc"}
     assert "gvar" in capsys.readouterr().out
+
+
+def test_profile_prints_the_all_reduce_fit_and_the_ddp_step(tmp_path, monkeypatch, capsys):
+    """The profile's all-reduce map holds α–β fits and measured DDP steps; both are printed."""
+    from qsync_opt.predictor import profiler
+    from qsync_opt.predictor.profile import Profile
+
+    prof = Profile.new()
+    prof.allreduce["gloo/2"] = {"alpha_ms": 0.25, "beta_ms_per_byte": 2e-6}
+    prof.allreduce["ddp/2|abc"] = {"fp32_ms": 141.5}
+    monkeypatch.setattr(profiler, "profile_spec", lambda *a, **k: prof)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SPEC)
+    assert main(["profile", str(spec), "-o", str(tmp_path / "p.json"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "all-reduce gloo/2: 0.250 ms + 2.000 ms/MB" in out and "ddp/2|abc: fp32 DDP step 141.50 ms" in out

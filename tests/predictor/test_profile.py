@@ -15,9 +15,9 @@ from qsync_opt.predictor.profiler import _fit_line, robust_ms
 from qsync_opt.spec import load_spec
 
 
-def _profile(graph, precisions=("fp32", "bf16", "int8"), env=None, threads=1) -> Profile:
+def _profile(graph, precisions=("fp32", "bf16", "int8"), env=None, threads=1, ranks=1) -> Profile:
     prof = Profile.new()
-    sec = prof.section(env or {}, threads)
+    sec = prof.section(env or {}, threads, ranks)
     for i, n in enumerate(graph.nodes):
         for p in precisions if n.selectable else ("fp32",):
             sec.ops[op_signature(n, p)] = {"fwd_ms": 1.0 + i + 0.125 * precisions.index(p), "bwd_ms": 2.0 + i}
@@ -143,9 +143,10 @@ objective: {{max_iteration_time: 1000.0}}
 
 
 def test_whole_step_gaps_are_carried_from_profile_to_costs(tmp_path):
-    """A step measured longer than its op sum: fp32's gap goes to the per-step figure, each
-    other precision's extra gap is spread over the selectable ops' backward; uniform plans
-    then replay to exactly the measured steps."""
+    """A step measured longer (or shorter) than its op sum: each precision's gap is shared by the
+    selectable ops in proportion to their time, inside the step (before the gradients a
+    lockstep waits for), not on the optimizer; uniform plans then replay to exactly the
+    measured steps."""
     from qsync_opt.predictor.replayer import replay
 
     graph = mlp_graph(batch=1)
@@ -160,18 +161,22 @@ def test_whole_step_gaps_are_carried_from_profile_to_costs(tmp_path):
     _, ctx = build_instance(load_spec(SPEC % path), graph, flat_omega(graph))
     here = ctx.group("here")
     sel = here.graph.selectable
-    assert here.optimizer_ms == pytest.approx(0.5 + 3.0)
+    assert here.optimizer_ms == pytest.approx(0.5)
+    total = {p: sum(sec.ops[op_signature(n, p)]["fwd_ms"] + sec.ops[op_signature(n, p)]["bwd_ms"] for n in sel)
+             for p in ("fp32", "bf16", "int8")}
     for n in sel:
         e = {p: sec.ops[op_signature(n, p)] for p in ("fp32", "bf16", "int8")}
         c = here.costs[n.name]
-        assert c["fp32"].bwd_ms == pytest.approx(e["fp32"]["bwd_ms"])
-        assert c["bf16"].bwd_ms == pytest.approx(e["bf16"]["bwd_ms"] + 2.0 / len(sel))
-        assert c["int8"].bwd_ms == pytest.approx(e["int8"]["bwd_ms"] - 2.0 / len(sel))
-        assert c["int8"].fwd_ms == e["int8"]["fwd_ms"]
+        for p, extra in (("fp32", 3.0), ("bf16", 5.0), ("int8", 1.0)):
+            f = 1 + extra / total[p]
+            assert (c[p].fwd_ms, c[p].bwd_ms) == pytest.approx((e[p]["fwd_ms"] * f, e[p]["bwd_ms"] * f))
     t4_plan = {n.name: "fp32" for n in ctx.group("t4").graph.selectable}
     for p in ("fp32", "bf16", "int8"):
         tl = replay(ctx, {"here": {n.name: p for n in sel}, "t4": t4_plan})
         assert tl.groups["here"].compute_ms == pytest.approx(sec.steps[key][p])
+        # the whole gap is ready before the all-reduce: only the optimizer comes after it
+        g = tl.groups["here"]
+        assert g.forward_ms + g.backward_ms == pytest.approx(sec.steps[key][p] - 0.5)
 
 
 def test_a_profile_without_whole_steps_is_incomplete(tmp_path):
@@ -194,3 +199,52 @@ def test_a_version_1_profile_is_refused_with_the_reason(tmp_path):
     with pytest.raises(ProfileError, match="version 1 .*whole training steps.*profile SPEC") as e:
         load_profile(path)
     assert str(path) in str(e.value)
+
+
+TWO_HERE = """
+cluster:
+  groups:
+    - {name: a, device: cpu-local, env: {OMP_NUM_THREADS: "1"}}
+    - {name: b, device: cpu-sse41, env: {OMP_NUM_THREADS: "1", ONEDNN_MAX_CPU_ISA: SSE41}}
+model: {name: tiny-cnn}
+training: {global_batch: 32, optimizer: adam}
+"""
+
+
+@pytest.mark.parametrize("extra_ms", [7.0, -5.0], ids=["ddp-slower", "ddp-faster"])
+def test_the_measured_ddp_step_calibrates_the_replay(tmp_path, monkeypatch, extra_ms):
+    """Both groups run here: the fp32 DDP step measured with every rank at once sets the uniform
+    fp32 lockstep: an excess is charged once per iteration, a shortfall scales every op (the
+    all-reduce, not scaled, is all that may differ), and the plan's notes say which."""
+    from qsync_opt.predictor.allreduce_profile import ddp_key
+    from qsync_opt.predictor.profile import default_profile_path
+    from qsync_opt.predictor.replayer import replay
+
+    monkeypatch.setenv("QSYNC_OPT_PROFILE_DIR", str(tmp_path))
+    graph = mlp_graph(batch=1)
+    spec = load_spec(TWO_HERE)
+    alone = _profile(graph.for_batch(16), env=ENV)
+    alone.sections.update(_profile(graph.for_batch(16), env={**ENV, "ONEDNN_MAX_CPU_ISA": "SSE41"}).sections)
+    alone.save(default_profile_path())
+    _, ctx = build_instance(spec, graph, flat_omega(graph))  # timed alone: not what 2 ranks at once cost
+    assert all("beside 1 other busy rank" in g.cost_source for g in ctx.groups), [g.cost_source for g in ctx.groups]
+    prof = _profile(graph.for_batch(16), env=ENV, ranks=2)
+    prof.sections.update(_profile(graph.for_batch(16), env={**ENV, "ONEDNN_MAX_CPU_ISA": "SSE41"}, ranks=2).sections)
+    prof.save(default_profile_path())
+    _, ctx = build_instance(spec, graph, flat_omega(graph))
+    fp32 = {g.name: {op: "fp32" for op in g.costs} for g in ctx.groups}
+    parts = replay(ctx, fp32).iteration_ms
+    assert not any("DDP term" in n for n in ctx.notes)
+
+    comm = max(t.comm_ms for t in replay(ctx, fp32).groups.values())
+    assert comm < 1.0  # so the check below can tell a scaled replay from an unscaled one
+    prof.allreduce[ddp_key(spec)] = {"fp32_ms": parts + extra_ms}
+    prof.save(default_profile_path())
+    _, ctx = build_instance(spec, graph, flat_omega(graph))
+    if extra_ms > 0:
+        assert replay(ctx, fp32).iteration_ms == pytest.approx(parts + extra_ms)
+        assert any(n.startswith(f"DDP term {extra_ms:.2f} ms per iteration") for n in ctx.notes), ctx.notes
+    else:
+        assert abs(replay(ctx, fp32).iteration_ms - (parts + extra_ms)) <= comm
+        f = (parts + extra_ms) / parts
+        assert any(n.startswith(f"DDP contention factor {f:.3f} on every op") for n in ctx.notes), ctx.notes

@@ -1,7 +1,7 @@
 """`qsync-opt train` launched by torchrun itself: the same loss curve as our own launcher.
 
 torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; each rank finds its
-group from its global rank and applies that group's env (here the AMX cap of `noamx`) to itself.
+group from its global rank and applies that group's env (here the SSE4.1 cap of `sse41`) to itself.
 Both runs use one thread per rank, so the arithmetic is the same sequence and the curves are equal.
 """
 
@@ -52,8 +52,8 @@ def test_torchrun_trains_cpu_tiny_with_the_same_loss_curve_as_qsync_opt_train(tm
     assert _losses(tmp_path / "torchrun", 1) == b, "both ranks log the same global-batch loss"
     starts = [json.loads(x) for r in (0, 1) for x in (tmp_path / "torchrun" / f"rank{r}.jsonl").read_text().splitlines()
               if '"start"' in x]
-    assert [(s["rank"], s["group"]) for s in starts] == [(0, "amx"), (1, "noamx")]
-    assert starts[1]["env"] == {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}
+    assert [(s["rank"], s["group"]) for s in starts] == [(0, "native"), (1, "sse41")]
+    assert starts[1]["env"] == {"ONEDNN_MAX_CPU_ISA": "SSE41"}
 
 
 def test_torchrun_with_the_wrong_world_size_exits_2_saying_how_many(tmp_path):
