@@ -48,27 +48,53 @@ def main(path):
         print(f"| {t} | {c} | {st} | {p} | {f(v['mean'], '.2f')} ± {f(v['std'], '.2f')} (n={v['n']}) | "
               f"{f(v['ms'], '.3f')} | {f(v['ind'], '.3g')} | {v['t4']} |")
     print()
-    settings = sorted({k[:3] for k in s})
-    for t, c, st in settings:
-        g = {p: s.get((t, c, st, p)) for p in ("fp32", "uniform-lowest", "ilp", "greedy", "qsync-greedy")}
-        if not all(g[p] and g[p]["mean"] is not None for p in ("fp32", "uniform-lowest", "ilp")):
-            print(f"{t} {c} {st}: not enough finished runs")
-            continue
-        noise = max(x["std"] or 0.0 for x in (g["fp32"], g["uniform-lowest"]))
-        gap = g["fp32"]["mean"] - g["uniform-lowest"]["mean"]
-        line = f"{t} {c} {st}: fp32 - uniform-lowest = {gap:+.2f} points (seed std {noise:.2f})"
-        if noise and gap >= 3 * noise:
-            rec = (g["ilp"]["mean"] - g["uniform-lowest"]["mean"]) / gap
-            line += (f"; uniform-lowest genuinely hurts: ILP recovers {100 * rec:.0f}% of the gap (target >= 50%) at "
-                     f"{g['ilp']['ms']:.3f} ms vs uniform-lowest {g['uniform-lowest']['ms']:.3f} ms (target within 5%)")
-        else:
-            line += "; uniform-lowest does not lose 3x the seed std here"
-        for gr in ("greedy", "qsync-greedy"):
-            if g[gr] and g[gr]["mean"] is not None:
-                tol = max(g["ilp"]["std"] or 0.0, g[gr]["std"] or 0.0)
-                d = g["ilp"]["mean"] - g[gr]["mean"]
-                line += f"; ILP - {gr} = {d:+.2f} ({'within' if d >= -tol else 'BEYOND'} noise {tol:.2f})"
-        print(line)
+    for t, c, st in sorted({k[:3] for k in s}):
+        print(f"{t} {c} {st}: " + describe(verdict({p: s.get((t, c, st, p)) for p in POLICIES})))
+
+
+POLICIES = ("fp32", "uniform-lowest", "ilp", "greedy", "qsync-greedy")
+
+
+def verdict(g: dict) -> dict | None:
+    """The issue's targets for one (task, cluster, setting), from its per-policy summaries.
+
+    noise: the larger seed std of fp32 and uniform-lowest; hurts: the fp32 - uniform-lowest gap
+    is at least 3x that noise; recovered: the share of the gap the ILP plan wins back;
+    time_ratio: the ILP's predicted iteration time over uniform-lowest's (target <= 1.05);
+    vs_<greedy>: (ILP - greedy accuracy, the noise it is judged against: the larger of the two stds).
+    """
+    if not all(g.get(p) and g[p]["mean"] is not None for p in ("fp32", "uniform-lowest", "ilp")):
+        return None
+    noise = max(g[p]["std"] or 0.0 for p in ("fp32", "uniform-lowest"))
+    gap = g["fp32"]["mean"] - g["uniform-lowest"]["mean"]
+    out = {"gap": gap, "noise": noise, "hurts": bool(noise) and gap >= 3 * noise}
+    if gap > 0:
+        out["recovered"] = (g["ilp"]["mean"] - g["uniform-lowest"]["mean"]) / gap
+    if g["ilp"]["ms"] and g["uniform-lowest"]["ms"]:
+        out["time_ratio"] = g["ilp"]["ms"] / g["uniform-lowest"]["ms"]
+    for gr in ("greedy", "qsync-greedy"):
+        if g.get(gr) and g[gr]["mean"] is not None:
+            out[f"vs_{gr}"] = (g["ilp"]["mean"] - g[gr]["mean"], max(g["ilp"]["std"] or 0.0, g[gr]["std"] or 0.0))
+    return out
+
+
+def describe(v: dict | None) -> str:
+    if v is None:
+        return "not enough finished runs"
+    line = f"fp32 - uniform-lowest = {v['gap']:+.2f} points (seed std {v['noise']:.2f})"
+    if v["hurts"]:
+        line += "; uniform-lowest genuinely hurts"
+    else:
+        line += "; uniform-lowest does not lose 3x the seed std here"
+    if v["hurts"] and "recovered" in v:
+        line += f"; ILP recovers {100 * v['recovered']:.0f}% of the gap (target >= 50%)"
+    if "time_ratio" in v:
+        line += f" at {v['time_ratio']:.3f}x uniform-lowest's predicted time (target <= 1.05)"
+    for gr in ("greedy", "qsync-greedy"):
+        if f"vs_{gr}" in v:
+            d, tol = v[f"vs_{gr}"]
+            line += f"; ILP - {gr} = {d:+.2f} ({'within' if d >= -tol else 'BEYOND'} noise {tol:.2f})"
+    return line
 
 
 if __name__ == "__main__":
