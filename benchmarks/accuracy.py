@@ -191,6 +191,7 @@ def main(argv=None) -> int:
                   f"({results[k]['train_s']}s, load {os.getloadavg()[0]:.1f}) [{len(results)}/{len(trainings)}]", flush=True)
             write_csv(out / "accuracy.csv", rows_now(), command, t_start)
     rows = rows_now()
+    write_csv(out / "accuracy.csv", rows, command, t_start)  # also when every training was resumed
     done = results
     summary = summarise(rows)
     write_summary(out / "summary.csv", summary, command)

@@ -42,7 +42,7 @@ def summary(rows):
 def main(path):
     s = summary(load(path))
     f = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
-    print(f"| task | cluster | setting | policy | test accuracy % (mean ± std, n) | predicted ms | indicator | T4 precisions |")
+    print("| task | cluster | setting | policy | test accuracy % (mean ± std, n) | predicted ms | indicator | T4 precisions |")
     print("|---|---|---|---|---|---|---|---|")
     for (t, c, st, p), v in s.items():
         print(f"| {t} | {c} | {st} | {p} | {f(v['mean'], '.2f')} ± {f(v['std'], '.2f')} (n={v['n']}) | "
