@@ -41,3 +41,17 @@ def test_summary_reads_mean_and_std_per_policy_over_seeds():
     s = summary(rows)[("cnn", "c", "s", "ilp")]
     assert s["n"] == 2 and s["mean"] == pytest.approx(85.0) and s["std"] == pytest.approx(7.0710678)
     assert s["ms"] == 1.5
+
+
+def test_paired_differences_match_seeds_and_skip_unfinished_ones():
+    from accuracy_summary import paired
+
+    def row(policy, seed, acc):
+        return dict(task="cnn", cluster="c", setting="s", policy=policy, seed=str(seed), test_accuracy=acc)
+
+    rows = [row("ilp", 0, "0.95"), row("ilp", 1, "0.90"), row("ilp", 2, "0.99"),
+            row("uniform-lowest", 1, "0.93"), row("uniform-lowest", 0, "0.94"), row("uniform-lowest", 2, "")]
+    v = paired(rows, "ilp", "uniform-lowest")[("cnn", "c", "s")]
+    assert v["n"] == 2 and v["diffs"] == [pytest.approx(1.0), pytest.approx(-3.0)]
+    assert v["mean"] == pytest.approx(-1.0) and v["std"] == pytest.approx(2.8284271)
+    assert paired(rows, "ilp", "fp32") == {}
