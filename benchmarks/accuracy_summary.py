@@ -1,6 +1,6 @@
 """Summarise an accuracy.csv of benchmarks/accuracy.py and check it against the issue's targets.
 
-    python benchmarks/accuracy_summary.py benchmarks/results/accuracy.csv
+    python benchmarks/accuracy_summary.py benchmarks/results/accuracy.csv [--metric=test_accuracy_tail]
 
 Per (task, cluster, setting, policy): test accuracy mean ± std over the seeds present, the
 predicted iteration time and the indicator. Then, per (task, cluster, setting): whether
@@ -22,14 +22,14 @@ def load(path):
     return list(csv.DictReader(lines))
 
 
-def summary(rows):
+def summary(rows, metric: str = "test_accuracy"):
     acc = defaultdict(list)
     meta = {}
     for r in rows:
         k = (r["task"], r["cluster"], r["setting"], r["policy"])
         meta.setdefault(k, r)
-        if r["test_accuracy"]:
-            acc[k].append(100 * float(r["test_accuracy"]))
+        if r.get(metric):
+            acc[k].append(100 * float(r[metric]))
     out = {}
     for k, r in meta.items():
         a = acc.get(k, [])
@@ -39,14 +39,14 @@ def summary(rows):
     return out
 
 
-def paired(rows, a: str, b: str) -> dict[tuple, dict]:
+def paired(rows, a: str, b: str, metric: str = "test_accuracy") -> dict[tuple, dict]:
     """Per (task, cluster, setting): policy a minus policy b, seed by seed (same seed, same data order
     and initial weights), as mean ± std over the seeds both finished. A secondary reading: the
     issue's targets are judged on the unpaired means and stds (verdict)."""
     acc = defaultdict(dict)
     for r in rows:
-        if r["test_accuracy"]:
-            acc[(r["task"], r["cluster"], r["setting"], r["policy"])][int(r["seed"])] = 100 * float(r["test_accuracy"])
+        if r.get(metric):
+            acc[(r["task"], r["cluster"], r["setting"], r["policy"])][int(r["seed"])] = 100 * float(r[metric])
     out = {}
     for key in sorted({k[:3] for k in acc}):
         x, y = acc.get((*key, a), {}), acc.get((*key, b), {})
@@ -56,9 +56,10 @@ def paired(rows, a: str, b: str) -> dict[tuple, dict]:
     return out
 
 
-def main(path):
+def main(path, metric="test_accuracy"):
     rows = load(path)
-    s = summary(rows)
+    s = summary(rows, metric)
+    print(f"metric: {metric}")
     f = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     print("| task | cluster | setting | policy | test accuracy % (mean ± std, n) | predicted ms | indicator | T4 precisions |")
     print("|---|---|---|---|---|---|---|---|")
@@ -70,7 +71,7 @@ def main(path):
         print(f"{t} {c} {st}: " + describe(verdict({p: s.get((t, c, st, p)) for p in POLICIES})))
     print("\npaired by seed (a - b, points: mean ± std [per seed]):")
     for a, b in (("fp32", "uniform-lowest"), ("ilp", "uniform-lowest"), ("ilp", "greedy"), ("ilp", "qsync-greedy")):
-        for (t, c, st), v in paired(rows, a, b).items():
+        for (t, c, st), v in paired(rows, a, b, metric).items():
             sd = "-" if v["std"] is None else f"{v['std']:.2f}"
             print(f"  {t} {c} {st}: {a} - {b} = {v['mean']:+.2f} ± {sd} (n={v['n']}) "
                   f"[{', '.join(f'{x:+.1f}' for x in v['diffs'])}]")
@@ -122,4 +123,6 @@ def describe(v: dict | None) -> str:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/accuracy.csv")
+    args = [x for x in sys.argv[1:] if not x.startswith("--metric=")]
+    metric = next((x.split("=", 1)[1] for x in sys.argv[1:] if x.startswith("--metric=")), "test_accuracy")
+    main(args[0] if args else "benchmarks/results/accuracy.csv", metric)
