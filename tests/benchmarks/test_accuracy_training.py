@@ -31,3 +31,15 @@ def test_the_weak_rank_runs_the_weak_groups_formats_and_the_strong_rank_stays_fp
     assert weak.stem.recipe.granularity == "per_tensor" and weak.stem.recipe.backward == "bf16"
     # same initial weights on both ranks (DDP would otherwise start from two models)
     assert all((a == b).all() for a, b in zip(strong.state_dict().values(), weak.state_dict().values()))
+
+
+def test_a_gpu_plan_with_fp16_validates_for_training_here_and_tail_evaluation_is_switched_on():
+    from qsync_opt.runtime.launch import validate
+
+    batches = {"strong": 40, "t4": 24}
+    spec = load_spec(training_spec("cnn", batches, 10, 0, 3e-3, eval_every=10))
+    assert spec.data.eval_every == 10 and spec.cluster.groups[0].device_spec.kind == "cpu"
+    t4 = dict.fromkeys(OPS, "fp16") | {"fc": "int4"}
+    plan = runtime_plan(spec, {"strong": dict.fromkeys(OPS, "fp32"), "t4": t4}, batches)
+    assert validate(spec, plan) == [40, 24]
+    assert current_precisions(build_rank_model(spec, plan, "t4")) == t4
