@@ -8,9 +8,19 @@ at the cluster's scale, with its replayed iteration time and its share-weighted 
   qsync-greedy    baseline 'qsync greedy (QSync allocator)': QSync's own rule
   greedy          baseline 'greedy (gain per ms)': our stronger greedy
   ilp             the plan (HiGHS), fixed local batches
-  batching        all fp32, the split of the global batch with the lowest replayed iteration
+  batching        every group at its highest offered precision (fp32; int8 on an int-only weak
+                  device), the split of the global batch with the lowest replayed iteration
                   time (QSync's dynamic-batching baseline: slower devices get smaller batches)
   joint           batch_split: auto, precision and split together, bounded by the ilp's bound
+
+Where the weak group does not offer fp32 (setting `intonly`: an inference device running
+int8 and int4 only), `fp32` is the ceiling all the same: every group trains in fp32, and
+its predicted_ms is None (no such plan runs on that cluster).
+
+`pace_split` picks the split for a setting by rule rather than by hand: the largest weak
+batch (on a grid of global_batch/16) at which the weak group, uniformly at its lowest
+offered precision, keeps pace with the strong group by the replayer; so uniform-lowest is
+the fastest way to keep pace with that batch, and every other plan must fit in its slack.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from dataclasses import dataclass
 
 from qsync_opt.pipeline import _as_baseline, prepare, solve
 from qsync_opt.predictor.instance_builder import baseline, build_instance
+from qsync_opt.predictor.replayer import replay
 from qsync_opt.batch_split import candidate_splits
 from qsync_opt.spec import load_spec
 
@@ -62,10 +73,15 @@ def plan_policies(model: dict, strong: str, split: tuple[int, int], weak_precisi
     fixed = load_spec(cluster_spec(model, strong, split, weak_precisions, global_batch=global_batch))
     plan = solve(fixed)
     lbs = {n: g.local_batch for n, g in plan.groups.items()}
+    ceiling_only = weak_precisions is not None and "fp32" not in weak_precisions
     out = {"ilp": Policy("ilp", {n: dict(g.precisions) for n, g in plan.groups.items()}, lbs, plan.iteration_ms,
                          plan.indicator, f"{plan.solver.backend} {plan.solver.status}")}
     for pol, name in FROM_BASELINE.items():
         b = plan.baselines.get(name)
+        if pol == "fp32" and ceiling_only:
+            out[pol] = Policy(pol, {n: {op: "fp32" for op in g.precisions} for n, g in plan.groups.items()}, lbs,
+                              None, 0.0, "ceiling: the weak group offers no fp32, so no plan of this cluster runs it")
+            continue
         if b is None:
             out[pol] = Policy(pol, None, lbs, None, None, "the heuristic found no plan within the bounds")
         else:
@@ -85,8 +101,25 @@ def plan_policies(model: dict, strong: str, split: tuple[int, int], weak_precisi
     return out
 
 
+def pace_split(model: dict, strong: str, weak_precisions, global_batch: int) -> tuple[int, int]:
+    """(strong, weak) local batches: the largest weak batch on a global_batch/16 grid at which the weak
+    group at its lowest precision is no slower than the strong group (the replayer's group times)."""
+    q = global_batch // 16
+    spec = load_spec(cluster_spec(model, strong, (global_batch // 2, global_batch // 2), weak_precisions,
+                                  global_batch=global_batch))
+    prepared = prepare(spec)
+    for weak in range(global_batch - q, 0, -q):
+        inst, ctx = build_instance(spec, prepared.graph, prepared.sensitivity,
+                                   local_batches={"strong": global_batch - weak, "t4": weak},
+                                   boundary=spec.runtime.boundary)
+        tl = replay(ctx, baseline(inst, "lowest"))
+        if tl.groups["t4"].iteration_ms <= tl.groups["strong"].iteration_ms:
+            return global_batch - weak, weak
+    raise ValueError(f"{strong} + T4 {weak_precisions}: the T4 keeps pace at no batch >= {q}")
+
+
 def _batching_alone(spec) -> Policy:
-    """All fp32; the candidate split with the lowest replayed iteration time."""
+    """Every group at its highest offered precision; the candidate split with the lowest replayed iteration time."""
     prepared = prepare(spec)
     best = None
     for split in candidate_splits(spec):
@@ -96,4 +129,4 @@ def _batching_alone(spec) -> Policy:
         if best is None or b.iteration_ms < best[1].iteration_ms:
             best = (split, b)
     split, b = best
-    return Policy("batching", b.precisions, dict(split), b.iteration_ms, b.indicator, "fastest all-fp32 split")
+    return Policy("batching", b.precisions, dict(split), b.iteration_ms, b.indicator, "fastest split at the highest precisions")

@@ -1,0 +1,45 @@
+"""The accuracy harness trains what it reports: each rank applies its own group's precision map."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from accuracy import runtime_plan, train_batches, training_spec  # noqa: E402
+
+from qsync_opt.runtime.apply import current_precisions  # noqa: E402
+from qsync_opt.runtime.qmodules import QuantizedModule  # noqa: E402
+from qsync_opt.runtime.trainer import build_rank_model, rank_batches  # noqa: E402
+from qsync_opt.spec import load_spec  # noqa: E402
+
+OPS = ("stem", "layer1.conv1", "layer1.conv2", "down", "layer2.conv1", "layer2.conv2", "fc")
+
+
+def test_the_weak_rank_runs_the_weak_groups_formats_and_the_strong_rank_stays_fp32():
+    batches = train_batches({"strong": 3072, "t4": 1024}, 64)
+    assert batches == {"strong": 48, "t4": 16}
+    spec = load_spec(training_spec("cnn", batches, 10, 0, 3e-3))
+    t4 = dict.fromkeys(OPS, "int4") | {"down": "int8", "fc": "int8"}
+    plan = runtime_plan(spec, {"strong": dict.fromkeys(OPS, "fp32"), "t4": t4}, batches)
+    assert rank_batches(spec, plan) == [48, 16]
+    strong, weak = build_rank_model(spec, plan, "strong"), build_rank_model(spec, plan, "t4")
+    assert current_precisions(strong) == dict.fromkeys(OPS, "fp32")
+    assert not any(isinstance(m, QuantizedModule) for m in strong.modules())
+    assert current_precisions(weak) == t4
+    assert weak.stem.recipe.granularity == "per_tensor" and weak.stem.recipe.backward == "bf16"
+    # same initial weights on both ranks (DDP would otherwise start from two models)
+    assert all((a == b).all() for a, b in zip(strong.state_dict().values(), weak.state_dict().values()))
+
+
+def test_a_gpu_plan_with_fp16_validates_for_training_here_and_tail_evaluation_is_switched_on():
+    from qsync_opt.runtime.launch import validate
+
+    batches = {"strong": 40, "t4": 24}
+    spec = load_spec(training_spec("cnn", batches, 10, 0, 3e-3, eval_every=10))
+    assert spec.data.eval_every == 10 and spec.cluster.groups[0].device_spec.kind == "cpu"
+    t4 = dict.fromkeys(OPS, "fp16") | {"fc": "int4"}
+    plan = runtime_plan(spec, {"strong": dict.fromkeys(OPS, "fp32"), "t4": t4}, batches)
+    assert validate(spec, plan) == [40, 24]
+    assert current_precisions(build_rank_model(spec, plan, "t4")) == t4
