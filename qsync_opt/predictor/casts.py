@@ -10,9 +10,9 @@ memory-bound elementwise kernels, so for a catalog device
          finds the tensor's absmax, one more read of the source)
     b = launch overhead (two launches when there is an absmax pass).
 
-For the T4 the fits QSync published from measurement are used as they are (REFERENCES.md,
-"Replayer / cost mapping"), int4 taking int8's (same absmax/quantise kernels); pairs they did
-not measure fall back to the bandwidth model.
+For the T4 the fits QSync published from measurement are used as they are (QSync, IPDPS'24,
+and its repository's cost-mapping script), int4 taking int8's (same absmax/quantise kernels);
+pairs they did not measure fall back to the bandwidth model.
 
 Activation formats: an operator at fp32/tf32 exchanges fp32 tensors, one at bf16/fp16 its
 own format; integer and fp8 operators quantise their input themselves (inside their own
