@@ -235,6 +235,11 @@ def _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, 
             cost_source="measured" if gc.cost_source.startswith("measured") else "roofline",
         )
     timings = ", ".join(f"{k} {v:.2f}s" for k, v in prepared.timings_s.items())
+    bounds = [ig.time_bound_ms for ig in instance.groups if ig.time_bound_ms is not None]
+    if bounds and tl.iteration_ms > max(bounds) * (1 + 1e-6):
+        notes = [*notes, f"lockstep iteration {tl.iteration_ms:.1f} ms is {tl.iteration_ms / max(bounds) - 1:.1%} above "
+                         f"the bound {max(bounds):.1f} ms that each group meets on its own: every bucket's all-reduce "
+                         "waits for the later group's gradients, which no single group's time includes"]
     report = SolverReport(
         backend=result["backend"], status=result["status"], objective=result["objective"],
         best_bound=result["bound"], gap=result["gap"], wall_s=wall_s, refine_rounds=rounds,
