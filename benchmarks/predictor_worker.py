@@ -85,4 +85,6 @@ def main(job_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    from qsync_opt.runtime.process_exit import exit_without_destructors
+
+    exit_without_destructors(main(sys.argv[1]))  # a gloo thread once aborted a finished rank

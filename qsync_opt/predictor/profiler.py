@@ -374,4 +374,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from qsync_opt.runtime.process_exit import exit_without_destructors
+
+    exit_without_destructors(main())  # co-located profilers run gloo collectives: see process_exit.py

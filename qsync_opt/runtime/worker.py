@@ -66,9 +66,6 @@ def guarded(fn) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # The rank has closed its files and destroyed its process group: leave without C++ static
-    # destructors, where a still-joinable gloo thread once aborted (SIGABRT) a cleanly stopped rank.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    from .process_exit import exit_without_destructors
+
+    exit_without_destructors(main())  # files closed, process group destroyed: see process_exit.py
