@@ -28,6 +28,24 @@ def rel_close(a: float, b: float, rel: float = 1e-6, abs_: float = 1e-9) -> bool
     return abs(a - b) <= rel * max(abs(a), abs(b)) + abs_
 
 
+def optimum_and_bound_mismatches(backend, cases, time_limit_s: float) -> list[str]:
+    """Solve each (seed, instance, brute force) without the tie-break; describe every case whose
+    status, optimum or proven bound disagrees with brute force."""
+    bad = []
+    for seed, inst, br in cases:
+        try:
+            r = solve_instance(inst, backend=backend, rel_gap=0.0, time_limit_s=time_limit_s, threads=1, tie_break=False)
+        except InfeasibleError:
+            if br.status != "infeasible":
+                bad.append(f"seed {seed}: infeasible, brute force {br.objective:.9g}")
+            continue
+        if br.status != "optimal" or r.status != "optimal" or not rel_close(r.objective, br.objective, 1e-6, 1e-12):
+            bad.append(f"seed {seed}: {r.status} {r.objective:.9g} vs brute force {br.status} {br.objective}")
+        if r.bound is None or r.bound > br.objective * (1 + 1e-6) + 1e-12:
+            bad.append(f"seed {seed}: bound {r.bound} above the optimum {br.objective:.9g}")
+    return bad
+
+
 def check_against_brute_force(backend, cases, formulation="mccormick") -> list[str]:
     """Solve each case through solve_instance; describe every way it differs from brute force."""
     problems = []

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from solver_cases import exact_params, rel_close
+from solver_cases import exact_params, optimum_and_bound_mismatches
 
-from qsync_opt.errors import InfeasibleError
 from qsync_opt.solver.budget import Budget
 from qsync_opt.solver.decompose import separable
 from qsync_opt.solver.random_instances import random_small, synthetic
@@ -16,18 +15,7 @@ from qsync_opt.solver.solve import solve_instance
 def test_per_group_optimum_equals_brute_force(backend, small_cases):
     cases = [c for c in small_cases if separable(c[1])][:40]
     assert len(cases) >= 20
-    bad = []
-    for seed, inst, br in cases:
-        try:
-            r = solve_instance(inst, backend=backend, rel_gap=0.0, time_limit_s=20, threads=1, tie_break=False)
-        except InfeasibleError:
-            if br.status != "infeasible":
-                bad.append(f"seed {seed}: infeasible, brute force {br.objective:.9g}")
-            continue
-        if br.status != "optimal" or not rel_close(r.objective, br.objective, rel=1e-6, abs_=1e-12) or r.status != "optimal":
-            bad.append(f"seed {seed}: {r.status} {r.objective:.9g} vs brute force {br.status} {br.objective}")
-        if r.bound is None or r.bound > br.objective * (1 + 1e-6) + 1e-12:
-            bad.append(f"seed {seed}: bound {r.bound} vs optimum {br.objective:.9g}")
+    bad = optimum_and_bound_mismatches(backend, cases, time_limit_s=20)
     assert not bad, "\n".join(bad)
 
 

@@ -14,9 +14,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from solver_cases import exact_params, rel_close
+from solver_cases import exact_params, optimum_and_bound_mismatches, rel_close
 
-from qsync_opt.errors import InfeasibleError
 from qsync_opt.solver.bounded import applies
 from qsync_opt.solver.brute import brute_force
 from qsync_opt.solver.instance import evaluate
@@ -112,18 +111,7 @@ def test_bound_plan_and_fixing_against_brute_force():
 def test_solves_with_the_lagrangian_match_brute_force(backend, small_cases):
     cases = [(s, i, b) for s, i, b in small_cases if i.objective == "accuracy_degradation" and i.max_degradation is None]
     cases += [(s, i, brute_force(i)) for s, i in one_group_cases(30)]
-    bad = []
-    for seed, inst, br in cases:
-        try:
-            r = solve_instance(inst, backend=backend, rel_gap=0.0, time_limit_s=120, threads=1, tie_break=False)
-        except InfeasibleError:
-            if br.status != "infeasible":
-                bad.append(f"seed {seed}: infeasible, brute force {br.objective:.9g}")
-            continue
-        if br.status != "optimal" or r.status != "optimal" or not rel_close(r.objective, br.objective, 1e-6, 1e-12):
-            bad.append(f"seed {seed}: {r.status} {r.objective:.9g} vs brute force {br.status} {br.objective}")
-        elif r.bound is None or r.bound > br.objective * (1 + 1e-6) + 1e-12:
-            bad.append(f"seed {seed}: bound {r.bound} above the optimum {br.objective:.9g}")
+    bad = optimum_and_bound_mismatches(backend, cases, time_limit_s=120)
     assert len(cases) >= 40
     assert not bad, "\n".join(bad)
 
