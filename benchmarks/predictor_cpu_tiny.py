@@ -38,12 +38,9 @@ def load() -> str:
 
 def lockstep_steps(metrics: Path) -> list[float]:
     """Per step, the slowest rank's step_ms; the first step left out."""
-    per: dict[int, float] = {}
-    for f in sorted(metrics.glob("rank*.jsonl")):
-        for line in f.read_text().splitlines():
-            r = json.loads(line)
-            if "step_ms" in r:
-                per[r["step"]] = max(per.get(r["step"], 0.0), r["step_ms"])
+    from qsync_opt.run_stages import lockstep_step_ms
+
+    per = lockstep_step_ms(metrics)
     return [per[s] for s in sorted(per)[1:]]
 
 

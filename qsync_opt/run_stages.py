@@ -117,18 +117,24 @@ def predict_stage(spec_path: str, out: Path, log: Callable[[str], None]) -> str:
     return str(atomic_write_text(out / "predict.json", json.dumps(record, indent=1)))
 
 
-def measured_iteration_ms(metrics: Path) -> tuple[float, int] | None:
-    """(median lockstep step time in ms, steps counted) from train's per-rank JSON lines.
-
-    A step's time is its slowest rank's; the first step (allocations, oneDNN primitive
-    creation) is left out when there are later ones.
-    """
+def lockstep_step_ms(metrics: Path) -> dict[int, float]:
+    """step -> its slowest rank's step_ms, from train's per-rank JSON lines (what a lockstep waits for)."""
     per_step: dict[int, float] = {}
     for f in sorted(metrics.glob("rank*.jsonl")):
         for line in f.read_text().splitlines():
             r = json.loads(line)
             if "step_ms" in r:
                 per_step[r["step"]] = max(per_step.get(r["step"], 0.0), r["step_ms"])
+    return per_step
+
+
+def measured_iteration_ms(metrics: Path) -> tuple[float, int] | None:
+    """(median lockstep step time in ms, steps counted) from train's per-rank JSON lines.
+
+    A step's time is its slowest rank's; the first step (allocations, oneDNN primitive
+    creation) is left out when there are later ones.
+    """
+    per_step = lockstep_step_ms(metrics)
     steps = sorted(per_step)[1:] if len(per_step) > 1 else sorted(per_step)
     if not steps:
         return None
