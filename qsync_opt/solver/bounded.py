@@ -12,7 +12,6 @@ sides are bounded. Every figure is in plan units; `sign` decides the status as f
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import replace
 
@@ -53,13 +52,14 @@ def solve_group(instance: TrainingInstance, backend: str, options: SolveOptions,
         return None
     t1 = time.perf_counter()
     start = None
-    if sum(map(len, ga.allowed)) <= GREEDY_ALWAYS_CHOICES:  # cheap here: the incumbent is never worse than QSync's
+    choices = sum(map(len, ga.allowed))
+    if choices <= GREEDY_ALWAYS_CHOICES:  # cheap here: the incumbent is never worse than QSync's
         gr = greedy(instance)
         start = gr.assignment[g.name] if gr.feasible else None
     lag = solve_dual(ga, t1 + given, target_gap=options.rel_gap, start=start)
     budget.charge(time.perf_counter() - t1)
     note = (f"Lagrangian: bound {lag.bound:.6g} in {lag.dp_passes} DP passes ({lag.seconds:.2f} s), "
-            f"{sum(map(len, ga.allowed)) - lag.kept} of {sum(map(len, ga.allowed))} choices removed")
+            f"{choices - lag.kept} of {choices} choices removed")
     if lag.plan is None:
         return None
     plan = {g.name: lag.plan}
@@ -76,8 +76,7 @@ def solve_group(instance: TrainingInstance, backend: str, options: SolveOptions,
                                solve_s=budget.spent_s - spent0)
     reduced = replace(instance, groups=(replace(g, allowed=lag.keep),))
     r = solve_problem(_compiled(reduced, budget), backend, options, warm_start=True, budget=budget, start=plan)
-    floor = lag.fixed_floor if math.isfinite(lag.fixed_floor) else math.inf
-    bound = lag.bound if r.bound is None else max(lag.bound, min(r.bound, floor))
+    bound = lag.bound if r.bound is None else max(lag.bound, min(r.bound, lag.fixed_floor))  # floor: +inf if none removed
     ok, gap = proven_within(r.objective, bound, max(options.rel_gap, OPTIMALITY_TOL))
     return replace(r, status="optimal" if ok else "feasible", bound=bound, gap=gap,
                    message=f"{note}; reduced program: {r.message or r.status}",

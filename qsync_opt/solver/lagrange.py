@@ -320,9 +320,11 @@ def _fix(ev: _Evaluator, best, inc_f: float, cuts) -> tuple[dict[str, tuple[str,
     keep, floor = {}, math.inf
     slack = 1e-12 * max(abs(inc_f), 1e-300)
     for i, op in enumerate(ga.ops):
-        ok = [p for j, p in enumerate(ga.allowed[i]) if not (mm[i, j] > inc_f + slack)]
-        gone = [mm[i, j] for j in range(len(ga.allowed[i])) if mm[i, j] > inc_f + slack]
-        if gone:
-            floor = min(floor, float(min(gone)))
+        ok = []
+        for j, p in enumerate(ga.allowed[i]):
+            if mm[i, j] > inc_f + slack:  # no plan better than the incumbent runs op at p
+                floor = min(floor, float(mm[i, j]))
+            else:
+                ok.append(p)
         keep[op] = tuple(ok)
     return keep, floor
