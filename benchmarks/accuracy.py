@@ -59,7 +59,9 @@ SETTINGS = {  # name -> T4 precisions (None: all it runs), split rule ('fixed': 
     "int8only": (("int8",), "pace"),
 }
 PLAN_BATCH = 4096
+RESULT_FIELDS = ("test_accuracy", "test_accuracy_tail", "test_loss", "weak_accuracy", "weak_accuracy_tail", "train_s")
 FIELDS = ("task", "cluster", "setting", "policy", "seed", "test_accuracy", "test_accuracy_tail", "test_loss",
+          "weak_accuracy", "weak_accuracy_tail",
           "predicted_ms", "indicator",
           "t4_precisions", "local_batches", "same_as", "train_s", "note")
 
@@ -94,7 +96,7 @@ def training_spec(task: str, batches: dict[str, int], steps: int, seed: int, lr:
     return {"name": f"accuracy-{task}", "cluster": {"groups": groups, "interconnect": "loopback"}, "model": model,
             "training": {"global_batch": sum(batches.values()), "optimizer": "adam", "lr": lr, "steps": steps,
                          "seed": seed},
-            "data": {"name": "mnist1d", "input_shape": shape, "eval_every": eval_every}}
+            "data": {"name": "mnist1d", "input_shape": shape, "eval_every": eval_every, "eval_groups": True}}
 
 
 def runtime_plan(spec, precisions: dict[str, dict[str, str]], batches: dict[str, int]) -> Plan:
@@ -186,8 +188,7 @@ def main(argv=None) -> int:
         for row, key in plan_rows:
             r = old_rows.get((row["task"], row["cluster"], row["setting"], row["policy"], row["seed"]))
             if key and r and r.get("test_accuracy"):
-                results[key] = {"test_accuracy": float(r["test_accuracy"]), "test_loss": float(r["test_loss"]),
-                                "train_s": float(r["train_s"])}
+                results[key] = {f: float(r[f]) for f in RESULT_FIELDS if r.get(f)}
         print(f"resumed {len(results)} finished trainings from {out / 'accuracy.csv'}", flush=True)
 
     def rows_now():
@@ -227,13 +228,17 @@ def train_one(task, precisions, batches, steps, seed, lr, tail=0) -> dict:
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="qsync-acc-") as tmp:
         r = run_job(spec, runtime_plan(spec, precisions, batches), metrics_dir=tmp, threads=1, timeout_s=1800)
-        ev = read_eval(tmp)
+        ev, weak = read_eval(tmp), read_eval(tmp, "eval_t4")
     if not r.ok or not ev:
         return {"test_accuracy": None, "test_loss": None, "train_s": round(time.time() - t0, 1),
                 "note": f"training failed, exit codes {r.returncodes}"}
-    last = [e["test_accuracy"] for e in ev if e["step"] > steps - tail] if tail else []
+    def tail_mean(records):
+        last = [e["test_accuracy"] for e in records if e["step"] > steps - tail] if tail else []
+        return round(sum(last) / len(last), 5) if last else None
+
     return {"test_accuracy": ev[-1]["test_accuracy"], "test_loss": round(ev[-1]["test_loss"], 5),
-            "test_accuracy_tail": round(sum(last) / len(last), 5) if last else None,
+            "test_accuracy_tail": tail_mean(ev),
+            "weak_accuracy": weak[-1]["test_accuracy"] if weak else None, "weak_accuracy_tail": tail_mean(weak),
             "train_s": round(time.time() - t0, 1)}
 
 

@@ -36,6 +36,10 @@ class DataSpec(BaseModel):
     """Evaluate on the test set every N steps (0: only at the end of training)."""
     eval_batch: int = Field(default=500, ge=1)
     """Test samples per forward pass during evaluation."""
+    eval_groups: bool = False
+    """Also evaluate the network as each group runs it: the first rank of every group evaluates
+    its own model, its plan's formats included (the quantized forward that would serve on that
+    device), and logs it to eval_<group>.csv/.jsonl beside the master weights' eval.csv."""
 
     @model_validator(mode="after")
     def _one_source(self) -> "DataSpec":

@@ -2,8 +2,9 @@
 
 Accuracy is the share of test samples (tokens, for language models) whose argmax output is
 the label. The model evaluated is the one passed in; the trainer passes a plain fp32 copy of
-the synchronised master weights, so the figure is the trained network's, not one rank's
-quantized forward.
+the synchronised master weights, so eval.csv is the trained network's, not one rank's
+quantized forward. With `data.eval_groups`, each group's first rank also evaluates its own
+model as it runs it (its plan's formats: what that device would serve) into eval_<group>.csv.
 """
 
 from __future__ import annotations
@@ -46,11 +47,12 @@ def evaluate(model: nn.Module, task, batch: int = 500, device: "torch.device | N
 class EvalLog:
     """Appends one record per evaluation; rewrites eval.csv atomically and appends to eval.jsonl."""
 
-    def __init__(self, folder: "str | Path | None", resume: bool = False):
+    def __init__(self, folder: "str | Path | None", resume: bool = False, stem: str = "eval"):
         self.folder = Path(folder) if folder else None
+        self.stem = stem
         self.rows: list[dict] = []
         if self.folder and resume:
-            self.rows = read_eval(self.folder)
+            self.rows = read_eval(self.folder, stem)
 
     def add(self, step: int, train_loss: float | None, result: dict) -> dict:
         row = {"step": step, "train_loss": train_loss, **result}
@@ -61,21 +63,23 @@ class EvalLog:
             w = csv.DictWriter(buf, fieldnames=FIELDS, extrasaction="ignore")
             w.writeheader()
             w.writerows(self.rows)
-            atomic_write_text(self.folder / "eval.csv", buf.getvalue())
-            atomic_write_text(self.folder / "eval.jsonl", "".join(json.dumps(r) + "\n" for r in self.rows))
+            atomic_write_text(self.folder / f"{self.stem}.csv", buf.getvalue())
+            atomic_write_text(self.folder / f"{self.stem}.jsonl", "".join(json.dumps(r) + "\n" for r in self.rows))
         return row
 
 
-def read_eval(folder: "str | Path") -> list[dict]:
-    """The evaluation records a run wrote (empty when it wrote none)."""
-    f = Path(folder) / "eval.jsonl"
+def read_eval(folder: "str | Path", stem: str = "eval") -> list[dict]:
+    """The evaluation records a run wrote (empty when it wrote none); stem 'eval_<group>' reads
+    a group's own evaluation (data.eval_groups)."""
+    f = Path(folder) / f"{stem}.jsonl"
     return [json.loads(line) for line in f.read_text().splitlines() if line.strip()] if f.exists() else []
 
 
 class Evaluator:
     """The trainer's hook: on rank 0, every `data.eval_every` steps and after the last, evaluate
-    a plain fp32 copy of the master weights and log it. Other ranks do nothing (they wait at
-    the next all-reduce)."""
+    a plain fp32 copy of the master weights and log it. With data.eval_groups the first rank of
+    each group also evaluates its own model as it runs (quantized modules included). Other ranks
+    do nothing (they wait at the next all-reduce)."""
 
     def __init__(self, spec, task, folder, rank: int, *, resume: bool = False, total_steps: int | None = None):
         data = getattr(spec, "data", None)
@@ -84,13 +88,26 @@ class Evaluator:
         self.batch = data.eval_batch if data is not None else 500
         self.total = total_steps
         self.log = EvalLog(folder, resume=resume) if rank == 0 else None
+        self.group_log = None
+        if data is not None and data.eval_groups:
+            first, group = _first_rank_of_group(spec.cluster, rank)
+            if first:
+                self.group_log = EvalLog(folder, resume=resume, stem=f"eval_{group}")
         self._plain: nn.Module | None = None
 
     def due(self, step: int) -> bool:
-        return self.rank == 0 and ((self.every and step % self.every == 0) or step == self.total)
+        return (self.log is not None or self.group_log is not None) and (
+            (self.every and step % self.every == 0) or step == self.total)
 
     def after_step(self, step: int, train_loss: float | None, model: nn.Module) -> dict | None:
+        """The master weights' record on rank 0 (None elsewhere); a group's first rank also logs
+        its own model's."""
         if not self.due(step):
+            return None
+        if self.group_log is not None:
+            device = next(model.parameters()).device
+            self.group_log.add(step, train_loss, evaluate(model, self.task, self.batch, device=device))
+        if self.log is None:
             return None
         if self._plain is None:
             from ..models.from_spec import build_from_spec
@@ -103,3 +120,13 @@ class Evaluator:
         # strict=False: a model rewritten for its plan (models.rewrite) keeps only the parameters its graph uses
         self._plain.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()}, strict=False)
         return self.log.add(step, train_loss, evaluate(self._plain, self.task, self.batch))
+
+
+def _first_rank_of_group(cluster, rank: int) -> tuple[bool, str]:
+    """(whether `rank` is its group's first rank, the group's name)."""
+    start = 0
+    for g in cluster.groups:
+        if rank < start + g.count:
+            return rank == start, g.name
+        start += g.count
+    raise IndexError(f"rank {rank} out of range for world size {cluster.world_size}")
