@@ -18,10 +18,11 @@ import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
+
+from ..io import atomic_write_text
 
 MARKER = "build.json"
 
@@ -78,24 +79,11 @@ def entry_dir(root: Path, name: str, key: str) -> Path:
     return root / f"{name}_{key[:12]}"
 
 
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def write_if_changed(path: Path, text: str) -> bool:
     """Write only when the content differs, so that ninja's timestamps do not trigger a rebuild."""
     if path.exists() and path.read_text() == text:
         return False
-    write_atomic(path, text)
+    atomic_write_text(path, text)
     return True
 
 
@@ -126,4 +114,4 @@ def read_marker(directory: Path, key: str) -> dict | None:
 
 
 def write_marker(directory: Path, data: dict) -> None:
-    write_atomic(directory / MARKER, json.dumps(data, indent=1, sort_keys=True))
+    atomic_write_text(directory / MARKER, json.dumps(data, indent=1, sort_keys=True))

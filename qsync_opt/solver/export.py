@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from typing import Any
 
 from qsync_opt.errors import SpecError
+from qsync_opt.io import atomic_write_text
 from qsync_opt.solver.instance import GroupInstance, TrainingInstance
 from qsync_opt.solver.problem import Constraint, OneHot, PairTerm, Problem, Variable
 
@@ -70,7 +70,7 @@ def problem_from_dict(data: dict[str, Any]) -> Problem:
 
 
 def write_json(problem: Problem, path: str, with_instance: bool = True) -> None:
-    _atomic_write(path, json.dumps(problem_to_dict(problem, with_instance), indent=1, allow_nan=False))
+    atomic_write_text(path, json.dumps(problem_to_dict(problem, with_instance), indent=1, allow_nan=False))
 
 
 def read_json(path: str) -> Problem:
@@ -165,25 +165,3 @@ def _num(x: float) -> float | str:
 
 def _unnum(x) -> float:
     return float(x) if isinstance(x, str) else x
-
-
-def _atomic_write(path: str, text: str) -> None:
-    def write(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-
-    _atomic(path, write)
-
-
-def _atomic(path: str, write) -> None:
-    """Write via a temp file in the same directory, then os.replace: readers never see half a file."""
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp_", suffix=os.path.splitext(path)[1])
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -43,3 +43,24 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
     with pytest.raises(TypeError):
         atomic_write_bytes(p, object())  # fails while writing the temporary
     assert p.read_text() == "old" and [x.name for x in tmp_path.iterdir()] == ["plan.json"]
+
+
+def test_exported_problems_and_benchmark_tables_are_readable_by_the_team(tmp_path, umask):
+    """Problem files and the kernel bench's CSVs once went through private mkstemp copies (0600)."""
+    import sys
+    from pathlib import Path
+
+    from qsync_opt.solver import export
+    from qsync_opt.solver.random_instances import random_small
+    from qsync_opt.solver.training import compile_training
+
+    p = compile_training(random_small(0))
+    export.save_problem(p, str(tmp_path / "p.mps"))  # writes p.mps and its twin p.json
+    assert mode(tmp_path / "p.mps") == 0o644 and mode(tmp_path / "p.json") == 0o644
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        from kernels import write_csv
+    finally:
+        sys.path.pop(0)
+    write_csv(tmp_path / "k.csv", [{"a": 1}])
+    assert mode(tmp_path / "k.csv") == 0o644 and (tmp_path / "k.csv").read_bytes() == b"a\r\n1\r\n"
