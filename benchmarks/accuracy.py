@@ -8,7 +8,12 @@ first applying the strong group's part of the policy, the second the T4's, with 
 split of the global batch scaled to the training batch. Numerics do not depend on which chip
 ran them; times are the replayer's predictions for the cluster, not measured here.
 
-    python benchmarks/accuracy.py --out DIR [--quick] [--seeds 3] [--steps 200]
+    python benchmarks/accuracy.py --out DIR [--quick] [--seeds 3] [--steps 200] [--tail N]
+        [--indicator weight,empirical,...] [--indicator-steps N]
+
+Two accuracies per training: `test_accuracy` of the trained fp32 master weights (what training
+produced; QSync's reading) and `weak_accuracy` of the network as the T4's rank runs it, its
+plan's formats included (data.eval_groups: what that inference device would serve).
 
 Writes DIR/accuracy.csv (one row per task, cluster, setting, policy, seed; the command and the
 machine load in a header comment) and DIR/summary.csv (mean ± std per policy), and prints
@@ -36,7 +41,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, [os.environ
 from accuracy_policies import POLICIES, pace_split, plan_policies  # noqa: E402
 
 from qsync_opt.data.evaluation import read_eval  # noqa: E402
-from qsync_opt.io import atomic_write_text  # noqa: E402
+from qsync_opt.io import atomic_write_bytes, atomic_write_text  # noqa: E402
 from qsync_opt.plan import GroupPlan, Plan, Provenance, SolverReport  # noqa: E402
 from qsync_opt.runtime.launch import run_job  # noqa: E402
 from qsync_opt.spec import load_spec  # noqa: E402
@@ -133,6 +138,13 @@ def main(argv=None) -> int:
     ap.add_argument("--tail", type=int, default=0,
                     help=f"also report test_accuracy_tail: the mean test accuracy over the last N steps (evaluated every {TAIL_EVERY})")
     ap.add_argument("--plan-only", action="store_true", help="plan the policies, write DIR/policies.json, train nothing")
+    ap.add_argument("--indicator", default="weight",
+                    help="the planners' indicator methods, comma-separated, from weight, gvar, hessian, empirical "
+                         "(gvar/hessian/empirical read the task's training data); each plans its own policies, "
+                         "reported under setting 'SETTING/METHOD[@STEPS]' (plain SETTING for weight on random weights)")
+    ap.add_argument("--indicator-steps", type=int, default=0,
+                    help="compute the indicator on weights trained in fp32 for N steps (DIR/checkpoint-TASK.pt), "
+                         "not on random ones")
     a = ap.parse_args(argv)
     if a.quick:
         a.seeds, a.steps, a.tasks, a.clusters, a.settings = 1, 20, "cnn", "v100-t4", "int4"
@@ -142,21 +154,28 @@ def main(argv=None) -> int:
     command = "python benchmarks/accuracy.py " + " ".join(sys.argv[1:] if argv is None else argv)
     t_start = time.time()
 
-    jobs = []  # (task, cluster, setting, Policy)
+    methods = a.indicator.split(",")
+    bad = [m for m in methods if m not in ("weight", "gvar", "hessian", "empirical")]
+    if bad:
+        ap.error(f"--indicator: {', '.join(bad)} unknown; choose from weight, gvar, hessian, empirical")
+    jobs = []  # (task, cluster, setting label, Policy)
     for task in a.tasks.split(","):
         for cl in a.clusters.split(","):
             strong, fixed = CLUSTERS[cl]
-            for st in a.settings.split(","):
+            for st, method in ((st, m) for st in a.settings.split(",") for m in methods):
                 if st == "int8" and cl not in a.int8_clusters.split(","):
                     continue
                 t0 = time.time()
                 weak, rule = SETTINGS[st]
-                split = fixed if rule == "fixed" else pace_split(TASKS[task][0], strong, weak, PLAN_BATCH)
-                pols = plan_policies(TASKS[task][0], strong, split, weak, PLAN_BATCH)
-                print(f"planned {task} {cl} {st} (split {split}) in {time.time() - t0:.1f}s: "
+                model, extra = planning_inputs(task, method, a.indicator_steps, a.lr, out)
+                split = fixed if rule == "fixed" else pace_split(model, strong, weak, PLAN_BATCH, extra)
+                pols = plan_policies(model, strong, split, weak, PLAN_BATCH, extra)
+                label = st if method == "weight" and not a.indicator_steps else (
+                    f"{st}/{method}" + (f"@{a.indicator_steps}" if a.indicator_steps else ""))
+                print(f"planned {task} {cl} {label} (split {split}) in {time.time() - t0:.1f}s: "
                       + ", ".join(f"{p}={counts(pols[p].precisions['t4']) if pols[p].precisions else 'none'}" for p in POLICIES),
                       flush=True)
-                jobs.extend((task, cl, st, pols[p]) for p in POLICIES)
+                jobs.extend((task, cl, label, pols[p]) for p in POLICIES)
     atomic_write_text(out / "policies.json", json.dumps(
         [dict(task=t, cluster=c, setting=s, policy=p.name, precisions=p.precisions, local_batches=p.local_batches,
               predicted_ms=p.predicted_ms, indicator=p.indicator, note=p.note) for t, c, s, p in jobs], indent=1))
@@ -220,6 +239,52 @@ def main(argv=None) -> int:
     print_summary(summary)
     print(f"load average now {os.getloadavg()}; wall {time.time() - t_start:.0f}s; {len(done)} trainings")
     return 0
+
+
+#: Seed of the fp32 training whose weights the indicator is computed on: none of the evaluation seeds.
+CHECKPOINT_SEED = 1000
+
+
+def planning_inputs(task: str, method: str, steps: int, lr: float, out: Path) -> tuple[dict, dict]:
+    """(model section, extra spec sections) the planners see: the indicator method, the task's data
+    for it, and with `steps` the weights of an fp32 training of that many steps."""
+    model, shape = TASKS[task]
+    model = dict(model)
+    extra = {"indicator": {"method": method}, "data": {"name": "mnist1d", "input_shape": shape}}
+    if steps:
+        path = out / f"checkpoint-{task}-{steps}.pt"
+        if not path.exists():
+            fp32_checkpoint(task, steps, lr, path)
+        model["checkpoint"] = str(path)
+    return model, extra
+
+
+def fp32_checkpoint(task: str, steps: int, lr: float, path: Path, batch: int = 64) -> None:
+    """Train the task's model in fp32 in this process (Adam, batch 64) and torch.save its state_dict."""
+    import importlib
+
+    import torch
+    import torch.nn.functional as F
+
+    from qsync_opt.data.builtin import mnist1d
+
+    section, shape = TASKS[task]
+    mod, fn = section["import"].split(":")
+    torch.manual_seed(CHECKPOINT_SEED)
+    net = getattr(importlib.import_module(mod), fn)(**section.get("kwargs", {}))
+    x, y, _, _ = mnist1d()
+    x = x.reshape(len(x), *shape)
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(CHECKPOINT_SEED)
+    for _ in range(steps):
+        idx = torch.randint(0, len(x), (batch,), generator=g)
+        loss = F.cross_entropy(net(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    buf = io.BytesIO()
+    torch.save(net.state_dict(), buf)
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def train_one(task, precisions, batches, steps, seed, lr, tail=0) -> dict:

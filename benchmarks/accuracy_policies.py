@@ -50,7 +50,8 @@ class Policy:
 
 
 def cluster_spec(model: dict, strong: str, split: tuple[int, int], weak_precisions, *, global_batch: int,
-                 batch_split="fixed", bound=None) -> dict:
+                 batch_split="fixed", bound=None, extra: dict | None = None) -> dict:
+    """The cluster's job spec; `extra` adds top-level sections (data, indicator) to plan with."""
     t4 = {"name": "t4", "device": "T4", "role": "inference"}
     if weak_precisions:
         t4["precisions"] = list(weak_precisions)
@@ -66,11 +67,12 @@ def cluster_spec(model: dict, strong: str, split: tuple[int, int], weak_precisio
             "runtime": {"boundary": "edge"}}
     if bound is not None:
         spec["objective"] = {"max_iteration_time": bound}
-    return spec
+    return {**spec, **(extra or {})}
 
 
-def plan_policies(model: dict, strong: str, split: tuple[int, int], weak_precisions, global_batch: int) -> dict[str, Policy]:
-    fixed = load_spec(cluster_spec(model, strong, split, weak_precisions, global_batch=global_batch))
+def plan_policies(model: dict, strong: str, split: tuple[int, int], weak_precisions, global_batch: int,
+                  extra: dict | None = None) -> dict[str, Policy]:
+    fixed = load_spec(cluster_spec(model, strong, split, weak_precisions, global_batch=global_batch, extra=extra))
     plan = solve(fixed)
     lbs = {n: g.local_batch for n, g in plan.groups.items()}
     ceiling_only = weak_precisions is not None and "fp32" not in weak_precisions
@@ -89,7 +91,7 @@ def plan_policies(model: dict, strong: str, split: tuple[int, int], weak_precisi
                               "" if b.feasible else "misses a bound")
     bound = plan.groups["t4"].time_bound_ms
     auto = load_spec(cluster_spec(model, strong, split, weak_precisions, global_batch=global_batch,
-                                  batch_split="auto", bound=bound))
+                                  batch_split="auto", bound=bound, extra=extra))
     try:
         joint = solve(auto)
         out["joint"] = Policy("joint", {n: dict(g.precisions) for n, g in joint.groups.items()},
@@ -101,12 +103,12 @@ def plan_policies(model: dict, strong: str, split: tuple[int, int], weak_precisi
     return out
 
 
-def pace_split(model: dict, strong: str, weak_precisions, global_batch: int) -> tuple[int, int]:
+def pace_split(model: dict, strong: str, weak_precisions, global_batch: int, extra: dict | None = None) -> tuple[int, int]:
     """(strong, weak) local batches: the largest weak batch on a global_batch/16 grid at which the weak
     group at its lowest precision is no slower than the strong group (the replayer's group times)."""
     q = global_batch // 16
     spec = load_spec(cluster_spec(model, strong, (global_batch // 2, global_batch // 2), weak_precisions,
-                                  global_batch=global_batch))
+                                  global_batch=global_batch, extra=extra))
     prepared = prepare(spec)
     for weak in range(global_batch - q, 0, -q):
         inst, ctx = build_instance(spec, prepared.graph, prepared.sensitivity,

@@ -43,3 +43,20 @@ def test_a_gpu_plan_with_fp16_validates_for_training_here_and_tail_evaluation_is
     plan = runtime_plan(spec, {"strong": dict.fromkeys(OPS, "fp32"), "t4": t4}, batches)
     assert validate(spec, plan) == [40, 24]
     assert current_precisions(build_rank_model(spec, plan, "t4")) == t4
+
+
+def test_planning_on_trained_weights_and_the_tasks_data_gives_a_spec_the_library_accepts(tmp_path):
+    import pytest
+    import torch
+    from accuracy import main, planning_inputs
+    from accuracy_policies import cluster_spec
+
+    model, extra = planning_inputs("cnn", "empirical", 5, 3e-3, tmp_path)
+    state = torch.load(model["checkpoint"])
+    assert set(state) >= {"stem.weight", "fc.weight"}
+    spec = load_spec(cluster_spec(model, "V100-32GB", (3072, 1024), ("int8", "int4"), global_batch=4096, extra=extra))
+    assert spec.indicator.method == "empirical" and spec.data.name == "mnist1d"
+    assert spec.model.checkpoint == str(tmp_path / "checkpoint-cnn-5.pt")
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path), "--plan-only", "--indicator", "weight,fisher"])
+    assert e.value.code == 2
