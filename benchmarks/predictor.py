@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from qsync_opt.io import atomic_write_text  # noqa: E402
+from qsync_opt.predictor.step_profile import STEP_WARMUP  # noqa: E402
 from qsync_opt.spec import load_spec  # noqa: E402
 
 SSE41_ENV = {"ONEDNN_MAX_CPU_ISA": "SSE41", "OMP_NUM_THREADS": "1"}
@@ -259,7 +260,7 @@ def main(argv=None) -> int:
                     profile_spec(load_spec(base[mode]), path, progress=False, log=lambda s: None)
                 round_profiles.append(path)
                 for mode in base:
-                    measured[mode].append(measure(base[mode], plans[mode], tmp, warmup=2, blocks=a.blocks,
+                    measured[mode].append(measure(base[mode], plans[mode], tmp, warmup=STEP_WARMUP, blocks=a.blocks,
                                                    repeats=a.repeats))
                 print(f"  {model}: round {r + 1}/{rounds} done, load {load()}", flush=True)
             merged = out / f"profile-{model}.json"

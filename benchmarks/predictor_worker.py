@@ -4,7 +4,8 @@
 WORLD_SIZE, MASTER_* for DDP). For every plan: a fresh model with the plan of this rank's
 group applied (runtime.apply_plan), DDP over gloo when WORLD_SIZE > 1, the spec's optimizer;
 warm-up steps (DDP rebuilds its buckets after the first), then `blocks` × `repeats` timed
-steps; the estimate is the median of the block minima, the profiler's own estimator.
+steps; the estimate is the median of the block minima: qsync_opt.predictor.estimator.robust_ms
+on the fixed schedule, as the profiler times its whole steps (step_profile.measure_steps).
 A step is what the replayer models: zero_grad, forward, loss, backward (all-reduce), step.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -21,16 +21,11 @@ import torch.distributed as dist
 from torch import nn
 
 
-def _median_of_block_mins(times: list[float], blocks: int) -> float:
-    per = max(1, len(times) // blocks)
-    mins = sorted(min(times[i:i + per]) for i in range(0, per * blocks, per))
-    return mins[len(mins) // 2]
-
-
 def main(job_path: str) -> int:
     root = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root))
     from qsync_opt.models.from_spec import build_from_spec, input_maker
+    from qsync_opt.predictor.estimator import robust_ms
     from qsync_opt.runtime.apply import apply_plan
     from qsync_opt.runtime.trainer import make_optimizer
     from qsync_opt.spec import load_spec
@@ -65,16 +60,10 @@ def main(job_path: str) -> int:
                 nn.functional.cross_entropy(y.reshape(-1, y.size(-1)).float(), target.reshape(-1)).backward()
                 opt.step()
 
-            for _ in range(job["warmup"]):
-                step()
             if world > 1:
-                dist.barrier()
-            times = []
-            for _ in range(job["blocks"] * job["repeats"]):
-                t = time.perf_counter()
-                step()
-                times.append((time.perf_counter() - t) * 1e3)
-            out[key] = _median_of_block_mins(times, job["blocks"])
+                dist.barrier()  # every step all-reduces, so the ranks stay in lockstep from here
+            out[key] = robust_ms(step, warmup=job["warmup"], blocks=job["blocks"], repeats=job["repeats"],
+                                 adaptive=False)
         if rank == 0:
             Path(job["out"]).write_text(json.dumps(out))
     finally:
