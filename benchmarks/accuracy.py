@@ -9,7 +9,7 @@ split of the global batch scaled to the training batch. Numerics do not depend o
 ran them; times are the replayer's predictions for the cluster, not measured here.
 
     python benchmarks/accuracy.py --out DIR [--quick] [--seeds 3] [--steps 200] [--tail N]
-        [--indicator weight,empirical,...] [--indicator-steps N]
+        [--indicator weight,empirical@400,...]
 
 Two accuracies per training: `test_accuracy` of the trained fp32 master weights (what training
 produced; QSync's reading) and `weak_accuracy` of the network as the T4's rank runs it, its
@@ -95,13 +95,15 @@ def numerics_device() -> dict:
     return d
 
 
-def training_spec(task: str, batches: dict[str, int], steps: int, seed: int, lr: float, eval_every: int = 0) -> dict:
+def training_spec(task: str, batches: dict[str, int], steps: int, seed: int, lr: float, eval_every: int = 0,
+                  eval_start: int = 0) -> dict:
     model, shape = TASKS[task]
     groups = [{"name": n, "device": numerics_device(), "local_batch": b} for n, b in batches.items()]
     return {"name": f"accuracy-{task}", "cluster": {"groups": groups, "interconnect": "loopback"}, "model": model,
             "training": {"global_batch": sum(batches.values()), "optimizer": "adam", "lr": lr, "steps": steps,
                          "seed": seed},
-            "data": {"name": "mnist1d", "input_shape": shape, "eval_every": eval_every, "eval_groups": True}}
+            "data": {"name": "mnist1d", "input_shape": shape, "eval_every": eval_every, "eval_start": eval_start,
+                     "eval_groups": True}}
 
 
 def runtime_plan(spec, precisions: dict[str, dict[str, str]], batches: dict[str, int]) -> Plan:
@@ -139,12 +141,11 @@ def main(argv=None) -> int:
                     help=f"also report test_accuracy_tail: the mean test accuracy over the last N steps (evaluated every {TAIL_EVERY})")
     ap.add_argument("--plan-only", action="store_true", help="plan the policies, write DIR/policies.json, train nothing")
     ap.add_argument("--indicator", default="weight",
-                    help="the planners' indicator methods, comma-separated, from weight, gvar, hessian, empirical "
-                         "(gvar/hessian/empirical read the task's training data); each plans its own policies, "
-                         "reported under setting 'SETTING/METHOD[@STEPS]' (plain SETTING for weight on random weights)")
-    ap.add_argument("--indicator-steps", type=int, default=0,
-                    help="compute the indicator on weights trained in fp32 for N steps (DIR/checkpoint-TASK.pt), "
-                         "not on random ones")
+                    help="the planners' indicators, comma-separated: METHOD or METHOD@STEPS, METHOD one of weight, "
+                         "gvar, hessian, empirical (gvar/hessian/empirical read the task's training data), @STEPS: "
+                         "on weights trained in fp32 for that many steps (DIR/checkpoint-TASK-STEPS.pt), not random "
+                         "ones. Each plans its own policies, reported under setting 'SETTING/INDICATOR' (plain "
+                         "SETTING for 'weight')")
     a = ap.parse_args(argv)
     if a.quick:
         a.seeds, a.steps, a.tasks, a.clusters, a.settings = 1, 20, "cnn", "v100-t4", "int4"
@@ -155,9 +156,11 @@ def main(argv=None) -> int:
     t_start = time.time()
 
     methods = a.indicator.split(",")
-    bad = [m for m in methods if m not in ("weight", "gvar", "hessian", "empirical")]
+    bad = [m for m in methods if m.split("@")[0] not in ("weight", "gvar", "hessian", "empirical")
+           or ("@" in m and not m.split("@", 1)[1].isdigit())]
     if bad:
-        ap.error(f"--indicator: {', '.join(bad)} unknown; choose from weight, gvar, hessian, empirical")
+        ap.error(f"--indicator: {', '.join(bad)} unknown; give METHOD or METHOD@STEPS, METHOD one of weight, gvar, "
+                 "hessian, empirical")
     jobs = []  # (task, cluster, setting label, Policy)
     for task in a.tasks.split(","):
         for cl in a.clusters.split(","):
@@ -167,11 +170,11 @@ def main(argv=None) -> int:
                     continue
                 t0 = time.time()
                 weak, rule = SETTINGS[st]
-                model, extra = planning_inputs(task, method, a.indicator_steps, a.lr, out)
+                name, _, steps = method.partition("@")
+                model, extra = planning_inputs(task, name, int(steps or 0), a.lr, out)
                 split = fixed if rule == "fixed" else pace_split(model, strong, weak, PLAN_BATCH, extra)
                 pols = plan_policies(model, strong, split, weak, PLAN_BATCH, extra)
-                label = st if method == "weight" and not a.indicator_steps else (
-                    f"{st}/{method}" + (f"@{a.indicator_steps}" if a.indicator_steps else ""))
+                label = st if method == "weight" else f"{st}/{method}"
                 print(f"planned {task} {cl} {label} (split {split}) in {time.time() - t0:.1f}s: "
                       + ", ".join(f"{p}={counts(pols[p].precisions['t4']) if pols[p].precisions else 'none'}" for p in POLICIES),
                       flush=True)
@@ -289,7 +292,9 @@ def fp32_checkpoint(task: str, steps: int, lr: float, path: Path, batch: int = 6
 
 def train_one(task, precisions, batches, steps, seed, lr, tail=0) -> dict:
     """One training on two gloo ranks (in its own process, so run_job may install signal handlers)."""
-    spec = load_spec(training_spec(task, batches, steps, seed, lr, TAIL_EVERY if tail else 0))
+    # evaluated only where the tail mean reads it (evaluating the int4 forward every 10 steps from the start
+    # doubled a ViT training's time)
+    spec = load_spec(training_spec(task, batches, steps, seed, lr, TAIL_EVERY if tail else 0, max(0, steps - tail + 1)))
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="qsync-acc-") as tmp:
         r = run_job(spec, runtime_plan(spec, precisions, batches), metrics_dir=tmp, threads=1, timeout_s=1800)

@@ -34,6 +34,9 @@ class DataSpec(BaseModel):
     the set's natural shape (mnist [1, 28, 28], digits [1, 8, 8], mnist1d [1, 40])."""
     eval_every: int = Field(default=0, ge=0)
     """Evaluate on the test set every N steps (0: only at the end of training)."""
+    eval_start: int = Field(default=0, ge=0)
+    """With eval_every: skip the periodic evaluations before this step (e.g. to average only
+    the last steps of a run); the end of training is always evaluated."""
     eval_batch: int = Field(default=500, ge=1)
     """Test samples per forward pass during evaluation."""
     eval_groups: bool = False

@@ -85,6 +85,7 @@ class Evaluator:
         data = getattr(spec, "data", None)
         self.spec, self.task, self.rank = spec, task, rank
         self.every = data.eval_every if data is not None else 0
+        self.start = data.eval_start if data is not None else 0
         self.batch = data.eval_batch if data is not None else 500
         self.total = total_steps
         self.log = EvalLog(folder, resume=resume) if rank == 0 else None
@@ -97,7 +98,7 @@ class Evaluator:
 
     def due(self, step: int) -> bool:
         return (self.log is not None or self.group_log is not None) and (
-            (self.every and step % self.every == 0) or step == self.total)
+            (self.every and step % self.every == 0 and step >= self.start) or step == self.total)
 
     def after_step(self, step: int, train_loss: float | None, model: nn.Module) -> dict | None:
         """The master weights' record on rank 0 (None elsewhere); a group's first rank also logs

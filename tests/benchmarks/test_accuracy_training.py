@@ -58,5 +58,5 @@ def test_planning_on_trained_weights_and_the_tasks_data_gives_a_spec_the_library
     assert spec.indicator.method == "empirical" and spec.data.name == "mnist1d"
     assert spec.model.checkpoint == str(tmp_path / "checkpoint-cnn-5.pt")
     with pytest.raises(SystemExit) as e:
-        main(["--out", str(tmp_path), "--plan-only", "--indicator", "weight,fisher"])
+        main(["--out", str(tmp_path), "--plan-only", "--indicator", "weight,fisher,gvar@x"])
     assert e.value.code == 2

@@ -45,3 +45,11 @@ def test_without_eval_groups_only_rank0_evaluates(tmp_path, monkeypatch):
     ev = Evaluator(spec, task, tmp_path / "m", 1, total_steps=3)
     assert not ev.due(3) and ev.after_step(3, 0.5, weak) is None
     assert not (tmp_path / "m").exists()
+
+
+def test_eval_start_skips_the_early_periodic_evaluations_but_never_the_last(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path / "job"))
+    path = write_job(tmp_path / "job", data={"import": "userdata:digits", "eval_every": 10, "eval_start": 15}, steps=25)
+    spec = load_spec(path)
+    ev = Evaluator(spec, build_task(spec), None, 0, total_steps=25)
+    assert [s for s in range(1, 26) if ev.due(s)] == [20, 25]
