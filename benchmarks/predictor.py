@@ -11,7 +11,8 @@ alternates, in several rounds, a fresh profile of the runtime's kernels for each
 profilers at once, as they train, plus one measured fp32 DDP step) and real
 training steps of every plan (benchmarks/predictor_worker.py); the profile used for the
 prediction is the per-entry median over rounds, the measurement the median over rounds of
-each round's median-of-block-minima, the same estimator the profiler uses. Noise floor: the
+each round's median step (blocks x repeats consecutive steps), as the profiler times its whole
+steps and as `train` reports iterations (step_profile.step_median_ms). Noise floor: the
 fp32 plan is timed at the start and again at the end of each round's window; its relative
 difference (medians over rounds) is the in-run noise that no predictor can beat.
 

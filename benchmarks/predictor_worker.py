@@ -4,8 +4,8 @@
 WORLD_SIZE, MASTER_* for DDP). For every plan: a fresh model with the plan of this rank's
 group applied (runtime.apply_plan), DDP over gloo when WORLD_SIZE > 1, the spec's optimizer;
 warm-up steps (DDP rebuilds its buckets after the first), then `blocks` × `repeats` timed
-steps; the estimate is the median of the block minima: qsync_opt.predictor.estimator.robust_ms
-on the fixed schedule, as the profiler times its whole steps (step_profile.measure_steps).
+steps; the estimate is their median (qsync_opt.predictor.step_profile.step_median_ms), as the
+profiler times its whole steps and as `train` reports its iterations.
 A step is what the replayer models: zero_grad, forward, loss, backward (all-reduce), step.
 """
 
@@ -25,7 +25,7 @@ def main(job_path: str) -> int:
     root = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root))
     from qsync_opt.models.from_spec import build_from_spec, input_maker
-    from qsync_opt.predictor.estimator import robust_ms
+    from qsync_opt.predictor.step_profile import step_median_ms
     from qsync_opt.runtime.apply import apply_plan
     from qsync_opt.runtime.trainer import make_optimizer
     from qsync_opt.spec import load_spec
@@ -62,8 +62,7 @@ def main(job_path: str) -> int:
 
             if world > 1:
                 dist.barrier()  # every step all-reduces, so the ranks stay in lockstep from here
-            out[key] = robust_ms(step, warmup=job["warmup"], blocks=job["blocks"], repeats=job["repeats"],
-                                 adaptive=False)
+            out[key] = step_median_ms(step, warmup=job["warmup"], calls=job["blocks"] * job["repeats"])
         if rank == 0:
             Path(job["out"]).write_text(json.dumps(out))
     finally:

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from .profiler import _fit_line, robust_ms
-from .step_profile import STEP_WARMUP
+from .step_profile import step_median_ms
 
 ALLREDUCE_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
 
@@ -77,10 +77,10 @@ def ddp_step_ms(spec, rank: int) -> float:
         opt.step()
         dist.all_reduce(torch.stack([loss.detach(), torch.zeros(())]))
 
-    # the whole-step schedule of step_profile.measure_steps (fixed counts: every rank steps alike);
+    # as train reads its steps (step_profile.step_median_ms; fixed counts: every rank steps alike);
     # one barrier, then back-to-back steps as a trainer runs them (each all-reduce keeps the lockstep)
     dist.barrier()
-    return robust_ms(step, warmup=STEP_WARMUP, adaptive=False)
+    return step_median_ms(step)
 
 
 def collectives(spec, rank: int, world: int, init_method: str, out_dir: Path, *, ar: bool, ddp: bool) -> None:

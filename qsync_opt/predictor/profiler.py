@@ -240,7 +240,7 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
     if key not in sec.optimizer:
         sec.optimizer[key] = measure_step(spec, module, inputs)
     if key not in sec.steps:
-        sec.steps[key] = measure_steps(spec, module, inputs, gg, g.allowed_precisions, robust_ms)
+        sec.steps[key] = measure_steps(spec, module, inputs, gg, g.allowed_precisions)
     prof.save(path)
     bar.close()
     return sec

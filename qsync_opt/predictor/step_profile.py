@@ -54,15 +54,21 @@ def make_step(spec, module: nn.Module, inputs, gg: OpGraph, p: str):
 STEP_WARMUP = 3
 
 
-def measure_steps(spec, module: nn.Module, inputs, gg: OpGraph, precisions, robust_ms) -> dict[str, float]:
-    """precision -> ms of one whole training step with every selectable op at that precision.
+def step_median_ms(step, *, warmup: int = STEP_WARMUP, calls: int | None = None) -> float:
+    """Median of `calls` consecutive timed steps after `warmup` untimed ones: the statistic
+    `train` reports (run_stages.measured_iteration_ms), so a whole step measured here and the
+    iteration a training then shows are read alike. Not the profiler's median of block minima:
+    a minimum rejects the preemption a real step pays on a shared machine (on the emulated
+    hybrid job it read the fp32 DDP step at 80 ms where training showed 115-121 ms)."""
+    from .estimator import BLOCKS, REPEATS, robust_ms
 
-    Timed on the fixed schedule (STEP_WARMUP, then blocks x repeats, median of block minima) that
-    a trainer-side measurement uses, not the adaptive one: a 10-60 ms step gets one or two calls
-    per adaptive block, whose minimum rejects no preemption, and read 48-50% above the same plan
-    measured by the harness's worker on tiny-bert (predictor_full, before this change)."""
-    return {p: robust_ms(make_step(spec, module, inputs, gg, p), warmup=STEP_WARMUP, adaptive=False)
-            for p in precisions}
+    return robust_ms(step, warmup=warmup, blocks=calls or BLOCKS * REPEATS, repeats=1, adaptive=False)
+
+
+def measure_steps(spec, module: nn.Module, inputs, gg: OpGraph, precisions) -> dict[str, float]:
+    """precision -> ms of one whole training step with every selectable op at that precision
+    (step_median_ms; the adaptive estimator gave a 10-60 ms step one or two calls per block)."""
+    return {p: step_median_ms(make_step(spec, module, inputs, gg, p)) for p in precisions}
 
 
 def fp32_step(spec, group: str):
