@@ -6,7 +6,8 @@ group applied (runtime.apply_plan), DDP over gloo when WORLD_SIZE > 1, the spec'
 warm-up steps (DDP rebuilds its buckets after the first), then `blocks` × `repeats` timed
 steps; the estimate is their median (qsync_opt.predictor.step_profile.step_median_ms), as the
 profiler times its whole steps and as `train` reports its iterations.
-A step is what the replayer models: zero_grad, forward, loss, backward (all-reduce), step.
+A step is what the trainer's loop runs: the rank's data, zero_grad, forward, loss, backward
+(all-reduce), step, and in DDP the scalar all-reduce of the loss.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from torch import nn
 def main(job_path: str) -> int:
     root = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root))
-    from qsync_opt.models.from_spec import build_from_spec, input_maker
-    from qsync_opt.predictor.step_profile import step_median_ms
+    from qsync_opt.models.from_spec import build_from_spec
+    from qsync_opt.predictor.step_profile import rank_data, step_median_ms
     from qsync_opt.runtime.apply import apply_plan
-    from qsync_opt.runtime.trainer import make_optimizer
+    from qsync_opt.runtime.trainer import forward_backward, make_optimizer
     from qsync_opt.spec import load_spec
 
     job = json.loads(Path(job_path).read_text())
@@ -37,8 +38,6 @@ def main(job_path: str) -> int:
         dist.init_process_group("gloo")
     spec = load_spec(job["spec"])
     group = spec.cluster.group_of_rank(rank).name
-    batch = spec.local_batches()[group]
-    inputs = tuple(input_maker(spec)(batch, torch.Generator().manual_seed(rank)))
     rt = spec.runtime
     out = {}
     try:
@@ -50,15 +49,15 @@ def main(job_path: str) -> int:
             if world > 1:
                 model = nn.parallel.DistributedDataParallel(model)
             opt = make_optimizer(spec.training, [p for p in model.parameters() if p.requires_grad])
-            with torch.no_grad():
-                shape = model(*inputs).shape
-            target = torch.randint(0, shape[-1], shape[:-1], generator=torch.Generator().manual_seed(1))
+            task, fetch, weight = rank_data(spec, rank)
 
-            def step():
+            def step():  # the trainer's loop body (runtime/trainer.py), its logging left out
+                inputs, targets = fetch()
                 opt.zero_grad(set_to_none=True)
-                y = model(*inputs)
-                nn.functional.cross_entropy(y.reshape(-1, y.size(-1)).float(), target.reshape(-1)).backward()
+                loss = forward_backward(model, task, inputs, targets, weight)
                 opt.step()
+                if world > 1:
+                    dist.all_reduce(torch.stack([loss.float(), torch.zeros(())]))
 
             if world > 1:
                 dist.barrier()  # every step all-reduces, so the ranks stay in lockstep from here

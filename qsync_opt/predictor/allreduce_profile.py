@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from .profiler import _fit_line, robust_ms
-from .step_profile import step_median_ms
+from .step_profile import rank_data, step_median_ms
 
 ALLREDUCE_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
 
@@ -52,11 +52,9 @@ def ddp_step_ms(spec, rank: int) -> float:
     """This rank's estimate of one fp32 DDP training step in the current process group, as the
     trainer's timed step runs it; the process already carries its group's env."""
     import torch.distributed as dist
-    from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ..models.from_spec import input_maker
-    from ..runtime.trainer import build_rank_model, make_optimizer
+    from ..runtime.trainer import build_rank_model, forward_backward, make_optimizer
     from .profiler import group_threads
 
     g = spec.cluster.group_of_rank(rank)
@@ -64,18 +62,14 @@ def ddp_step_ms(spec, rank: int) -> float:
     model = build_rank_model(spec, None, g.name).train()
     ddp = DDP(model)
     opt = make_optimizer(spec.training, model.parameters())
-    inputs = tuple(input_maker(spec)(spec.local_batches()[g.name], torch.Generator().manual_seed(rank)))
-    with torch.no_grad():
-        shape = model(*inputs).shape
-    target = torch.randint(0, shape[-1], shape[:-1], generator=torch.Generator().manual_seed(1))
+    task, fetch, weight = rank_data(spec, rank)
 
-    def step():
+    def step():  # the trainer's loop body: this rank's data, the step, the one scalar all-reduce
+        inputs, targets = fetch()
         opt.zero_grad(set_to_none=True)
-        y = ddp(*inputs)
-        loss = nn.functional.cross_entropy(y.reshape(-1, y.size(-1)).float(), target.reshape(-1))
-        loss.backward()
+        loss = forward_backward(ddp, task, inputs, targets, weight)
         opt.step()
-        dist.all_reduce(torch.stack([loss.detach(), torch.zeros(())]))
+        dist.all_reduce(torch.stack([loss.detach().float(), torch.zeros(())]))
 
     # as train reads its steps (step_profile.step_median_ms; fixed counts: every rank steps alike);
     # one barrier, then back-to-back steps as a trainer runs them (each all-reduce keeps the lockstep)
@@ -159,7 +153,8 @@ def ddp_key(spec) -> str:
     world = spec.cluster.world_size
     ranks = [(g.env, group_threads(g, world), spec.local_batches()[g.name])
              for g in spec.cluster.groups for _ in range(g.count)]
-    ident = json.dumps([spec.model.model_dump(mode="json"), spec.training.optimizer, ranks], sort_keys=True)
+    data = spec.data.model_dump(mode="json") if getattr(spec, "data", None) is not None else "synthetic"
+    ident = json.dumps([spec.model.model_dump(mode="json"), spec.training.optimizer, ranks, data], sort_keys=True)
     return f"ddp/{world}|{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
 
 

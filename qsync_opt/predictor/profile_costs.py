@@ -65,7 +65,8 @@ class Incomplete(Exception):
         self.missing = missing
 
 
-def section_costs(sec: Section, gg: OpGraph, offer: tuple[str, ...], optimizer: str) -> tuple[dict, dict, float, dict]:
+def section_costs(sec: Section, gg: OpGraph, offer: tuple[str, ...], optimizer: str,
+                  steps_at: str | None = None) -> tuple[dict, dict, float, dict]:
     """(selectable costs, other costs, per-step ms, gap per precision) of `gg` from one section,
     the whole-step terms folded in (`step_terms`)."""
     missing = []
@@ -81,10 +82,11 @@ def section_costs(sec: Section, gg: OpGraph, offer: tuple[str, ...], optimizer: 
     other = {n.name: {"fp32": get(n, "fp32")} for n in gg.fixed}
     key = step_key(optimizer, gg)
     opt = sec.optimizer.get(key)
-    steps = sec.steps.get(key, {})
+    skey = steps_at or key  # step_profile.steps_key: the whole steps also depend on the data and slice
+    steps = sec.steps.get(skey, {})
     if opt is None:
         missing.append(key)
-    missing += [f"steps[{key}][{p}]" for p in offer if p not in steps]
+    missing += [f"steps[{skey}][{p}]" for p in offer if p not in steps]
     if missing:
         raise Incomplete(missing)
     return step_terms(costs, other, opt, {p: steps[p] for p in offer})
@@ -120,6 +122,7 @@ def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
                    *, profile_on_first_use: bool = False, log=None) -> tuple[MeasuredCosts | None, str]:
     """Measured costs of `group`, or (None, why not) when the roofline must be used."""
     from .profiler import group_threads, local_ranks, profile_spec
+    from .step_profile import steps_key
 
     if spec.costs == "roofline":
         return None, "roofline (costs: roofline)"
@@ -138,7 +141,8 @@ def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
             + (f" beside {local_ranks(spec) - 1} other busy rank(s)" if local_ranks(spec) > 1 else "") if sec is None else "")
         if sec is not None:
             try:
-                c, o, opt, gap = section_costs(sec, gg, offer, spec.training.optimizer)
+                c, o, opt, gap = section_costs(sec, gg, offer, spec.training.optimizer,
+                                               steps_key(spec, gg, group.name))
                 first = "; profiled on first use" if attempt else ""
                 return MeasuredCosts(c, o, opt, f"measured ({path}{first})", gap), ""
             except Incomplete as e:

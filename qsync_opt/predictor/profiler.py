@@ -232,15 +232,16 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
         sec.ops[op_signature(node, p)] = {"fwd_ms": fwd, "bwd_ms": bwd}
         prof.save(path)
         bar.advance()
-    from .step_profile import measure_casts, measure_step, measure_steps
+    from .step_profile import measure_casts, measure_step, measure_steps, steps_key
 
     if not sec.casts:
         sec.casts = measure_casts(spec, robust_ms)
     key = step_key(spec.training.optimizer, gg)
     if key not in sec.optimizer:
         sec.optimizer[key] = measure_step(spec, module, inputs)
-    if key not in sec.steps:
-        sec.steps[key] = measure_steps(spec, module, inputs, gg, g.allowed_precisions)
+    skey = steps_key(spec, gg, group)
+    if skey not in sec.steps:
+        sec.steps[skey] = measure_steps(spec, module, group, gg, g.allowed_precisions)
     prof.save(path)
     bar.close()
     return sec

@@ -20,12 +20,48 @@ import torch
 from torch import nn
 
 from ..models.graph import OpGraph
+from .profile import step_key
 
 
-def make_step(spec, module: nn.Module, inputs, gg: OpGraph, p: str):
-    """A zero-argument whole training step of `module` with every selectable op at `p`."""
+def rank_data(spec, rank: int):
+    """(task, fetch, loss weight) of `rank` as the trainer sees them: fetch() returns the rank's
+    slice of the next global batch (task.batch), so a timed step pays what a training step pays
+    for its data (the synthetic task labels every new chunk with a teacher forward pass)."""
+    import itertools
+
+    from ..data.task import build_task
+    from ..runtime.trainer import loss_weight, rank_batches, shard
+
+    batches = rank_batches(spec, None)
+    offset, local = shard(batches, rank)
+    task, counter = build_task(spec), itertools.count()
+    return task, (lambda: task.batch(next(counter), sum(batches), offset, local)), \
+        loss_weight(local, len(batches), sum(batches))
+
+
+def steps_key(spec, gg: OpGraph, group: str) -> str:
+    """Profile key of `group`'s whole steps: step_key plus the data and the slice its first rank reads."""
+    from ..runtime.trainer import rank_batches, shard
+
+    offset, _ = shard(rank_batches(spec, None), first_rank(spec, group))
+    data = spec.data.source if getattr(spec, "data", None) is not None else "synthetic"
+    return f"{step_key(spec.training.optimizer, gg)}|data={data}@{offset}/{spec.training.global_batch}"
+
+
+def first_rank(spec, group: str) -> int:
+    rank = 0
+    for g in spec.cluster.groups:
+        if g.name == group:
+            return rank
+        rank += g.count
+    raise KeyError(group)
+
+
+def make_step(spec, module: nn.Module, rank: int, gg: OpGraph, p: str):
+    """A zero-argument whole training step of `module` with every selectable op at `p`: what the
+    trainer's loop runs for `rank` (its data, zero_grad, forward, loss, backward, step)."""
     from ..runtime.apply import apply_plan
-    from ..runtime.trainer import make_optimizer
+    from ..runtime.trainer import forward_backward, make_optimizer
 
     rt = spec.runtime
     torch.manual_seed(spec.training.seed)
@@ -35,15 +71,13 @@ def make_step(spec, module: nn.Module, inputs, gg: OpGraph, p: str):
                            weight_granularity=rt.weight_granularity,
                            backward_precision=rt.backward_precision, rounding=rt.rounding)
     opt = make_optimizer(spec.training, [q for q in model.parameters() if q.requires_grad])
-    with torch.no_grad():
-        shape = model(*inputs).shape
-    target = torch.randint(0, shape[-1], shape[:-1], generator=torch.Generator().manual_seed(1))
+    task, fetch, weight = rank_data(spec, rank)
 
     def step():
+        inputs, targets = fetch()
         with torch.enable_grad():
             opt.zero_grad(set_to_none=True)
-            y = model(*inputs)
-            nn.functional.cross_entropy(y.reshape(-1, y.size(-1)).float(), target.reshape(-1)).backward()
+            forward_backward(model, task, inputs, targets, weight)
             opt.step()
 
     return step
@@ -65,10 +99,12 @@ def step_median_ms(step, *, warmup: int = STEP_WARMUP, calls: int | None = None)
     return robust_ms(step, warmup=warmup, blocks=calls or BLOCKS * REPEATS, repeats=1, adaptive=False)
 
 
-def measure_steps(spec, module: nn.Module, inputs, gg: OpGraph, precisions) -> dict[str, float]:
-    """precision -> ms of one whole training step with every selectable op at that precision
-    (step_median_ms; the adaptive estimator gave a 10-60 ms step one or two calls per block)."""
-    return {p: step_median_ms(make_step(spec, module, inputs, gg, p)) for p in precisions}
+def measure_steps(spec, module: nn.Module, group: str, gg: OpGraph, precisions) -> dict[str, float]:
+    """precision -> ms of one whole training step of `group`'s first rank with every selectable op
+    at that precision (step_median_ms; the adaptive estimator gave a 10-60 ms step one or two
+    calls per block)."""
+    rank = first_rank(spec, group)
+    return {p: step_median_ms(make_step(spec, module, rank, gg, p)) for p in precisions}
 
 
 def fp32_step(spec, group: str):
@@ -85,7 +121,7 @@ def fp32_step(spec, group: str):
     make = input_maker(spec)
     graph = trace(module, make(1, torch.Generator().manual_seed(0)), model_name=spec.model.name or "custom",
                   leaf_modules=spec.model.leaf_modules)
-    return make_step(spec, module, tuple(make(lb, torch.Generator().manual_seed(0))), graph.for_batch(lb), "fp32")
+    return make_step(spec, module, first_rank(spec, group), graph.for_batch(lb), "fp32")
 
 
 def measure_casts(spec, robust_ms) -> dict[str, dict[str, float]]:

@@ -194,10 +194,10 @@ def _train(cfg: WorkerConfig, rank: int, world: int, stop: _StopFlag, use_cuda: 
         prepare_kernels(spec.runtime.kernels, counts, metrics.note)
     step = start
     while step < cfg.steps:
+        t0 = time.perf_counter()  # the whole iteration, this rank's data included: what the planner predicts
         inputs, targets = task.batch(step, global_batch, offset, local)
         inputs = tuple(t.to(device) for t in inputs)
         targets = targets.to(device)
-        t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         local_loss = forward_backward(ddp, task, inputs, targets, weight)
         optimizer.step()

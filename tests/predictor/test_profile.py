@@ -12,10 +12,17 @@ from qsync_opt.predictor.instance_builder import build_instance
 from qsync_opt.predictor.profile import (Profile, ProfileError, load_profile, machine_description, op_signature,
                                          step_key)
 from qsync_opt.predictor.profiler import _fit_line, robust_ms
+from qsync_opt.predictor.step_profile import steps_key
 from qsync_opt.spec import load_spec
 
 
-def _profile(graph, precisions=("fp32", "bf16", "int8"), env=None, threads=1, ranks=1) -> Profile:
+def _skey(graph, global_batch: int = 32, offset: int = 0) -> str:
+    """step_profile.steps_key of a group whose first rank reads synthetic samples from `offset`."""
+    return step_key("adam", graph) + f"|data=synthetic@{offset}/{global_batch}"
+
+
+def _profile(graph, precisions=("fp32", "bf16", "int8"), env=None, threads=1, ranks=1, global_batch=32,
+             offset=0) -> Profile:
     prof = Profile.new()
     sec = prof.section(env or {}, threads, ranks)
     for i, n in enumerate(graph.nodes):
@@ -25,7 +32,7 @@ def _profile(graph, precisions=("fp32", "bf16", "int8"), env=None, threads=1, ra
     sec.optimizer[step_key("adam", graph)] = 0.5
     # whole steps equal to the op sums (dyadic figures: exact sums): no gap, the op figures stand
     for p in precisions:
-        sec.steps.setdefault(step_key("adam", graph), {})[p] = 0.5 + sum(
+        sec.steps.setdefault(_skey(graph, global_batch, offset), {})[p] = 0.5 + sum(
             e["fwd_ms"] + e["bwd_ms"] for n in graph.nodes
             for e in [sec.ops[op_signature(n, p if n.selectable else "fp32")]])
     prof.allreduce["gloo/2"] = {"alpha_ms": 0.2, "beta_ms_per_byte": 1e-6}
@@ -123,7 +130,7 @@ def test_a_remote_device_needs_a_profile_of_that_device(tmp_path):
     from qsync_opt.hardware.device import find_device
 
     graph = mlp_graph(batch=1)
-    prof = _profile(graph.for_batch(16), precisions=find_device("T4").precisions)
+    prof = _profile(graph.for_batch(16), precisions=find_device("T4").precisions, global_batch=16)
     path = tmp_path / "t4.json"
     prof.save(path)  # measured here (a CPU), given to a T4 group
     spec = load_spec(f"""
@@ -154,7 +161,8 @@ def test_whole_step_gaps_are_carried_from_profile_to_costs(tmp_path):
     path = tmp_path / "p.json"
     prof = _profile(gg, env=ENV)
     sec = prof.find_section(ENV, 1)
-    key = step_key("adam", gg)
+    key = _skey(gg)
+    assert steps_key(load_spec(SPEC % path), gg, "here") == key
     exact = dict(sec.steps[key])
     sec.steps[key] = {"fp32": exact["fp32"] + 3.0, "bf16": exact["bf16"] + 3.0 + 2.0, "int8": exact["int8"] + 1.0}
     prof.save(path)
@@ -183,7 +191,7 @@ def test_a_profile_without_whole_steps_is_incomplete(tmp_path):
     graph = mlp_graph(batch=1)
     path = tmp_path / "p.json"
     prof = _profile(graph.for_batch(16), env=ENV)
-    del prof.find_section(ENV, 1).steps[step_key("adam", graph.for_batch(16))]["int8"]
+    del prof.find_section(ENV, 1).steps[_skey(graph.for_batch(16))]["int8"]
     prof.save(path)
     _, ctx = build_instance(load_spec(SPEC % path), graph, flat_omega(graph))
     assert "lacks" in ctx.group("here").cost_source and "[int8]" in ctx.group("here").cost_source
@@ -224,12 +232,13 @@ def test_the_measured_ddp_step_calibrates_the_replay(tmp_path, monkeypatch, extr
     graph = mlp_graph(batch=1)
     spec = load_spec(TWO_HERE)
     alone = _profile(graph.for_batch(16), env=ENV)
-    alone.sections.update(_profile(graph.for_batch(16), env={**ENV, "ONEDNN_MAX_CPU_ISA": "SSE41"}).sections)
+    alone.sections.update(_profile(graph.for_batch(16), env={**ENV, "ONEDNN_MAX_CPU_ISA": "SSE41"}, offset=16).sections)
     alone.save(default_profile_path())
     _, ctx = build_instance(spec, graph, flat_omega(graph))  # timed alone: not what 2 ranks at once cost
     assert all("beside 1 other busy rank" in g.cost_source for g in ctx.groups), [g.cost_source for g in ctx.groups]
     prof = _profile(graph.for_batch(16), env=ENV, ranks=2)
-    prof.sections.update(_profile(graph.for_batch(16), env={**ENV, "ONEDNN_MAX_CPU_ISA": "SSE41"}, ranks=2).sections)
+    prof.sections.update(_profile(graph.for_batch(16), env={**ENV, "ONEDNN_MAX_CPU_ISA": "SSE41"}, ranks=2,
+                                  offset=16).sections)
     prof.save(default_profile_path())
     _, ctx = build_instance(spec, graph, flat_omega(graph))
     fp32 = {g.name: {op: "fp32" for op in g.costs} for g in ctx.groups}
