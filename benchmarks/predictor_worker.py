@@ -26,9 +26,9 @@ def main(job_path: str) -> int:
     root = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root))
     from qsync_opt.models.from_spec import build_from_spec
-    from qsync_opt.predictor.step_profile import rank_data, step_median_ms
+    from qsync_opt.predictor.step_profile import loop_step, step_median_ms
     from qsync_opt.runtime.apply import apply_plan
-    from qsync_opt.runtime.trainer import forward_backward, make_optimizer
+    from qsync_opt.runtime.trainer import make_optimizer
     from qsync_opt.spec import load_spec
 
     job = json.loads(Path(job_path).read_text())
@@ -49,15 +49,7 @@ def main(job_path: str) -> int:
             if world > 1:
                 model = nn.parallel.DistributedDataParallel(model)
             opt = make_optimizer(spec.training, [p for p in model.parameters() if p.requires_grad])
-            task, fetch, weight = rank_data(spec, rank)
-
-            def step():  # the trainer's loop body (runtime/trainer.py), its logging left out
-                inputs, targets = fetch()
-                opt.zero_grad(set_to_none=True)
-                loss = forward_backward(model, task, inputs, targets, weight)
-                opt.step()
-                if world > 1:
-                    dist.all_reduce(torch.stack([loss.float(), torch.zeros(())]))
+            step = loop_step(spec, rank, model, opt, all_reduce_loss=world > 1)
 
             if world > 1:
                 dist.barrier()  # every step all-reduces, so the ranks stay in lockstep from here

@@ -170,3 +170,12 @@ class Cluster(_Model):
                 return g
             rank -= g.count
         raise IndexError(f"rank out of range for world size {self.world_size}")
+
+    def first_rank(self, group: str) -> int:
+        """The lowest rank of group `group` (ranks are numbered group by group, in spec order)."""
+        rank = 0
+        for g in self.groups:
+            if g.name == group:
+                return rank
+            rank += g.count
+        raise KeyError(f"no group {group!r} in cluster.groups")

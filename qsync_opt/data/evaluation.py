@@ -91,8 +91,8 @@ class Evaluator:
         self.log = EvalLog(folder, resume=resume) if rank == 0 else None
         self.group_log = None
         if data is not None and data.eval_groups:
-            first, group = _first_rank_of_group(spec.cluster, rank)
-            if first:
+            group = spec.cluster.group_of_rank(rank).name
+            if spec.cluster.first_rank(group) == rank:
                 self.group_log = EvalLog(folder, resume=resume, stem=f"eval_{group}")
         self._plain: nn.Module | None = None
 
@@ -122,12 +122,3 @@ class Evaluator:
         self._plain.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()}, strict=False)
         return self.log.add(step, train_loss, evaluate(self._plain, self.task, self.batch))
 
-
-def _first_rank_of_group(cluster, rank: int) -> tuple[bool, str]:
-    """(whether `rank` is its group's first rank, the group's name)."""
-    start = 0
-    for g in cluster.groups:
-        if rank < start + g.count:
-            return rank == start, g.name
-        start += g.count
-    raise IndexError(f"rank {rank} out of range for world size {cluster.world_size}")

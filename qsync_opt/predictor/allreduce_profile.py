@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from .profiler import _fit_line, robust_ms
-from .step_profile import rank_data, step_median_ms
+from .step_profile import loop_step, step_median_ms
 
 ALLREDUCE_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
 
@@ -54,22 +54,14 @@ def ddp_step_ms(spec, rank: int) -> float:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ..runtime.trainer import build_rank_model, forward_backward, make_optimizer
+    from ..runtime.trainer import build_rank_model, make_optimizer
     from .profiler import group_threads
 
     g = spec.cluster.group_of_rank(rank)
     torch.set_num_threads(group_threads(g, spec.cluster.world_size))
     model = build_rank_model(spec, None, g.name).train()
-    ddp = DDP(model)
     opt = make_optimizer(spec.training, model.parameters())
-    task, fetch, weight = rank_data(spec, rank)
-
-    def step():  # the trainer's loop body: this rank's data, the step, the one scalar all-reduce
-        inputs, targets = fetch()
-        opt.zero_grad(set_to_none=True)
-        loss = forward_backward(ddp, task, inputs, targets, weight)
-        opt.step()
-        dist.all_reduce(torch.stack([loss.detach().float(), torch.zeros(())]))
+    step = loop_step(spec, rank, DDP(model), opt, all_reduce_loss=True)
 
     # as train reads its steps (step_profile.step_median_ms; fixed counts: every rank steps alike);
     # one barrier, then back-to-back steps as a trainer runs them (each all-reduce keeps the lockstep)

@@ -43,25 +43,39 @@ def steps_key(spec, gg: OpGraph, group: str) -> str:
     """Profile key of `group`'s whole steps: step_key plus the data and the slice its first rank reads."""
     from ..runtime.trainer import rank_batches, shard
 
-    offset, _ = shard(rank_batches(spec, None), first_rank(spec, group))
+    offset, _ = shard(rank_batches(spec, None), spec.cluster.first_rank(group))
     data = spec.data.source if getattr(spec, "data", None) is not None else "synthetic"
     return f"{step_key(spec.training.optimizer, gg)}|data={data}@{offset}/{spec.training.global_batch}"
 
 
-def first_rank(spec, group: str) -> int:
-    rank = 0
-    for g in spec.cluster.groups:
-        if g.name == group:
-            return rank
-        rank += g.count
-    raise KeyError(group)
+def loop_step(spec, rank: int, model: nn.Module, opt, *, all_reduce_loss: bool = False):
+    """The trainer's loop body for `rank` as a zero-argument call: its data, zero_grad, forward,
+    loss, backward (DDP's all-reduce inside, when `model` is wrapped), optimizer step, and with
+    `all_reduce_loss` the one scalar all-reduce a DDP trainer makes per step (runtime/trainer.py;
+    its logging and checkpoints left out). Every whole step timed for the planner is this one."""
+    import torch.distributed as dist
+
+    from ..runtime.trainer import forward_backward
+
+    task, fetch, weight = rank_data(spec, rank)
+
+    def step():
+        inputs, targets = fetch()
+        with torch.enable_grad():
+            opt.zero_grad(set_to_none=True)
+            loss = forward_backward(model, task, inputs, targets, weight)
+            opt.step()
+        if all_reduce_loss:
+            dist.all_reduce(torch.stack([loss.float(), torch.zeros(())]))
+
+    return step
 
 
-def make_step(spec, module: nn.Module, rank: int, gg: OpGraph, p: str):
-    """A zero-argument whole training step of `module` with every selectable op at `p`: what the
-    trainer's loop runs for `rank` (its data, zero_grad, forward, loss, backward, step)."""
+def make_step(spec, module: nn.Module, rank: int, gg: OpGraph | None, p: str):
+    """A zero-argument whole training step of `module` with every selectable op of `gg` at `p`
+    (`gg` may be None for fp32): what the trainer's loop runs for `rank`."""
     from ..runtime.apply import apply_plan
-    from ..runtime.trainer import forward_backward, make_optimizer
+    from ..runtime.trainer import make_optimizer
 
     rt = spec.runtime
     torch.manual_seed(spec.training.seed)
@@ -71,16 +85,7 @@ def make_step(spec, module: nn.Module, rank: int, gg: OpGraph, p: str):
                            weight_granularity=rt.weight_granularity,
                            backward_precision=rt.backward_precision, rounding=rt.rounding)
     opt = make_optimizer(spec.training, [q for q in model.parameters() if q.requires_grad])
-    task, fetch, weight = rank_data(spec, rank)
-
-    def step():
-        inputs, targets = fetch()
-        with torch.enable_grad():
-            opt.zero_grad(set_to_none=True)
-            forward_backward(model, task, inputs, targets, weight)
-            opt.step()
-
-    return step
+    return loop_step(spec, rank, model, opt)
 
 
 #: Untimed steps before a whole step is timed: the first allocates the optimizer's state and the
@@ -103,25 +108,20 @@ def measure_steps(spec, module: nn.Module, group: str, gg: OpGraph, precisions) 
     """precision -> ms of one whole training step of `group`'s first rank with every selectable op
     at that precision (step_median_ms; the adaptive estimator gave a 10-60 ms step one or two
     calls per block)."""
-    rank = first_rank(spec, group)
+    rank = spec.cluster.first_rank(group)
     return {p: step_median_ms(make_step(spec, module, rank, gg, p)) for p in precisions}
 
 
 def fp32_step(spec, group: str):
     """`group`'s whole fp32 training step, as a companion rank runs it (colocate.py)."""
-    from ..models.from_spec import build_from_spec, input_maker
-    from ..models.trace import trace
+    from ..models.from_spec import build_from_spec
     from .profiler import group_threads
 
     g = next(x for x in spec.cluster.groups if x.name == group)
     torch.set_num_threads(group_threads(g, spec.cluster.world_size))
-    lb = spec.local_batches()[group]
     torch.manual_seed(spec.training.seed)
     module = build_from_spec(spec).train()
-    make = input_maker(spec)
-    graph = trace(module, make(1, torch.Generator().manual_seed(0)), model_name=spec.model.name or "custom",
-                  leaf_modules=spec.model.leaf_modules)
-    return make_step(spec, module, first_rank(spec, group), graph.for_batch(lb), "fp32")
+    return make_step(spec, module, spec.cluster.first_rank(group), None, "fp32")  # fp32: no op to swap, no graph
 
 
 def measure_casts(spec, robust_ms) -> dict[str, dict[str, float]]:
