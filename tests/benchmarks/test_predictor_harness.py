@@ -1,0 +1,30 @@
+"""benchmarks/predictor.py's verdicts: the issue's targets against the in-run noise floor."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from predictor import spread_pct, verdict  # noqa: E402
+
+
+def test_the_noise_floor_is_the_spread_of_the_fp32_windows_over_their_mean():
+    assert spread_pct([10.0, 11.0, 12.0]) == pytest.approx(2 / 11 * 100)
+    assert spread_pct([5.0, 5.0]) == 0.0
+
+
+def test_single_process_needs_the_median_within_3_percent_or_noise_and_the_max_within_twice_that():
+    assert verdict("single", [2.0, 2.5, 5.9], noise=1.0) == "median met, max met (limit 3.0%)"
+    assert verdict("single", [2.0, 2.5, 6.1], noise=1.0) == "median met, max MISSED (limit 3.0%)"
+    assert verdict("single", [3.5, 4.0, 6.1], noise=1.0).startswith("median MISSED")
+    assert verdict("single", [9.0, 9.0, 19.0], noise=10.0) == "median met, max met (limit 10.0%)"
+
+
+def test_ddp_needs_the_median_within_5_percent_or_noise():
+    assert verdict("ddp", [4.0, 5.0, 30.0], noise=0.5) == "median met (limit 5.0%)"
+    assert verdict("ddp", [6.0, 6.0, 6.0], noise=0.5) == "median MISSED (limit 5.0%)"
+    assert verdict("ddp", [6.0, 6.0, 6.0], noise=7.0) == "median met (limit 7.0%)"
