@@ -14,16 +14,17 @@ prediction is the per-entry median over rounds, the measurement the median over 
 each round's median step (blocks x repeats consecutive steps), as the profiler times its whole
 steps and as `train` reports iterations (step_profile.step_median_ms).
 
-Noise floor: the fp32 plan is timed in three kinds of window, each a median over rounds as
-the compared figures are: by the profiler (its whole fp32 step; in 'ddp' its one fp32 DDP
-step, the figure the replay is calibrated to), and by the measuring worker at the start and
-again at the end of each round. Their spread, (max - min) / mean, is the in-run noise no
-predictor can beat: two measurements of one plan made the way a prediction and a
-measurement are made (separate processes, separate times) disagree by that much.
-`noise_worker_pct` keeps the worker's two windows alone; one process a few seconds apart,
-they agree far better than separate processes do, so they understate the noise (on this
-shared 2-core machine six fresh processes read one tiny-bert fp32 step at 12.9-20.1 ms, at
-load 0.7).
+Noise floor: every plan is measured once per round, each round in a fresh worker process
+minutes after the last, as the profile the prediction uses was read in other processes at
+other times. `noise_floor_pct` is how much two such windows of one plan disagree:
+|a - b| / mean(a, b) over every pair of rounds, the median over all of the model's plans in
+that mode (a robust figure: one pair of windows put it anywhere from 0.2% to 37% on this
+shared machine; six fresh processes read one tiny-bert fp32 step at 12.9-20.1 ms at load
+0.7). The compared figures are medians over rounds, so a little steadier than one window.
+`fp32_windows_pct` is the spread, (max - min) / mean, of the fp32 plan's three readings: the
+profiler's (its whole fp32 step; in 'ddp' its one fp32 DDP step) from which uniform fp32 is
+predicted, and the worker's at the start and at the end of each round (medians over rounds):
+every plan of that mode inherits the calibration point's offset.
 
 Indicators: per model, Spearman rank correlation of weight, GVAR and Hessian ω with the
 empirical ω (loss change with one op lowered) over (op, precision) pairs; and, per plan, of
@@ -179,6 +180,14 @@ def spread_pct(values) -> float:
     return (max(values) - min(values)) / statistics.fmean(values) * 100
 
 
+def window_noise_pct(rounds: list[dict[str, float]]) -> float:
+    """Median over plans and pairs of rounds of |a − b| / mean(a, b), in percent (see the docstring)."""
+    import itertools
+
+    return statistics.median(abs(a[k] - b[k]) / ((a[k] + b[k]) / 2) * 100
+                             for a, b in itertools.combinations(rounds, 2) for k in a)
+
+
 def spearman(a, b) -> float:
     from scipy.stats import spearmanr
 
@@ -275,6 +284,8 @@ def main(argv=None) -> int:
                                                     ["tiny-cnn", "tiny-resnet", "tiny-bert"])
     n_random = a.plans if a.plans is not None else (5 if a.quick else 20)
     rounds = a.rounds or (2 if a.quick else 3)
+    if rounds < 2:
+        ap.error(f"--rounds {rounds}: the noise floor compares rounds; give at least 2")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     a.batch = a.batch or (4 if a.quick else 8)
@@ -310,13 +321,14 @@ def main(argv=None) -> int:
                 pred = predict(spec, prepared[mode], plans[mode])
                 med = {k: statistics.median(rd[k] for rd in measured[mode]) for k in measured[mode][0]}
                 windows = (profiled_fp32_ms(spec, prepared[mode], merged), med["uniform-fp32"], med["uniform-fp32#2"])
-                noise, noise_worker = spread_pct(windows), spread_pct(windows[1:])
+                noise = window_noise_pct(measured[mode])
                 for key, _ in plans[mode]:
                     rows.append({"model": model, "mode": mode, "plan": key, "predicted_ms": round(pred[key], 3),
                                  "measured_ms": round(med[key], 3), "noise_floor_pct": round(noise, 2),
                                  "error_pct": round((pred[key] - med[key]) / med[key] * 100, 2),
-                                 "noise_worker_pct": round(noise_worker, 2), "profiled_fp32_ms": round(windows[0], 3),
-                                 "load": load()})
+                                 "measured_rounds_ms": ";".join(f"{rd[key]:.3f}" for rd in measured[mode]),
+                                 "fp32_windows_pct": round(spread_pct(windows), 2),
+                                 "profiled_fp32_ms": round(windows[0], 3), "load": load()})
             ind_rows += indicator_rows(model, base["single"], prepared["single"], plans["single"], 2 if a.quick else 4)
     header = (f"command: {command}\nmachine load (1/5/15 min) at start {load_start}, at end {load()}; "
               f"wall {time.time() - t_start:.0f} s; torch {torch.__version__}; 1 thread per process")
@@ -325,14 +337,14 @@ def main(argv=None) -> int:
     scatter(rows, out / "predictor_scatter.png")
     print(f"\npredicted vs measured iteration time (load now {load()})")
     print(f"{'model':12} {'mode':7} {'plans':>5} {'median err %':>12} {'max err %':>10} {'signed med %':>12} "
-          f"{'noise floor %':>13} {'(worker) %':>10}  target")
+          f"{'noise floor %':>13} {'fp32 windows %':>14}  target")
     for model in models:
         for mode in ("single", "ddp"):
             mine = [r for r in rows if r["model"] == model and r["mode"] == mode]
             sel = [abs(r["error_pct"]) for r in mine]
-            noise, worker = mine[0]["noise_floor_pct"], mine[0]["noise_worker_pct"]
+            noise, fp32 = mine[0]["noise_floor_pct"], mine[0]["fp32_windows_pct"]
             print(f"{model:12} {mode:7} {len(sel):5} {statistics.median(sel):12.1f} {max(sel):10.1f} "
-                  f"{statistics.median(r['error_pct'] for r in mine):12.1f} {noise:13.1f} {worker:10.1f}  "
+                  f"{statistics.median(r['error_pct'] for r in mine):12.1f} {noise:13.1f} {fp32:14.1f}  "
                   f"{verdict(mode, sel, noise)}")
     print("\nindicator rank correlation with the empirical loss change")
     for r in ind_rows:

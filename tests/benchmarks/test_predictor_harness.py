@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from predictor import spread_pct, verdict  # noqa: E402
+from predictor import spread_pct, verdict, window_noise_pct  # noqa: E402
 
 
 def test_the_noise_floor_is_the_spread_of_the_fp32_windows_over_their_mean():
@@ -28,3 +28,10 @@ def test_ddp_needs_the_median_within_5_percent_or_noise():
     assert verdict("ddp", [4.0, 5.0, 30.0], noise=0.5) == "median met (limit 5.0%)"
     assert verdict("ddp", [6.0, 6.0, 6.0], noise=0.5) == "median MISSED (limit 5.0%)"
     assert verdict("ddp", [6.0, 6.0, 6.0], noise=7.0) == "median met (limit 7.0%)"
+
+
+def test_window_noise_is_the_median_disagreement_of_one_plan_between_two_rounds():
+    rounds = [{"a": 10.0, "b": 20.0}, {"a": 11.0, "b": 20.0}, {"a": 10.0, "b": 22.0}]
+    # pairs (r0,r1), (r0,r2), (r1,r2) for a: 9.52, 0, 9.52; for b: 0, 9.52, 9.52 -> median 9.52
+    assert window_noise_pct(rounds) == pytest.approx(1 / 10.5 * 100)
+    assert window_noise_pct(rounds[:1] * 2) == 0.0
