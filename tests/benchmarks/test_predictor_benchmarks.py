@@ -1,4 +1,5 @@
-"""benchmarks/predictor.py's verdicts: the issue's targets against the in-run noise floor."""
+"""benchmarks/predictor.py's verdicts (the issue's targets against the in-run noise floor) and
+ddp_step_readings.py's refusal of a spec without a DDP step."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
+import ddp_step_readings  # noqa: E402
+import yaml  # noqa: E402
 from predictor import spread_pct, verdict, window_noise_pct  # noqa: E402
 
 
@@ -35,3 +38,15 @@ def test_window_noise_is_the_median_disagreement_of_one_plan_between_two_rounds(
     # pairs (r0,r1), (r0,r2), (r1,r2) for a: 9.52, 0, 9.52; for b: 0, 9.52, 9.52 -> median 9.52
     assert window_noise_pct(rounds) == pytest.approx(1 / 10.5 * 100)
     assert window_noise_pct(rounds[:1] * 2) == 0.0
+
+
+def test_ddp_step_readings_refuses_a_single_rank_spec_naming_it(tmp_path, capsys):
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "cpu_tiny.yaml").read_text())
+    raw["cluster"]["groups"] = raw["cluster"]["groups"][:1]
+    spec = tmp_path / "one.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    with pytest.raises(SystemExit) as e:
+        ddp_step_readings.main(["--out", str(tmp_path / "out"), "--spec", str(spec)])
+    assert e.value.code == 2
+    assert f"--spec {spec}: a single rank has no DDP step" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
