@@ -13,7 +13,8 @@ Each round reads the same step of the spec's fp32 plan, back to back:
     PYTHONPATH=. python benchmarks/ddp_step_readings.py --out DIR [--spec examples/cpu_tiny.yaml] [--rounds 4]
 
 Writes DIR/ddp_step_readings.csv (command and machine load in its header) and prints the
-table: each reading, and profiler and spawned relative to train.
+table on stdout (the ranks' log lines go to stderr): each reading, and profiler and spawned
+relative to train.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def read_once(spec, steps: int, tmp: Path) -> dict[str, float]:
     prof = profile_spec(spec, folder / "profile.json", progress=False, log=lambda s: None)
     profiler = prof.allreduce[ddp_key(spec)]["fp32_ms"]
     spawned = measure_ddp_step(spec)
-    r = run_job(spec, None, steps=steps, threads=1, metrics_dir=str(folder / "train"), timeout_s=600)
+    r = run_job(spec, None, steps=steps, threads=1, metrics_dir=str(folder / "train"), timeout_s=600,
+                logs_to_stderr=True)  # stdout: the table
     if not r.ok:
         raise SystemExit(f"training failed: {r.failure or r.returncodes}")
     return {"profiler_ms": profiler, "spawned_ms": spawned, "train_ms": measured_iteration_ms(folder / "train")[0]}
