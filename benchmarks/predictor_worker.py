@@ -4,8 +4,9 @@
 WORLD_SIZE, MASTER_* for DDP). For every plan: a fresh model with the plan of this rank's
 group applied (runtime.apply_plan), DDP over gloo when WORLD_SIZE > 1, the spec's optimizer;
 warm-up steps (DDP rebuilds its buckets after the first), then `blocks` × `repeats` timed
-steps; the estimate is their median (qsync_opt.predictor.step_profile.step_median_ms), as the
-profiler times its whole steps and as `train` reports its iterations.
+steps; the estimate is their median, in DDP the median over steps of the slowest rank's time
+(qsync_opt.predictor.step_profile), as the profiler times its whole steps and DDP step and as
+`train` reports its iterations.
 A step is what the trainer's loop runs: the rank's data, zero_grad, forward, loss, backward
 (all-reduce), step, and in DDP the scalar all-reduce of the loss.
 """
@@ -26,7 +27,7 @@ def main(job_path: str) -> int:
     root = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root))
     from qsync_opt.models.from_spec import build_from_spec
-    from qsync_opt.predictor.step_profile import loop_step, step_median_ms
+    from qsync_opt.predictor.step_profile import lockstep_median_ms, loop_step, step_times_ms
     from qsync_opt.runtime.apply import apply_plan
     from qsync_opt.runtime.trainer import make_optimizer
     from qsync_opt.spec import load_spec
@@ -53,7 +54,12 @@ def main(job_path: str) -> int:
 
             if world > 1:
                 dist.barrier()  # every step all-reduces, so the ranks stay in lockstep from here
-            out[key] = step_median_ms(step, warmup=job["warmup"], calls=job["blocks"] * job["repeats"])
+            mine = step_times_ms(step, warmup=job["warmup"], calls=job["blocks"] * job["repeats"])
+            every = [mine]
+            if world > 1:
+                every = [None] * world
+                dist.all_gather_object(every, mine)  # after the timed steps: no step pays for it
+            out[key] = lockstep_median_ms(every)
         if rank == 0:
             Path(job["out"]).write_text(json.dumps(out))
     finally:

@@ -7,12 +7,12 @@ squares. On one host this is the loopback ring DDP uses for CPU ranks here.
 The DDP step (`measure_ddp_step`): every rank of the spec, each with its group's env and
 threads, trains the model at fp32 under DistributedDataParallel exactly as the trainer's
 timed step does (zero_grad, forward, loss, backward with the bucket all-reduces, optimizer
-step, the scalar all-reduce), a barrier before each step; the slowest rank's estimate is
-the lockstep step. The replay of the same plan is brought to it
-(profile_costs.ddp_calibrate): what DDP adds beyond the replayed parts (buffer broadcast in
-forward, gloo threads taking cores from backward, the reducer's bucket copies) is charged
-once per iteration; a replay above it (the co-located profile's companions never wait, a
-lockstep's faster rank does) is scaled down to it.
+step, the scalar all-reduce), one barrier, then consecutive steps; the median over steps of
+the slowest rank's time is the lockstep step, as `train` reads its iterations. The replay
+of the same plan is brought to it (profile_costs.ddp_calibrate): what DDP adds beyond the
+replayed parts (buffer broadcast in forward, gloo threads taking cores from backward, the
+reducer's bucket copies) is charged once per iteration; a replay above it (the co-located
+profile's companions never wait, a lockstep's faster rank does) is scaled down to it.
 
 Both are measured by `collectives`, which every rank runs: in processes spawned here, or,
 when the profiler already runs one process per rank (colocate.py), in those very processes
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from .profiler import _fit_line, robust_ms
-from .step_profile import loop_step, step_median_ms
+from .step_profile import lockstep_median_ms, loop_step, step_times_ms
 
 ALLREDUCE_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
 
@@ -48,9 +48,9 @@ def fit(times: dict[int, float]) -> dict[str, float]:
     return {"alpha_ms": b, "beta_ms_per_byte": a}
 
 
-def ddp_step_ms(spec, rank: int) -> float:
-    """This rank's estimate of one fp32 DDP training step in the current process group, as the
-    trainer's timed step runs it; the process already carries its group's env."""
+def ddp_step_times_ms(spec, rank: int) -> list[float]:
+    """This rank's times of consecutive fp32 DDP training steps in the current process group, as
+    the trainer's timed step runs them; the process already carries its group's env."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -63,10 +63,10 @@ def ddp_step_ms(spec, rank: int) -> float:
     opt = make_optimizer(spec.training, model.parameters())
     step = loop_step(spec, rank, DDP(model), opt, all_reduce_loss=True)
 
-    # as train reads its steps (step_profile.step_median_ms; fixed counts: every rank steps alike);
-    # one barrier, then back-to-back steps as a trainer runs them (each all-reduce keeps the lockstep)
+    # one barrier, then back-to-back steps as a trainer runs them (each all-reduce keeps the
+    # lockstep); fixed counts, so step k of every rank is the same iteration (read_results)
     dist.barrier()
-    return step_median_ms(step)
+    return step_times_ms(step)
 
 
 def collectives(spec, rank: int, world: int, init_method: str, out_dir: Path, *, ar: bool, ddp: bool) -> None:
@@ -83,20 +83,21 @@ def collectives(spec, rank: int, world: int, init_method: str, out_dir: Path, *,
             if rank == 0:
                 (out_dir / "allreduce.json").write_text(json.dumps(times))
         if ddp:
-            (out_dir / f"ddp.{rank}").write_text(json.dumps(ddp_step_ms(spec, rank)))
+            (out_dir / f"ddp.{rank}").write_text(json.dumps(ddp_step_times_ms(spec, rank)))
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
 def read_results(out_dir: Path, world: int) -> tuple[dict | None, float | None]:
-    """(all-reduce fit, slowest rank's DDP step ms) written by `collectives`, None where absent."""
+    """(all-reduce fit, DDP step ms) written by `collectives`, None where absent; the DDP step is read
+    as `train` reads its iterations: per step the slowest rank, then the median over steps."""
     import json
 
     ar = out_dir / "allreduce.json"
     fitted = fit({int(k): v for k, v in json.loads(ar.read_text()).items()}) if ar.exists() else None
     steps = [out_dir / f"ddp.{r}" for r in range(world)]
-    ddp = max(json.loads(f.read_text()) for f in steps) if all(f.exists() for f in steps) else None
+    ddp = lockstep_median_ms([json.loads(f.read_text()) for f in steps]) if all(f.exists() for f in steps) else None
     return fitted, ddp
 
 

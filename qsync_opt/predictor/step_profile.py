@@ -93,15 +93,40 @@ def make_step(spec, module: nn.Module, rank: int, gg: OpGraph | None, p: str):
 STEP_WARMUP = 3
 
 
+def step_times_ms(step, *, warmup: int = STEP_WARMUP, calls: int | None = None) -> list[float]:
+    """ms of each of `calls` consecutive steps after `warmup` untimed ones (fixed counts, so the
+    ranks of a DDP group take the same steps)."""
+    import time
+
+    from .estimator import BLOCKS, REPEATS
+
+    for _ in range(warmup):
+        step()
+    out = []
+    for _ in range(calls or BLOCKS * REPEATS):
+        t = time.perf_counter()
+        step()
+        out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
 def step_median_ms(step, *, warmup: int = STEP_WARMUP, calls: int | None = None) -> float:
     """Median of `calls` consecutive timed steps after `warmup` untimed ones: the statistic
     `train` reports (run_stages.measured_iteration_ms), so a whole step measured here and the
     iteration a training then shows are read alike. Not the profiler's median of block minima:
     a minimum rejects the preemption a real step pays on a shared machine (on the emulated
     hybrid job it read the fp32 DDP step at 80 ms where training showed 115-121 ms)."""
-    from .estimator import BLOCKS, REPEATS, robust_ms
+    import statistics
 
-    return robust_ms(step, warmup=warmup, blocks=calls or BLOCKS * REPEATS, repeats=1, adaptive=False)
+    return statistics.median(step_times_ms(step, warmup=warmup, calls=calls))
+
+
+def lockstep_median_ms(per_rank: list[list[float]]) -> float:
+    """Median over steps of the slowest rank's time: how `train` reads a DDP iteration
+    (run_stages.measured_iteration_ms), rather than the slowest rank's median."""
+    import statistics
+
+    return statistics.median(max(ts) for ts in zip(*per_rank, strict=True))
 
 
 def measure_steps(spec, module: nn.Module, group: str, gg: OpGraph, precisions) -> dict[str, float]:
