@@ -113,7 +113,7 @@ def _worker(rank: int, world: int, port: int, spec_file: str | None, out_dir: st
     collectives(spec, rank, world, f"tcp://127.0.0.1:{port}", Path(out_dir), ar=ar, ddp=ddp)
     from ..runtime.process_exit import exit_without_destructors
 
-    exit_without_destructors(0)  # results written; a gloo thread's destructor aborted 1 in ~5 such ranks here
+    exit_without_destructors(0)  # results written; a gloo thread's destructor aborted ~1 in 5 such measurements here
 
 
 def _spawn(world: int, spec, *, ar: bool, ddp: bool) -> tuple[dict | None, float | None]:

@@ -3,8 +3,9 @@
 After a clean `destroy_process_group`, interpreter shutdown can still destroy a joinable
 gloo/c10d thread, and std::terminate then aborts the process ("terminate called without an
 active exception", SIGABRT): a rank that finished its work is reported killed and its launcher
-stops the others. Seen in training ranks, and in the predictor harness's ranks (1 in ~40 DDP
-measurements). Every file a caller needs must be closed before this is called.
+stops the others. Seen in training ranks, in the predictor harness's ranks (1 in ~40 DDP
+measurements) and in the profiler's spawned all-reduce / DDP-step ranks (about 1 in 5).
+Every file a caller needs must be closed before this is called.
 """
 
 from __future__ import annotations
