@@ -14,9 +14,11 @@ replayed parts (buffer broadcast in forward, gloo threads taking cores from back
 reducer's bucket copies) is charged once per iteration; a replay above it (the co-located
 profile's companions never wait, a lockstep's faster rank does) is scaled down to it.
 
-Both are measured by `collectives`, which every rank runs: in processes spawned here, or,
-when the profiler already runs one process per rank (colocate.py), in those very processes
-once their profiling is done (two fewer rounds of process start-up, 3 s of imports each).
+Both are measured by `collectives`, which every rank runs in processes spawned here; the
+all-reduce also in the co-located profilers' processes once their profiling is done
+(colocate.py; one round of process start-up fewer). The DDP step is always taken in fresh
+ranks, as `train` starts them: read in the profiling processes it came out a few percent
+low (benchmarks/ddp_step_readings.py).
 """
 
 from __future__ import annotations

@@ -41,12 +41,14 @@ def rank_jobs(local: list, profile: list) -> list[tuple[object, bool]]:
 
 
 def run_colocated(spec, jobs: list[tuple[object, bool]], path: Path, progress: bool, key_of,
-                  *, allreduce: bool = False, ddp: bool = False) -> tuple[dict | None, float | None]:
+                  *, allreduce: bool = False) -> dict | None:
     """Start every job's process at once, wait for all, merge the profilers' parts into `path`
-    (`key_of(group)`: the section a group's profiler writes). With `allreduce` / `ddp` (jobs
-    must then be the cluster's ranks, in rank order), the processes go on to time the gloo
-    all-reduce and one fp32 DDP step together (allreduce_profile.collectives); returns
-    (all-reduce fit, DDP step ms), None for what was not asked."""
+    (`key_of(group)`: the section a group's profiler writes). With `allreduce` (jobs must then
+    be the cluster's ranks, in rank order), the processes go on to time the gloo all-reduce
+    together (allreduce_profile.collectives) and its fit is returned; None otherwise. The fp32
+    DDP step is not taken here but in fresh ranks (profiler.profile_spec): read in these
+    processes after their profiling, it came out a median 8% below what `train` then measured
+    (benchmarks/ddp_step_readings.py), fresh ranks 3% above."""
     from .allreduce_profile import read_results
     from .profiler import group_threads
 
@@ -71,9 +73,8 @@ def run_colocated(spec, jobs: list[tuple[object, bool]], path: Path, progress: b
                     "--busy", str(busy), "--peers", str(peers)]
             if not prof:
                 argv.append("--busy-only")
-            if allreduce or ddp:
-                argv += ["--rank", str(i), "--world", str(len(jobs)),
-                         "--collect", ",".join(k for k, on in (("allreduce", allreduce), ("ddp", ddp)) if on)]
+            if allreduce:
+                argv += ["--rank", str(i), "--world", str(len(jobs)), "--collect", "allreduce"]
             if not progress or i:  # one progress bar on the terminal, not interleaved ones
                 argv.append("--quiet")
             procs.append((g, prof, subprocess.Popen(argv, env=env)))
@@ -81,9 +82,9 @@ def run_colocated(spec, jobs: list[tuple[object, bool]], path: Path, progress: b
         if bad:
             raise ProfileError(f"profiler: group(s) {', '.join(f'{n} (exit {rc})' for n, rc in bad)} failed; "
                                "see the messages above (measured entries are kept and resumed next time)")
-        collected = read_results(busy, len(jobs))
+        fitted, _ = read_results(busy, len(jobs))
     merge_parts(path, [(part, key_of(g)) for g, part in parts])
-    return collected
+    return fitted
 
 
 def merge_parts(path: Path, parts: list[tuple[Path, str]]) -> None:

@@ -292,20 +292,18 @@ def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None =
     every_rank_here = world > 1 and local_ranks(spec) == world
     want_ar = allreduce and world > 1 and (before is None or f"gloo/{world}" not in before.allreduce)
     want_ddp = allreduce and every_rank_here and (before is None or ddp_key(spec) not in before.allreduce)
-    ar_fit = ddp_ms = None
+    ar_fit = None
     if local_ranks(spec) > 1:  # ranks train at once here: time them so (colocate.py)
         from .colocate import rank_jobs, run_colocated
 
         for g in profile:
             log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
         jobs = rank_jobs(here, profile)
-        together = [w for w, on in (("the gloo all-reduce", want_ar and every_rank_here),
-                                    ("one fp32 DDP step", want_ddp)) if on]
         log(f"co-located: {len(jobs)} processes at once, one per local rank"
-            + (f"; then, in them, {' and '.join(together)}" if together else ""))
-        ar_fit, ddp_ms = run_colocated(spec, jobs, Path(path), progress,
-                                       lambda g: section_key(g.env, group_threads(g, world), local_ranks(spec)),
-                                       allreduce=want_ar and every_rank_here, ddp=want_ddp)
+            + ("; then, in them, the gloo all-reduce" if want_ar and every_rank_here else ""))
+        ar_fit = run_colocated(spec, jobs, Path(path), progress,
+                               lambda g: section_key(g.env, group_threads(g, world), local_ranks(spec)),
+                               allreduce=want_ar and every_rank_here)
     else:
         for g in profile:
             log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
@@ -316,11 +314,9 @@ def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None =
             log(f"profiling gloo all-reduce over {world} local processes")
             ar_fit = measure_allreduce(world)
         prof.allreduce[f"gloo/{world}"] = ar_fit
-    if want_ddp:
-        if ddp_ms is None:
-            log(f"profiling one fp32 DDP step over the {world} ranks, co-located as they train")
-            ddp_ms = measure_ddp_step(spec)
-        prof.allreduce[ddp_key(spec)] = {"fp32_ms": ddp_ms}
+    if want_ddp:  # in fresh ranks, as train starts them (colocate.run_colocated says why)
+        log(f"profiling one fp32 DDP step over the {world} ranks, in fresh processes as train starts them")
+        prof.allreduce[ddp_key(spec)] = {"fp32_ms": measure_ddp_step(spec)}
     prof.save(path)
     return prof
 
@@ -362,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
 
             keep_busy(fp32_step(spec, group), busy, int(argv[argv.index("--peers") + 1]),
                       done_name=None if "--busy-only" in argv else group)
-            if "--collect" in argv:  # every rank: the all-reduce and a DDP step, together
+            if "--collect" in argv:  # every rank: the all-reduce, together
                 from .allreduce_profile import collectives
 
                 what = argv[argv.index("--collect") + 1].split(",")
