@@ -1,11 +1,12 @@
 """One fp32 DDP step read three ways, side by side: is the planner's calibration point biased?
 
-A DDP plan's replay is calibrated to one figure, the fp32 DDP step the profiler reads in its
-co-located processes after profiling (predictor/allreduce_profile.py). If that reading sat
-systematically below what `train` then measures, every plan would be under-predicted alike.
-Each round reads the same step of the spec's fp32 plan, back to back:
+A DDP plan's replay is calibrated to one figure, the fp32 DDP step the profile stores
+(predictor/allreduce_profile.py). If that reading sat systematically below what `train` then
+measures, every plan would be under-predicted alike. Each round reads the same step of the
+spec's fp32 plan, back to back:
 
   profiler  `qsync-opt profile` from an empty profile: the DDP step as the profile stores it
+            (until 7d2b9d8 taken in the co-located profiling processes; since, in fresh ranks)
   spawned   allreduce_profile.measure_ddp_step: fresh ranks that only take that step
   train     qsync_opt.runtime.launch.run_job, `--steps` steps, the median lockstep step
             (run_stages.measured_iteration_ms), as `qsync-opt run` reports it
