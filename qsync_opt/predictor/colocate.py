@@ -74,7 +74,7 @@ def run_colocated(spec, jobs: list[tuple[object, bool]], path: Path, progress: b
             if not prof:
                 argv.append("--busy-only")
             if allreduce:
-                argv += ["--rank", str(i), "--world", str(len(jobs)), "--collect", "allreduce"]
+                argv += ["--rank", str(i), "--world", str(len(jobs)), "--allreduce"]
             if not progress or i:  # one progress bar on the terminal, not interleaved ones
                 argv.append("--quiet")
             procs.append((g, prof, subprocess.Popen(argv, env=env)))

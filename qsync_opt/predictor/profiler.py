@@ -344,7 +344,8 @@ def _run_group_subprocess(spec: JobSpec, src, g, path, progress: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Subprocess entry: `python -m qsync_opt.predictor.profiler SPEC.json GROUP PROFILE [--quiet]
-    [--busy DIR --peers N [--busy-only]]` (colocate.py: keep running steps until N profilers are done)."""
+    [--busy DIR --peers N [--busy-only] [--rank R --world W --allreduce]]` (colocate.py: keep
+    running steps until N profilers are done, then time the gloo all-reduce with every rank)."""
     argv = sys.argv[1:] if argv is None else argv
     spec_file, group, path = argv[:3]
     busy = Path(argv[argv.index("--busy") + 1]) if "--busy" in argv else None
@@ -358,12 +359,11 @@ def main(argv: list[str] | None = None) -> int:
 
             keep_busy(fp32_step(spec, group), busy, int(argv[argv.index("--peers") + 1]),
                       done_name=None if "--busy-only" in argv else group)
-            if "--collect" in argv:  # every rank: the all-reduce, together
+            if "--allreduce" in argv:  # every rank, together (the DDP step is taken in fresh ranks)
                 from .allreduce_profile import collectives
 
-                what = argv[argv.index("--collect") + 1].split(",")
                 collectives(spec, int(argv[argv.index("--rank") + 1]), int(argv[argv.index("--world") + 1]),
-                            f"file://{busy / 'store'}", busy, ar="allreduce" in what, ddp="ddp" in what)
+                            f"file://{busy / 'store'}", busy, ar=True, ddp=False)
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
