@@ -19,8 +19,7 @@ minutes after the last, as the profile the prediction uses was read in other pro
 other times. `noise_floor_pct` is how much two such windows of one plan disagree:
 |a - b| / mean(a, b) over every pair of rounds, the median over all of the model's plans in
 that mode (a robust figure: one pair of windows put it anywhere from 0.2% to 37% on this
-shared machine; six fresh processes read one tiny-bert fp32 step at 12.9-20.1 ms at load
-0.7). The compared figures are medians over rounds, so a little steadier than one window.
+shared machine). The compared figures are medians over rounds, so a little steadier than one window.
 `fp32_windows_pct` is the spread, (max - min) / mean, of the fp32 plan's three readings: the
 profiler's (its whole fp32 step; in 'ddp' its one fp32 DDP step) from which uniform fp32 is
 predicted, and the worker's at the start and at the end of each round (medians over rounds):
