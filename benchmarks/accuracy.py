@@ -3,7 +3,7 @@
 For each task (a ResNet-style CNN and a ViT-style transformer on MNIST-1D), each hybrid
 cluster (V100+T4, A100+T4; the T4 offers int4) and each setting (int4 allowed; int8-only),
 the library plans seven policies for the cluster (benchmarks/accuracy_policies.py), then
-trains each here with `qsync_opt.runtime.launch.run_job`: two gloo ranks on this CPU, the
+trains each here with `qsync_opt.training.runtime.launch.run_job`: two gloo ranks on this CPU, the
 first applying the strong group's part of the policy, the second the T4's, with the plan's
 split of the global batch scaled to the training batch. Numerics do not depend on which chip
 ran them; times are the replayer's predictions for the cluster, not measured here.
@@ -42,9 +42,9 @@ from accuracy_policies import POLICIES, pace_split, plan_policies  # noqa: E402
 
 from qsync_opt.data.evaluation import read_eval  # noqa: E402
 from qsync_opt.io import atomic_write_bytes, atomic_write_text  # noqa: E402
-from qsync_opt.plan import GroupPlan, Plan, Provenance, SolverReport  # noqa: E402
-from qsync_opt.runtime.launch import run_job  # noqa: E402
-from qsync_opt.spec import load_spec  # noqa: E402
+from qsync_opt.training.plan import GroupPlan, Plan, Provenance, SolverReport  # noqa: E402
+from qsync_opt.training.runtime.launch import run_job  # noqa: E402
+from qsync_opt.training.spec import load_spec  # noqa: E402
 
 TASKS = {  # name -> model section, data input shape
     "cnn": ({"import": "accuracy_models:resnet1d", "input_shape": [1, 40], "kwargs": {"width": 16}}, [1, 40]),

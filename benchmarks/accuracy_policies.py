@@ -27,11 +27,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qsync_opt.pipeline import _as_baseline, prepare, solve
-from qsync_opt.predictor.instance_builder import baseline, build_instance
-from qsync_opt.predictor.replayer import replay
-from qsync_opt.batch_split import candidate_splits
-from qsync_opt.spec import load_spec
+from qsync_opt.training.pipeline import prepare, solve
+from qsync_opt.training.solving import as_baseline
+from qsync_opt.training.predictor.instance_builder import baseline, build_instance
+from qsync_opt.training.predictor.replayer import replay
+from qsync_opt.training.batch_split import candidate_splits
+from qsync_opt.training.spec import load_spec
 
 POLICIES = ("fp32", "uniform-lowest", "qsync-greedy", "greedy", "ilp", "batching", "joint")
 FROM_BASELINE = {"fp32": "all highest (fp32)", "uniform-lowest": "uniform lowest",
@@ -127,7 +128,7 @@ def _batching_alone(spec) -> Policy:
     for split in candidate_splits(spec):
         inst, ctx = build_instance(spec, prepared.graph, prepared.sensitivity, local_batches=split,
                                    boundary=spec.runtime.boundary)
-        b = _as_baseline(inst, ctx, baseline(inst, "highest"))
+        b = as_baseline(inst, ctx, baseline(inst, "highest"))
         if best is None or b.iteration_ms < best[1].iteration_ms:
             best = (split, b)
     split, b = best

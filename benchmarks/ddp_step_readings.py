@@ -8,7 +8,7 @@ spec's fp32 plan, back to back:
   profiler  `qsync-opt profile` from an empty profile: the DDP step as the profile stores it
             (until 7d2b9d8 taken in the co-located profiling processes; since, in fresh ranks)
   spawned   allreduce_profile.measure_ddp_step: fresh ranks that only take that step
-  train     qsync_opt.runtime.launch.run_job, `--steps` steps, the median lockstep step
+  train     qsync_opt.training.runtime.launch.run_job, `--steps` steps, the median lockstep step
             (run_stages.measured_iteration_ms), as `qsync-opt run` reports it
 
     PYTHONPATH=. python benchmarks/ddp_step_readings.py --out DIR [--spec examples/cpu_tiny.yaml] [--rounds 4]
@@ -41,10 +41,10 @@ def load() -> str:
 
 
 def read_once(spec, steps: int, tmp: Path) -> dict[str, float]:
-    from qsync_opt.predictor.allreduce_profile import ddp_key, measure_ddp_step
-    from qsync_opt.predictor.profiler import profile_spec
-    from qsync_opt.run_stages import measured_iteration_ms
-    from qsync_opt.runtime.launch import run_job
+    from qsync_opt.training.predictor.allreduce_profile import ddp_key, measure_ddp_step
+    from qsync_opt.training.predictor.profiler import profile_spec
+    from qsync_opt.training.run_stages import measured_iteration_ms
+    from qsync_opt.training.runtime.launch import run_job
 
     folder = Path(tempfile.mkdtemp(dir=tmp))
     prof = profile_spec(spec, folder / "profile.json", progress=False, log=lambda s: None)
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30, help="training steps of the train reading (first dropped)")
     a = ap.parse_args(argv)
-    from qsync_opt.spec import load_spec
+    from qsync_opt.training.spec import load_spec
 
     spec = load_spec(a.spec)
     if spec.cluster.world_size < 2:

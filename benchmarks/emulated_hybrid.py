@@ -7,13 +7,13 @@ fp32 matmul is unchanged). The second group's device is the catalog's `cpu-sse41
 catalog has it, else `cpu-local` with the same env (the CSV's `device` column says which).
 
 The library's own stages do all the work (no copies of them here):
-  profile  qsync_opt.run_stages.profile_stage: the runtime's kernels timed per group, each
+  profile  qsync_opt.training.run_stages.profile_stage: the runtime's kernels timed per group, each
            in a subprocess with its env, into a private profile folder under DIR
-  solve    qsync_opt.pipeline.solve: the ILP plan and the baselines it carries
+  solve    qsync_opt.training.pipeline.solve: the ILP plan and the baselines it carries
            (all fp32, uniform lowest, greedy (gain per ms), QSync's allocator)
-  predict  qsync_opt.cli_predict.predict_plan: the replayer's lockstep iteration per plan
-  train    qsync_opt.runtime.launch.run_job (runtime.spawn underneath), `--steps` steps;
-           measured = qsync_opt.run_stages.measured_iteration_ms (median lockstep step, the
+  predict  qsync_opt.cli.predict.predict_plan: the replayer's lockstep iteration per plan
+  train    qsync_opt.training.runtime.launch.run_job (runtime.spawn underneath), `--steps` steps;
+           measured = qsync_opt.training.run_stages.measured_iteration_ms (median lockstep step, the
            slowest rank's time per step, first step dropped)
 Every distinct plan is trained in two windows (forward order, then reverse order); the
 relative difference of its two measurements is the in-run noise floor for that plan.
@@ -110,8 +110,8 @@ def group_medians(metrics: Path) -> dict[int, float]:
 
 
 def train_window(spec, plan, steps: int, folder: Path) -> tuple[float, dict[int, float]]:
-    from qsync_opt.run_stages import measured_iteration_ms
-    from qsync_opt.runtime.launch import run_job
+    from qsync_opt.training.run_stages import measured_iteration_ms
+    from qsync_opt.training.runtime.launch import run_job
 
     r = run_job(spec, plan, steps=steps, threads=1, metrics_dir=str(folder), timeout_s=600)
     if not r.ok:
@@ -139,10 +139,10 @@ def main(argv=None) -> int:
 
     import yaml
 
-    from qsync_opt.cli_predict import predict_plan
-    from qsync_opt.pipeline import solve
-    from qsync_opt.run_stages import profile_stage
-    from qsync_opt.spec import load_spec
+    from qsync_opt.cli.predict import predict_plan
+    from qsync_opt.training.pipeline import solve
+    from qsync_opt.training.run_stages import profile_stage
+    from qsync_opt.training.spec import load_spec
 
     device, note = second_device()
     if note:

@@ -41,7 +41,8 @@ sys.path[:0] = [str(HERE), str(ROOT)]
 import gpu_check_parts as parts  # noqa: E402
 
 from qsync_opt.io import atomic_write_text  # noqa: E402
-from qsync_opt.kernels.dispatch import Target, format_table, gemm_impl, implementation_table  # noqa: E402
+from qsync_opt.kernels.dispatch import Target, format_table, gemm_impl  # noqa: E402
+from qsync_opt.hardware.device import catalog_table  # noqa: E402
 from qsync_opt.precision import PRECISIONS  # noqa: E402
 
 
@@ -83,7 +84,7 @@ def dispatch_tables(device: torch.device, out: Path) -> dict:
     target = Target.of_tensor(torch.empty(0, device=device))
     here = {p: gemm_impl(target, p).label for p in PRECISIONS}
     text = f"this device ({target.label}):\n" + "\n".join(f"  {p:9s} {v}" for p, v in here.items())
-    text += "\n\ncatalog:\n" + format_table(implementation_table())
+    text += "\n\ncatalog:\n" + format_table(catalog_table())
     atomic_write_text(out / "dispatch.txt", text + "\n")
     return {"target": target.label, "this_device": here}
 

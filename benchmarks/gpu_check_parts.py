@@ -217,8 +217,8 @@ def train_tiny(spec_path: str, steps: int, device: torch.device) -> dict:
     mixed plan; the losses, and whether they are finite and fell."""
     from qsync_opt.runtime.apply import apply_plan, current_precisions
     from qsync_opt.runtime.data import SyntheticTask, build_model
-    from qsync_opt.runtime.trainer import make_optimizer
-    from qsync_opt.spec import load_spec
+    from qsync_opt.training.runtime.trainer import make_optimizer
+    from qsync_opt.training.spec import load_spec
 
     spec = load_spec(spec_path)
     torch.manual_seed(spec.training.seed)

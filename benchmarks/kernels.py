@@ -183,7 +183,7 @@ def targets(gemm: list[dict], quant: list[dict]) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="two small shapes, fewer repeats: a few minutes even on an AVX2-only CPU, where bf16/fp16 GEMMs have no native path and run ~55x slower than fp32")
-    p.add_argument("--out", default="results", help="directory for kernels_gemm.csv and kernels_quantize.csv")
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "kernels"), help="directory for kernels_gemm.csv and kernels_quantize.csv (default: benchmarks/results/kernels)")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per variant (default 7, quick 3)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     args = p.parse_args(argv)

@@ -55,11 +55,11 @@ def main(argv=None) -> int:
     ap.add_argument("--splits", default="alt,halves")
     a = ap.parse_args(argv)
     from qsync_opt.models.from_spec import build_from_spec
-    from qsync_opt.pipeline import prepare
-    from qsync_opt.predictor.step_profile import loop_step, step_median_ms
+    from qsync_opt.training.pipeline import prepare
+    from qsync_opt.training.predictor.step_profile import loop_step, step_median_ms
     from qsync_opt.runtime.apply import apply_plan
-    from qsync_opt.runtime.trainer import make_optimizer
-    from qsync_opt.spec import load_spec
+    from qsync_opt.training.runtime.trainer import make_optimizer
+    from qsync_opt.training.spec import load_spec
 
     torch.set_num_threads(1)
     raw = {"name": "additivity", "model": {"name": a.model}, "runtime": {"boundary": "fp32"}, "costs": "roofline",

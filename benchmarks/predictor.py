@@ -7,7 +7,7 @@ Time: for each model, random mixed plans plus uniform fp32 / bf16 / int8, in two
 sse41 = cpu-sse41 with ONEDNN_MAX_CPU_ISA=SSE41, oneDNN capped at a level every x86-64 CPU
 is above, so older kernels run on any x86 machine). Every process runs 1 thread. The run
 alternates, in several rounds, a fresh profile of the runtime's kernels for each mode
-(qsync_opt.predictor.profiler: one subprocess per group with its env; for 'ddp' both ranks'
+(qsync_opt.training.predictor.profiler: one subprocess per group with its env; for 'ddp' both ranks'
 profilers at once, as they train, plus one measured fp32 DDP step) and real
 training steps of every plan (benchmarks/predictor_worker.py); the profile used for the
 prediction is the per-entry median over rounds, the measurement the median over rounds of
@@ -55,8 +55,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from qsync_opt.io import atomic_write_text  # noqa: E402
-from qsync_opt.predictor.step_profile import STEP_WARMUP  # noqa: E402
-from qsync_opt.spec import load_spec  # noqa: E402
+from qsync_opt.training.predictor.step_profile import STEP_WARMUP  # noqa: E402
+from qsync_opt.training.spec import load_spec  # noqa: E402
 
 SSE41_ENV = {"ONEDNN_MAX_CPU_ISA": "SSE41", "OMP_NUM_THREADS": "1"}
 ONE = {"OMP_NUM_THREADS": "1"}
@@ -82,7 +82,7 @@ def specs(model: str, batch: int, profile: str | None = None) -> dict[str, dict]
 
 
 def graph_of(spec: dict):
-    from qsync_opt.pipeline import prepare
+    from qsync_opt.training.pipeline import prepare
 
     return prepare(load_spec({**spec, "costs": "roofline"}))
 
@@ -101,7 +101,7 @@ def make_plans(prepared, spec: dict, n_random: int, rng: random.Random) -> list[
 
 def measure(spec: dict, plans, job_dir: Path, *, warmup: int, blocks: int, repeats: int) -> dict[str, float]:
     """Real iteration times of `plans`, fp32 timed first and last (the two noise windows)."""
-    from qsync_opt.runtime.launch import _free_port, rank_envs, spawn_ranks
+    from qsync_opt.training.runtime.launch import _free_port, rank_envs, spawn_ranks
 
     fp32 = dict(plans)["uniform-fp32"]
     order = [("uniform-fp32", fp32)] + [p for p in plans if p[0] != "uniform-fp32"] + [("uniform-fp32#2", fp32)]
@@ -127,7 +127,7 @@ def measure(spec: dict, plans, job_dir: Path, *, warmup: int, blocks: int, repea
 
 def merge_profiles(paths: list[Path], out: Path) -> None:
     """Per-entry median over the rounds' profiles."""
-    from qsync_opt.predictor.profile import load_profile
+    from qsync_opt.training.predictor.profile import load_profile
 
     profs = [load_profile(p) for p in paths]
     merged = copy.deepcopy(profs[0])
@@ -147,8 +147,8 @@ def merge_profiles(paths: list[Path], out: Path) -> None:
 
 
 def predict(spec: dict, prepared, plans) -> dict[str, float]:
-    from qsync_opt.predictor.instance_builder import build_instance
-    from qsync_opt.predictor.replayer import replay
+    from qsync_opt.training.predictor.instance_builder import build_instance
+    from qsync_opt.training.predictor.replayer import replay
 
     s = load_spec(spec)
     _, ctx = build_instance(s, prepared.graph, prepared.sensitivity, boundary="fp32")
@@ -161,10 +161,10 @@ def predict(spec: dict, prepared, plans) -> dict[str, float]:
 def profiled_fp32_ms(spec: dict, prepared, path: Path) -> float:
     """The fp32 plan's step as the profile read it: the one fp32 DDP step with every rank at once
     ('ddp'), or the group's whole fp32 step ('single'); uniform fp32 is predicted from it."""
-    from qsync_opt.predictor.allreduce_profile import ddp_key
-    from qsync_opt.predictor.profile import load_profile
-    from qsync_opt.predictor.profiler import group_threads, local_ranks
-    from qsync_opt.predictor.step_profile import steps_key
+    from qsync_opt.training.predictor.allreduce_profile import ddp_key
+    from qsync_opt.training.predictor.profile import load_profile
+    from qsync_opt.training.predictor.profiler import group_threads, local_ranks
+    from qsync_opt.training.predictor.step_profile import steps_key
 
     s, prof = load_spec(spec), load_profile(path)
     if s.cluster.world_size > 1:
@@ -197,8 +197,8 @@ def spearman(a, b) -> float:
 
 def indicator_rows(model: str, spec: dict, prepared, plans, batches: int) -> list[dict]:
     """Spearman of weight/GVAR/Hessian with empirical: per (op, precision), and per plan."""
-    from qsync_opt.predictor.empirical import _mean_loss
-    from qsync_opt.predictor.indicators import calibration_batches, compute_indicator
+    from qsync_opt.training.predictor.empirical import _mean_loss
+    from qsync_opt.training.predictor.indicators import calibration_batches, compute_indicator
     from qsync_opt.runtime.apply import apply_plan
 
     cal = {"batches": batches, "batch_size": 16}
@@ -269,7 +269,7 @@ def scatter(rows: list[dict], path: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="results/predictor")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "predictor_full"), help="default: benchmarks/results/predictor_full")
     ap.add_argument("--quick", action="store_true", help="2 models, 8 plans each, 2 rounds")
     ap.add_argument("--models", help="comma-separated zoo models")
     ap.add_argument("--plans", type=int, help="random mixed plans per model (plus 3 uniform)")
@@ -304,7 +304,7 @@ def main(argv=None) -> int:
             round_profiles = []
             for r in range(rounds):
                 path = tmp / f"{model}-round{r}.json"
-                from qsync_opt.predictor.profiler import profile_spec
+                from qsync_opt.training.predictor.profiler import profile_spec
 
                 for mode in base:  # a rank alone and two at once cost differently: a section each
                     profile_spec(load_spec(base[mode]), path, progress=False, log=lambda s: None)

@@ -38,7 +38,7 @@ def load() -> str:
 
 def lockstep_steps(metrics: Path) -> list[float]:
     """Per step, the slowest rank's step_ms; the first step left out."""
-    from qsync_opt.run_stages import lockstep_step_ms
+    from qsync_opt.training.run_stages import lockstep_step_ms
 
     per = lockstep_step_ms(metrics)
     return [per[s] for s in sorted(per)[1:]]
@@ -55,13 +55,13 @@ def one(tree: Path, spec: str, steps: int, tmp: Path) -> dict:
     out = tmp / "out"
     l0 = load()
     t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "qsync_opt.cli", "run", spec, "-o", str(out), "--steps", str(steps)],
+    r = subprocess.run([sys.executable, "-m", "qsync_opt.cli.main", "run", spec, "-o", str(out), "--steps", str(steps)],
                        env=env, capture_output=True, text=True, cwd=tree)
     wall = time.perf_counter() - t
     if r.returncode:
         raise RuntimeError(f"run failed ({r.returncode}): {r.stderr[-2000:]}")
     l1 = load()
-    r2 = subprocess.run([sys.executable, "-m", "qsync_opt.cli", "train", spec, "--plan", str(out / "plan.json"),
+    r2 = subprocess.run([sys.executable, "-m", "qsync_opt.cli.main", "train", spec, "--plan", str(out / "plan.json"),
                          "--steps", str(steps), "--metrics-dir", str(tmp / "train2")],
                         env=env, capture_output=True, text=True, cwd=tree)
     if r2.returncode:
@@ -79,7 +79,7 @@ def one(tree: Path, spec: str, steps: int, tmp: Path) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="benchmarks/results/cpu_tiny_predict_vs_train.csv")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "cpu_tiny_predict_vs_train.csv"))
     ap.add_argument("--tree", default=str(ROOT), help="project checkout to run (default: this one)")
     ap.add_argument("--label", default="this tree")
     ap.add_argument("--spec", default=str(ROOT / "examples" / "cpu_tiny.yaml"))

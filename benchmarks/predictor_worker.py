@@ -5,7 +5,7 @@ WORLD_SIZE, MASTER_* for DDP). For every plan: a fresh model with the plan of th
 group applied (runtime.apply_plan), DDP over gloo when WORLD_SIZE > 1, the spec's optimizer;
 warm-up steps (DDP rebuilds its buckets after the first), then `blocks` × `repeats` timed
 steps; the estimate is their median, in DDP the median over steps of the slowest rank's time
-(qsync_opt.predictor.step_profile), as the profiler times its whole steps and DDP step and as
+(qsync_opt.training.predictor.step_profile), as the profiler times its whole steps and DDP step and as
 `train` reports its iterations.
 A step is what the trainer's loop runs: the rank's data, zero_grad, forward, loss, backward
 (all-reduce), step, and in DDP the scalar all-reduce of the loss.
@@ -27,10 +27,10 @@ def main(job_path: str) -> int:
     root = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root))
     from qsync_opt.models.from_spec import build_from_spec
-    from qsync_opt.predictor.step_profile import lockstep_median_ms, loop_step, step_times_ms
+    from qsync_opt.training.predictor.step_profile import lockstep_median_ms, loop_step, step_times_ms
     from qsync_opt.runtime.apply import apply_plan
-    from qsync_opt.runtime.trainer import make_optimizer
-    from qsync_opt.spec import load_spec
+    from qsync_opt.training.runtime.trainer import make_optimizer
+    from qsync_opt.training.spec import load_spec
 
     job = json.loads(Path(job_path).read_text())
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))

@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qsync_opt.errors import InfeasibleError  # noqa: E402
 from qsync_opt.io import atomic_write_text  # noqa: E402
-from qsync_opt.serving_planner import plan_serving  # noqa: E402
+from qsync_opt.serving.planner import plan_serving  # noqa: E402
 from qsync_opt.solver.backends import EXACT, available  # noqa: E402
-from qsync_opt.spec import load_spec  # noqa: E402
+from qsync_opt.training.spec import load_spec  # noqa: E402
 
 V100 = "V100-32GB"
 CASES = [  # (case, model, [(device, count)], objective); case 2 repeats case 1 as a latency run
@@ -119,7 +119,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="results", help="directory for serving.csv")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"), help="directory for serving.csv (default: benchmarks/results)")
     ap.add_argument("--backends", default="highs", help=f"comma-separated, first is the default; exact: {','.join(EXACT)}")
     ap.add_argument("--cases", help="comma-separated case numbers (default: all 11)")
     ap.add_argument("--limit", type=float, default=60.0, help="time limit per case and backend, s")

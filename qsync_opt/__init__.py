@@ -6,19 +6,21 @@
 """
 
 from qsync_opt.errors import InfeasibleError, QSyncError, SpecError
-from qsync_opt.plan import Plan
-from qsync_opt.serving_plan import ServingPlan
-from qsync_opt.spec import JobSpec, load_spec
+from qsync_opt.jobs import load_spec
+from qsync_opt.serving.plan import ServingPlan
+from qsync_opt.serving.spec import ServingJob
+from qsync_opt.training.plan import Plan
+from qsync_opt.training.spec import JobSpec
 
 __version__ = "0.1.0"
-__all__ = ["solve", "load_spec", "JobSpec", "Plan", "ServingPlan", "QSyncError", "SpecError", "InfeasibleError", "__version__"]
+__all__ = ["solve", "load_spec", "JobSpec", "ServingJob", "Plan", "ServingPlan", "QSyncError", "SpecError", "InfeasibleError", "__version__"]
 
 
 def solve(spec_or_path, **overrides) -> Plan:
-    """Plan a job spec (path, YAML text, dict or JobSpec); see `qsync_opt.pipeline.solve`.
+    """Plan a job spec of any kind (path, YAML text, dict or job model); see `qsync_opt.jobs.solve`.
 
-    A `kind: serving` spec gives a `qsync_opt.serving_plan.ServingPlan` instead of a Plan.
+    A `kind: serving` spec gives a `qsync_opt.serving.plan.ServingPlan` instead of a Plan.
     """
-    from qsync_opt.pipeline import solve as _solve
+    from qsync_opt.jobs import solve as _solve
 
     return _solve(spec_or_path, **overrides)

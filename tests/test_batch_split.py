@@ -10,14 +10,15 @@ from dataclasses import replace
 
 import pytest
 
-from qsync_opt import pipeline
-from qsync_opt.batch_split import candidate_splits, choose_split, pin_training_groups
+from qsync_opt.training import pipeline
+from qsync_opt.training.batch_split import candidate_splits, choose_split, pin_training_groups
 from qsync_opt.errors import InfeasibleError, SolverError
-from qsync_opt.pipeline import _as_baseline, plan_training, prepare, resolve_budget
-from qsync_opt.predictor.instance_builder import build_instance
-from qsync_opt.solver.brute import brute_force
+from qsync_opt.training.pipeline import plan_training, prepare
+from qsync_opt.training.solving import as_baseline, resolve_budget
+from qsync_opt.training.predictor.instance_builder import build_instance
+from qsync_opt.training.program.brute import brute_force
 from qsync_opt.solver.budget import Budget
-from qsync_opt.spec import load_spec
+from qsync_opt.training.spec import load_spec
 
 SPEC = {
     "name": "split",
@@ -53,7 +54,7 @@ def brute_over_grid(spec, prepared):
         b = brute_force(resolve_budget(fixed, inst))
         key = None
         if b.status == "optimal":
-            key = (round(b.objective, 12), _as_baseline(inst, c, b.assignment).iteration_ms)
+            key = (round(b.objective, 12), as_baseline(inst, c, b.assignment).iteration_ms)
         out[tuple(sorted(split.items()))] = key
     return out
 
@@ -146,8 +147,8 @@ def test_pinned_group_exactly_at_its_own_bound_is_feasible(backend):
     """The cause of the harness's false 'infeasible': a pinned group whose time equals the bound
     up to rounding (0.1 + 0.2 > 0.3 by one ulp) left a variable-free row 0 <= -5.6e-17 that the
     linearisation counted as a proof; evaluate() and every solver accept it within tolerance."""
-    from qsync_opt.solver.instance import GroupInstance, TrainingInstance
-    from qsync_opt.solver.solve import solve_instance
+    from qsync_opt.training.program.instance import GroupInstance, TrainingInstance
+    from qsync_opt.training.program.solve import solve_instance
 
     pinned = GroupInstance(name="strong", share=0.75, allowed={"a": ("fp32",)}, time_ms={"a": {"fp32": 0.2}},
                            mem_bytes={"a": {"fp32": 1.0}}, fixed_ms=0.1, time_bound_ms=0.3)

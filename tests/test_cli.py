@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from qsync_opt.cli import main
-from qsync_opt.plan import Plan
+from qsync_opt.cli.main import main
+from qsync_opt.training.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "examples" / "cpu_tiny.yaml")
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "qsync_opt.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "qsync_opt.cli.main", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_json_goes_to_stdout_alone(tmp_path):
@@ -100,7 +100,7 @@ def test_an_unknown_backend_exits_2_naming_solver_backend_with_the_full_list(cap
 
 def test_spec_backend_names_are_the_registry_plus_uniform_and_default():
     from qsync_opt.solver.backends import BACKENDS
-    from qsync_opt.spec import BACKEND_NAMES
+    from qsync_opt.training.spec import BACKEND_NAMES
 
     assert set(BACKEND_NAMES) == set(BACKENDS) | {"uniform", "default"}
 

@@ -4,11 +4,11 @@ import pytest
 
 import qsync_opt
 from qsync_opt.errors import InfeasibleError, SpecError
-from qsync_opt.pipeline import plan_training, prepare
-from qsync_opt.predictor.instance_builder import build_instance
-from qsync_opt.predictor.replayer import replay
-from qsync_opt.solver.instance import evaluate
-from qsync_opt.spec import load_spec
+from qsync_opt.training.pipeline import plan_training, prepare
+from qsync_opt.training.predictor.instance_builder import build_instance
+from qsync_opt.training.predictor.replayer import replay
+from qsync_opt.training.program.instance import evaluate
+from qsync_opt.training.spec import load_spec
 
 SPEC = {
     "name": "t",
@@ -142,7 +142,7 @@ def test_refine_rounds_fix_what_the_linear_model_missed():
 
 
 def test_strict_exits_non_zero_when_a_bound_is_missed(tmp_path):
-    from qsync_opt.cli import EXIT_MISSES_BOUNDS, main
+    from qsync_opt.cli.main import EXIT_MISSES_BOUNDS, main
 
     spec = load_spec(dict(SPEC, cluster={**SPEC["cluster"], "interconnect": "ethernet-25g",
                                          "groups": [{"name": "v100", "device": "V100-16GB", "count": 4, "role": "training"},

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from qsync_opt.data.config import BUILTIN, DataSpec
 
-if TYPE_CHECKING:  # the runtime parts import torch; keep `import qsync_opt.spec` light
+if TYPE_CHECKING:  # the runtime parts import torch; keep `import qsync_opt.training.spec` light
     from qsync_opt.data.check import check_data
     from qsync_opt.data.evaluation import EvalLog, evaluate
     from qsync_opt.data.task import DatasetTask, build_task

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from qsync_opt.errors import SpecError
-from qsync_opt.spec import JobSpec
 from qsync_opt.data.task import build_task
+
+if TYPE_CHECKING:  # a training job's sections are read by duck typing; only annotations name it
+    from qsync_opt.training.spec import JobSpec
 
 
 def check_data(spec: JobSpec):

@@ -8,28 +8,11 @@ the ranks' environments), so a factory beside the spec works without setting any
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 from torch.utils.data import Dataset
 
 from qsync_opt.errors import SpecError
-from qsync_opt.importing import resolve_callable
-
-
-def import_paths(spec_path: "str | Path | None") -> list[str]:
-    """The spec's folder (when the spec came from a file) and the current directory, absolute."""
-    out = []
-    if spec_path is not None and isinstance(spec_path, (str, Path)) and Path(spec_path).is_file():
-        out.append(str(Path(spec_path).resolve().parent))
-    out.append(os.getcwd())
-    return list(dict.fromkeys(out))
-
-
-def add_to_sys_path(paths: list[str]) -> None:
-    for p in reversed(paths):
-        if p not in sys.path:
-            sys.path.insert(0, p)
+from qsync_opt.spec.importing import add_to_sys_path, import_paths, resolve_callable  # noqa: F401 (re-exported)
 
 
 def with_pythonpath(env: dict[str, str], paths: list[str]) -> dict[str, str]:

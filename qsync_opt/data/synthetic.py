@@ -12,6 +12,8 @@ an exact tie of teacher logits.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from collections import OrderedDict
 
 import torch
@@ -19,7 +21,9 @@ import torch.nn.functional as F
 
 from qsync_opt.models.from_spec import build_from_spec as build_model
 from qsync_opt.models.from_spec import input_maker
-from qsync_opt.spec import JobSpec
+
+if TYPE_CHECKING:  # a training job's sections are read by duck typing; only annotations name it
+    from qsync_opt.training.spec import JobSpec
 
 CHUNK = 64
 _TEACHER_SEED_OFFSET = 1_000_003

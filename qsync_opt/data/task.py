@@ -8,14 +8,18 @@ continues with the very samples it would have read.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
 from qsync_opt.errors import SpecError
-from qsync_opt.spec import JobSpec
 from qsync_opt.data import builtin
 from qsync_opt.data.imported import load_datasets
+
+if TYPE_CHECKING:  # a training job's sections are read by duck typing; only annotations name it
+    from qsync_opt.training.spec import JobSpec
 
 
 class DatasetTask:

@@ -132,3 +132,18 @@ def find_device(name: str) -> DeviceSpec:
     if key is None:
         raise KeyError(f"unknown device {name!r}; known: {', '.join(cat)}")
     return cat[key]
+
+
+def catalog_table(kernels: str = "auto"):
+    """kernels.dispatch's implementation rows for every catalog device."""
+    from qsync_opt.kernels.dispatch import implementation_table
+
+    return implementation_table(catalog().values(), kernels)
+
+
+if __name__ == "__main__":  # python -m qsync_opt.hardware.device [auto|templated|torch]: print what runs where
+    import sys
+
+    from qsync_opt.kernels.dispatch import format_table
+
+    print(format_table(catalog_table(kernels=sys.argv[1] if len(sys.argv) > 1 else "auto")))

@@ -2,7 +2,7 @@
 
 kernels/ops.py calls `gemm_impl` with the target of the tensor it is given and runs the
 implementation it names; the planner's `implementation_table` calls the very same function
-with the target of each catalog device. So the table cannot say something dispatch does not do.
+with the target of each catalog device (hardware.device.catalog_table). So the table cannot say something dispatch does not do.
 
 Implementations are of three kinds:
   templated  a kernel rendered from kernels/templates (CPU: fused int8 epilogue over oneDNN;
@@ -246,12 +246,11 @@ def offer(device, precision: str, kernels: str = "auto") -> tuple[bool, str]:
     return True, f"priced at the {impl.rate} rate"
 
 
-def implementation_table(devices=None, kernels: str = "auto") -> list[Row]:
-    """Rows for every (device, precision), catalog devices by default."""
-    from qsync_opt.hardware.device import catalog
+def implementation_table(devices, kernels: str = "auto") -> list[Row]:
+    """Rows for every (device, precision) of `devices` (hardware.device.catalog_table: the catalog's)."""
     from qsync_opt.precision import PRECISIONS
 
-    devices = list(catalog().values()) if devices is None else list(devices)
+    devices = list(devices)
     rows = []
     for d in devices:
         target = Target.of_device_spec(d).label
@@ -274,9 +273,3 @@ def format_table(rows: list[Row]) -> str:
     width = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, width)).rstrip()  # noqa: E731
     return "\n".join([line(head), line(["-" * w for w in width]), *map(line, body)])
-
-
-if __name__ == "__main__":  # python -m qsync_opt.kernels.dispatch [auto|templated|torch]: print the table
-    import sys
-
-    print(format_table(implementation_table(kernels=sys.argv[1] if len(sys.argv) > 1 else "auto")))

@@ -6,14 +6,18 @@ become an nn.Module and example inputs, so the planner traces exactly what the r
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from qsync_opt.errors import ModelError, QSyncError, SpecError
-from qsync_opt.spec import JobSpec
 from qsync_opt.models.zoo import build_model, get_entry, load_factory
+
+if TYPE_CHECKING:  # a training job's sections are read by duck typing; only annotations name it
+    from qsync_opt.training.spec import JobSpec
 
 InputMaker = Callable[[int, "torch.Generator | None"], tuple[torch.Tensor, ...]]
 

@@ -111,9 +111,7 @@ def applicable_model(module: nn.Module, spec, plan_or_mapping) -> nn.Module:
     functional ops leaves the module untouched.
     """
     from qsync_opt.models.from_spec import input_maker
-    from qsync_opt.plan import Plan
-
-    if isinstance(plan_or_mapping, Plan):
+    if hasattr(plan_or_mapping, "groups"):  # a whole plan
         wanted = {fqn for g in plan_or_mapping.groups.values() for fqn in g.precisions}
     else:
         wanted = set(plan_or_mapping)

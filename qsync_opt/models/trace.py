@@ -33,6 +33,10 @@ from qsync_opt.models.layers import FUNCTIONAL_LAYERS, MatMul
 _CULPRIT = "_qsync_trace_culprit"
 
 
+
+TRACE_BATCH = 1
+"""Samples per trace: shapes are per-sample, so one sample is enough to capture the graph."""
+
 class _Tracer(fx.Tracer):
     """Standard leaves + MatMul + user leaves; tags a failure with the innermost module FQN."""
 

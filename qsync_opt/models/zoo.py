@@ -165,6 +165,6 @@ def build_model(name: str, **kwargs) -> nn.Module:
 
 def load_factory(path: str) -> Callable[..., nn.Module]:
     """Resolve 'pkg.module:factory' (the spec's model.import) to a callable that builds a module."""
-    from qsync_opt.importing import resolve_callable
+    from qsync_opt.spec.importing import resolve_callable
 
     return resolve_callable(path, "model.import")

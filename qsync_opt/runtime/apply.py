@@ -8,6 +8,8 @@ module, so an all-fp32 plan costs nothing.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import difflib
 import re
 from collections.abc import Mapping
@@ -17,7 +19,10 @@ import torch
 from torch import nn
 
 from qsync_opt.errors import RuntimeSetupError
-from qsync_opt.plan import GroupPlan, Plan, fingerprint_mismatch, op_signature
+from qsync_opt.models.fingerprint import fingerprint_mismatch, op_signature
+
+if TYPE_CHECKING:  # plans are read by their shape (is_plan); only annotations name the training Plan
+    from qsync_opt.training.plan import Plan
 from qsync_opt.precision import PRECISIONS
 from qsync_opt.runtime.qfunctions import BOUNDARY
 from qsync_opt.runtime.qmodules import SWAPPABLE, QuantizedModule
@@ -57,9 +62,19 @@ def current_precisions(module: nn.Module) -> dict[str, str]:
     return {n: precision_of(m) for n, m in selectable_modules(module).items()}
 
 
+def is_plan(obj) -> bool:
+    """A whole plan (a training Plan, or anything shaped like one: per-group `groups`, a `fingerprint`)."""
+    return not isinstance(obj, Mapping) and hasattr(obj, "groups") and hasattr(obj, "fingerprint")
+
+
+def is_group_plan(obj) -> bool:
+    """One group's plan (a GroupPlan: its `precisions` map)."""
+    return not isinstance(obj, Mapping) and hasattr(obj, "precisions") and not hasattr(obj, "groups")
+
+
 def resolve_mapping(plan_or_mapping, group: str | None) -> dict[str, str]:
     """A plain FQN -> precision map from a Plan (+ group), a GroupPlan, or a mapping."""
-    if isinstance(plan_or_mapping, Plan):
+    if is_plan(plan_or_mapping):
         if group is None:
             if len(plan_or_mapping.groups) != 1:
                 raise RuntimeSetupError(
@@ -72,7 +87,7 @@ def resolve_mapping(plan_or_mapping, group: str | None) -> dict[str, str]:
                 f"group={group!r} is not in the plan; groups: {', '.join(plan_or_mapping.groups)}"
                 + (f" (did you mean {', '.join(near)}?)" if near else ""))
         return dict(plan_or_mapping.groups[group].precisions)
-    if isinstance(plan_or_mapping, GroupPlan):
+    if is_group_plan(plan_or_mapping):
         return dict(plan_or_mapping.precisions)
     if isinstance(plan_or_mapping, Mapping):
         return {str(k): v for k, v in plan_or_mapping.items()}
@@ -179,10 +194,10 @@ def apply_plan(
     """
     _check_options(kernels=kernels, weight_granularity=weight_granularity,
                    backward_precision=backward_precision, rounding=rounding)
-    if isinstance(plan_or_mapping, Plan):
+    if is_plan(plan_or_mapping):
         check_boundary(plan_or_mapping)
     mapping = resolve_mapping(plan_or_mapping, group)
-    if isinstance(plan_or_mapping, Plan) and not force:
+    if is_plan(plan_or_mapping) and not force:
         check_fingerprint(module, plan_or_mapping)
     problems = _problems(module, mapping, strict)
     if device is not None:

@@ -13,6 +13,9 @@ from __future__ import annotations
 import os
 import sys
 
+EXIT_STOPPED = 4
+"""A rank's (and `qsync-opt train`'s) exit code when a signal stopped it after checkpointing."""
+
 
 def exit_without_destructors(code: int) -> None:
     sys.stdout.flush()

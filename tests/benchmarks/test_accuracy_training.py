@@ -11,8 +11,8 @@ from accuracy import runtime_plan, train_batches, training_spec  # noqa: E402
 
 from qsync_opt.runtime.apply import current_precisions  # noqa: E402
 from qsync_opt.runtime.qmodules import QuantizedModule  # noqa: E402
-from qsync_opt.runtime.trainer import build_rank_model, rank_batches  # noqa: E402
-from qsync_opt.spec import load_spec  # noqa: E402
+from qsync_opt.training.runtime.trainer import build_rank_model, rank_batches  # noqa: E402
+from qsync_opt.training.spec import load_spec  # noqa: E402
 
 OPS = ("stem", "layer1.conv1", "layer1.conv2", "down", "layer2.conv1", "layer2.conv2", "fc")
 
@@ -34,7 +34,7 @@ def test_the_weak_rank_runs_the_weak_groups_formats_and_the_strong_rank_stays_fp
 
 
 def test_a_gpu_plan_with_fp16_validates_for_training_here_and_tail_evaluation_is_switched_on():
-    from qsync_opt.runtime.launch import validate
+    from qsync_opt.training.runtime.launch import validate
 
     batches = {"strong": 40, "t4": 24}
     spec = load_spec(training_spec("cnn", batches, 10, 0, 3e-3, eval_every=10))

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from emulated_hybrid import ENV, POLICIES, make_spec, policy_plans, second_device  # noqa: E402
 
-from qsync_opt.spec import load_spec  # noqa: E402
+from qsync_opt.training.spec import load_spec  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def planned():
     device, _ = second_device()
     raw = make_spec("tiny-cnn", 64, 5, device, ["fp32", "int8"])
     raw["costs"] = "roofline"  # the benchmark measures; the test only needs a plan with baselines
-    from qsync_opt.pipeline import solve
+    from qsync_opt.training.pipeline import solve
 
     spec = load_spec(raw)
     return spec, solve(spec)

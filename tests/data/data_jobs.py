@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from qsync_opt.plan import GroupPlan, Plan, Provenance, SolverReport
-from qsync_opt.spec import load_spec
+from qsync_opt.training.plan import GroupPlan, Plan, Provenance, SolverReport
+from qsync_opt.training.spec import load_spec
 
 USER_CODE = '''
 import torch

@@ -10,7 +10,7 @@ from qsync_opt.data import build_task
 from qsync_opt.data.task import DatasetTask
 from qsync_opt.errors import SpecError
 from qsync_opt.runtime.data import shard
-from qsync_opt.spec import load_spec
+from qsync_opt.training.spec import load_spec
 
 
 def spec_with(data: dict, model=None, seed=0):

@@ -8,9 +8,9 @@ from data_jobs import fp32_plan, write_job
 
 from qsync_opt.data.evaluation import Evaluator, evaluate, read_eval
 from qsync_opt.data.task import build_task
-from qsync_opt.plan import Plan
-from qsync_opt.runtime.trainer import build_rank_model
-from qsync_opt.spec import load_spec
+from qsync_opt.training.plan import Plan
+from qsync_opt.training.runtime.trainer import build_rank_model
+from qsync_opt.training.spec import load_spec
 
 
 def _setup(tmp_path, monkeypatch, eval_groups: bool):

@@ -8,7 +8,7 @@ import json
 import pytest
 from data_jobs import fp32_plan, write_job
 
-from qsync_opt.runtime.launch import run_job
+from qsync_opt.training.runtime.launch import run_job
 
 pytestmark = pytest.mark.slow
 

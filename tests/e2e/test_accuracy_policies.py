@@ -65,10 +65,10 @@ def _group_times(split, weak, kind):
     from accuracy import PLAN_BATCH, TASKS
     from accuracy_policies import cluster_spec
 
-    from qsync_opt.pipeline import prepare
-    from qsync_opt.predictor.instance_builder import baseline, build_instance
-    from qsync_opt.predictor.replayer import replay
-    from qsync_opt.spec import load_spec
+    from qsync_opt.training.pipeline import prepare
+    from qsync_opt.training.predictor.instance_builder import baseline, build_instance
+    from qsync_opt.training.predictor.replayer import replay
+    from qsync_opt.training.spec import load_spec
 
     spec = load_spec(cluster_spec(TASKS["cnn"][0], "V100-32GB", (2048, 2048), weak, global_batch=PLAN_BATCH))
     prep = prepare(spec)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qsync_opt.baselines import baseline_plan
+from qsync_opt.training.baselines import baseline_plan
 from qsync_opt.errors import SpecError
 from qsync_opt.models.from_spec import build_from_spec
-from qsync_opt.pipeline import solve
+from qsync_opt.training.pipeline import solve
 from qsync_opt.runtime.apply import apply_plan
-from qsync_opt.spec import load_spec
+from qsync_opt.training.spec import load_spec
 
 SPEC = {
     "cluster": {"groups": [{"name": "v100", "device": "V100-32GB", "role": "training", "local_batch": 3072},

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 from qsync_opt.models.from_spec import build_from_spec
 from qsync_opt.models.rewrite import applicable_model
-from qsync_opt.pipeline import solve
+from qsync_opt.training.pipeline import solve
 from qsync_opt.runtime.apply import apply_plan, current_precisions
-from qsync_opt.spec import load_spec
+from qsync_opt.training.spec import load_spec
 
 FORMS = [  # factory, the planner's name for the functional op
     ("matmul_net", "root.matmul_0"),
@@ -78,8 +78,8 @@ def test_two_ranks_train_a_functional_model_with_its_plan(tmp_path, monkeypatch)
 
     import yaml
 
-    from qsync_opt.plan import Plan
-    from qsync_opt.runtime.launch import run_job
+    from qsync_opt.training.plan import Plan
+    from qsync_opt.training.runtime.launch import run_job
 
     monkeypatch.chdir(tmp_path)  # user_models is found beside the spec, not through the cwd
     folder = tmp_path / "job"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from qsync_opt.cli import main
+from qsync_opt.cli.main import main
 
 pytestmark = pytest.mark.slow
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from qsync_opt.run_stages import measured_iteration_ms, missing_profile
-from qsync_opt.spec import load_spec
+from qsync_opt.training.run_stages import measured_iteration_ms, missing_profile
+from qsync_opt.training.spec import load_spec
 
 
 def test_costs_roofline_profiles_nothing(tmp_path, monkeypatch):
@@ -40,7 +40,7 @@ def test_measured_step_is_the_slowest_rank_median_after_the_first_step(tmp_path)
 
 
 def test_run_refuses_a_serving_spec_by_its_kind(tmp_path, capsys):
-    from qsync_opt.cli import main
+    from qsync_opt.cli.main import main
 
     assert main(["run", "examples/serving_opt30b_t4_v100.yaml", "-o", str(tmp_path)]) == 2
     assert "kind: serving: `qsync-opt run` profiles, plans and trains a training job" in capsys.readouterr().err

@@ -50,12 +50,12 @@ def test_exported_problems_and_benchmark_tables_are_readable_by_the_team(tmp_pat
     import sys
     from pathlib import Path
 
-    from qsync_opt.solver import export
-    from qsync_opt.solver.random_instances import random_small
-    from qsync_opt.solver.training import compile_training
+    from qsync_opt.solver import files
+    from qsync_opt.training.program.random_instances import random_small
+    from qsync_opt.training.program.compile import compile_training
 
     p = compile_training(random_small(0))
-    export.save_problem(p, str(tmp_path / "p.mps"))  # writes p.mps and its twin p.json
+    files.save_problem(p, str(tmp_path / "p.mps"))  # writes p.mps and its twin p.json
     assert mode(tmp_path / "p.mps") == 0o644 and mode(tmp_path / "p.json") == 0o644
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     try:

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from faults_helpers import ROOT, tiny_job
 
-from qsync_opt.cli import main
+from qsync_opt.cli.main import main
 from qsync_opt.errors import SpecError
 from qsync_opt.runtime import checkpoint as ckpt
-from qsync_opt.runtime.trainer import env_threads
+from qsync_opt.training.runtime.trainer import env_threads
 
 
 def train(spec, plan, *extra):
@@ -102,7 +102,7 @@ def test_bad_group_env_exits_2_before_any_rank_starts(tmp_path, capsys, env, fie
 
 
 def test_code_loading_env_is_allowed_when_the_spec_says_so(tmp_path):
-    from qsync_opt.spec import load_spec
+    from qsync_opt.training.spec import load_spec
 
     spec, _ = tiny_job(tmp_path, PYTHONPATH="/opt/mine")
     data = yaml.safe_load(spec.read_text())
@@ -121,7 +121,7 @@ def test_bad_thread_count_reaching_a_rank_is_a_spec_error(monkeypatch):
 def test_a_rank_started_with_a_bad_rank_env_exits_2_without_a_traceback(tmp_path):
     spec, plan = tiny_job(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": "first", "WORLD_SIZE": "2", "QSYNC_GROUP": "fast"}
-    r = subprocess.run([sys.executable, "-m", "qsync_opt.runtime.worker", str(spec), "--steps", "1"],
+    r = subprocess.run([sys.executable, "-m", "qsync_opt.training.runtime.worker", str(spec), "--steps", "1"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 2, r.stderr
     assert "rank first (fast): error: environment RANK='first': expected an integer" in r.stderr

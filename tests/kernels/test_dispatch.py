@@ -6,6 +6,7 @@ import pytest
 
 from qsync_opt.errors import SpecError
 from qsync_opt.hardware.device import DeviceSpec, catalog, find_device
+from qsync_opt.hardware.device import catalog_table
 from qsync_opt.kernels.dispatch import (Target, format_table, gemm_impl, implementation, implementation_table, offer,
                                         storage_bits)
 from qsync_opt.precision import PRECISIONS
@@ -98,7 +99,7 @@ def test_storage_bits_are_the_runtime_dtypes():
 
 
 def test_table_prints_every_row():
-    rows = implementation_table()
+    rows = catalog_table()
     assert len(rows) == len(catalog()) * len(PRECISIONS)
     text = format_table(rows)
     assert "T4         sm_75   int4       templated: qsync.cuda.int4_wmma" in text

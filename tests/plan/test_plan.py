@@ -5,7 +5,7 @@ import json
 import pytest
 
 from qsync_opt.errors import SpecError
-from qsync_opt.plan import Baseline, GroupPlan, Plan, Provenance, SolverReport
+from qsync_opt.training.plan import Baseline, GroupPlan, Plan, Provenance, SolverReport
 
 
 def make_plan() -> Plan:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from predictor_graphs import SPEC_V100_T4, conv_chain_graph, mlp_graph, residual_graph
-from qsync_opt.spec import load_spec
+from qsync_opt.training.spec import load_spec
 
 @pytest.fixture
 def mlp():

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from qsync_opt.predictor import allreduce_profile
-
-
+from qsync_opt.training.predictor import allreduce_profile
 class _Exited(Exception):
     def __init__(self, code: int):
         self.code = code
@@ -54,7 +52,7 @@ def test_a_missing_rank_leaves_no_ddp_step(tmp_path):
 
 
 def test_step_times_take_the_warm_ups_untimed_and_the_rest_one_by_one():
-    from qsync_opt.predictor.step_profile import lockstep_median_ms, step_times_ms
+    from qsync_opt.training.predictor.step_profile import lockstep_median_ms, step_times_ms
 
     calls = []
     times = step_times_ms(lambda: calls.append(1), warmup=3, calls=7)

@@ -6,7 +6,7 @@ import pytest
 
 from qsync_opt.errors import SpecError
 from qsync_opt.hardware.device import find_device
-from qsync_opt.predictor.casts import (
+from qsync_opt.training.predictor.casts import (
     activation_format, cast_fit, cast_ms, edge_cast_ms, edge_cast_parts, resolve_backward_precision,
 )
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from qsync_opt.cli import main
-from qsync_opt.plan import Plan
+from qsync_opt.cli.main import main
+from qsync_opt.training.plan import Plan
 
 SPEC = """
 cluster:
@@ -64,8 +64,8 @@ def test_indicate_writes_omega(tmp_path, monkeypatch, capsys):
 
 def test_profile_prints_the_all_reduce_fit_and_the_ddp_step(tmp_path, monkeypatch, capsys):
     """The profile's all-reduce map holds α–β fits and measured DDP steps; both are printed."""
-    from qsync_opt.predictor import profiler
-    from qsync_opt.predictor.profile import Profile
+    from qsync_opt.training.predictor import profiler
+    from qsync_opt.training.predictor.profile import Profile
 
     prof = Profile.new()
     prof.allreduce["gloo/2"] = {"alpha_ms": 0.25, "beta_ms_per_byte": 2e-6}

@@ -3,9 +3,9 @@ finished processes stay busy until every profiler is done. No timing is asserted
 
 from __future__ import annotations
 
-from qsync_opt.predictor.colocate import keep_busy, merge_parts, rank_jobs
-from qsync_opt.predictor.profile import Profile, load_profile, section_key
-from qsync_opt.spec import load_spec
+from qsync_opt.training.predictor.colocate import keep_busy, merge_parts, rank_jobs
+from qsync_opt.training.predictor.profile import Profile, load_profile, section_key
+from qsync_opt.training.spec import load_spec
 
 SPEC = """
 cluster:
@@ -63,7 +63,7 @@ def test_one_failing_process_stops_the_others_instead_of_leaving_them_busy():
     import subprocess
     import sys
 
-    from qsync_opt.predictor.colocate import wait_all
+    from qsync_opt.training.predictor.colocate import wait_all
 
     busy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     failing = subprocess.Popen([sys.executable, "-c", "raise SystemExit(2)"])

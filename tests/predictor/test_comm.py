@@ -6,7 +6,7 @@ import pytest
 
 from predictor_graphs import mlp_graph
 from qsync_opt.errors import SpecError
-from qsync_opt.predictor.comm import Bucket, allreduce_ms, ddp_buckets, simulate_allreduce
+from qsync_opt.training.predictor.comm import Bucket, allreduce_ms, ddp_buckets, simulate_allreduce
 
 
 def test_ring_allreduce_by_hand():

@@ -7,8 +7,8 @@ import pytest
 from predictor_graphs import conv, elementwise, linear, mlp_graph
 from qsync_opt.errors import SpecError
 from qsync_opt.hardware.device import find_device
-from qsync_opt.predictor.casts import cast_ms
-from qsync_opt.predictor.costs import fixed_cost, op_costs, optimizer_ms, selectable_cost
+from qsync_opt.training.predictor.casts import cast_ms
+from qsync_opt.training.predictor.costs import fixed_cost, op_costs, optimizer_ms, selectable_cost
 
 A100, T4, V100 = find_device("A100-40GB"), find_device("T4"), find_device("V100-32GB")
 BPMS = 1555e9 * 0.8 / 1e3  # A100-40GB achieved bytes per ms
@@ -131,7 +131,7 @@ def test_costs_follow_the_implementation_dispatch_runs():
 
 
 def test_library_epilogue_and_int4_packing_are_charged():
-    from qsync_opt.predictor.costs import gemm_extras_ms, kernel_ms
+    from qsync_opt.training.predictor.costs import gemm_extras_ms, kernel_ms
 
     n = BIG.output_numel
     assert gemm_extras_ms(BIG, "int8", A100) == pytest.approx(kernel_ms(0, 16 * n, "fp32", A100, launches=2))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from qsync_opt.predictor.estimator import robust_ms
+from qsync_opt.training.predictor.estimator import robust_ms
 
 
 class Script:

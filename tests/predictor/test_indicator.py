@@ -11,8 +11,8 @@ from torch import nn
 from predictor_graphs import MLP, elementwise, linear, mlp_graph
 from qsync_opt.errors import ModelError, SpecError
 from qsync_opt.models.graph import OpGraph
-from qsync_opt.predictor.gvar import gvar_indicator
-from qsync_opt.predictor.indicator import Sensitivity, weight_indicator, weight_noise
+from qsync_opt.training.predictor.gvar import gvar_indicator
+from qsync_opt.training.predictor.indicator import Sensitivity, weight_indicator, weight_noise
 
 ALL = ("fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
 

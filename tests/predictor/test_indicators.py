@@ -12,10 +12,10 @@ from torch import nn
 
 from qsync_opt.errors import SpecError
 from qsync_opt.models.trace import trace
-from qsync_opt.predictor.gvar import collect_stats
-from qsync_opt.predictor.hessian import hessian_indicator, hutchinson_traces, quantisation_error
-from qsync_opt.predictor.indicators import compute_indicator
-from qsync_opt.spec import load_spec
+from qsync_opt.training.predictor.gvar import collect_stats
+from qsync_opt.training.predictor.hessian import hessian_indicator, hutchinson_traces, quantisation_error
+from qsync_opt.training.predictor.indicators import compute_indicator
+from qsync_opt.training.spec import load_spec
 
 
 class Tiny(nn.Module):
@@ -188,7 +188,7 @@ def test_calibration_batches_are_the_jobs_own_data_and_key_the_cache():
     """GVAR/Hessian/empirical measure sensitivity on what the job trains on, not a stand-in task."""
     from qsync_opt.data.task import build_task
     from qsync_opt.models.zoo import build_model
-    from qsync_opt.predictor.indicators import cache_key, calibration_batches
+    from qsync_opt.training.predictor.indicators import cache_key, calibration_batches
 
     synthetic = load_spec(SPEC % "gvar")
     digits = load_spec(SPEC % "gvar" + "data: {name: digits}\n")

@@ -6,11 +6,11 @@ import pytest
 
 from predictor_graphs import SPEC_V100_T4, conv_chain_graph, flat_omega
 from qsync_opt.errors import SpecError
-from qsync_opt.predictor.instance_builder import baseline, build_instance
-from qsync_opt.predictor.memory import capacity_bytes
-from qsync_opt.predictor.replayer import replay
-from qsync_opt.solver.instance import evaluate
-from qsync_opt.spec import load_spec
+from qsync_opt.training.predictor.instance_builder import baseline, build_instance
+from qsync_opt.training.predictor.memory import capacity_bytes
+from qsync_opt.training.predictor.replayer import replay
+from qsync_opt.training.program.instance import evaluate
+from qsync_opt.training.spec import load_spec
 
 GRAPH = conv_chain_graph(batch=8, c=64, hw=56)
 
@@ -117,7 +117,7 @@ def test_baselines():
 def test_zoo_model_end_to_end():
     zoo = pytest.importorskip("qsync_opt.models.zoo", reason="model zoo not available")
     from qsync_opt.models.trace import trace
-    from qsync_opt.predictor.indicator import weight_indicator
+    from qsync_opt.training.predictor.indicator import weight_indicator
 
     model = zoo.build_model("tiny-resnet")
     graph = trace(model, zoo.ZOO["tiny-resnet"].example_inputs(8), model_name="tiny-resnet")

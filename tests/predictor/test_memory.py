@@ -6,8 +6,8 @@ import pytest
 
 from predictor_graphs import mlp_graph
 from qsync_opt.errors import SpecError
-from qsync_opt.predictor.followers import owners
-from qsync_opt.predictor.memory import capacity_bytes, memory_model, op_memory_bytes
+from qsync_opt.training.predictor.followers import owners
+from qsync_opt.training.predictor.memory import capacity_bytes, memory_model, op_memory_bytes
 
 PS = ("fp32", "bf16", "int8", "int4")
 

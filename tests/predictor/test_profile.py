@@ -8,12 +8,12 @@ import json
 import pytest
 
 from predictor_graphs import flat_omega, mlp_graph
-from qsync_opt.predictor.instance_builder import build_instance
-from qsync_opt.predictor.profile import (Profile, ProfileError, load_profile, machine_description, op_signature,
+from qsync_opt.training.predictor.instance_builder import build_instance
+from qsync_opt.training.predictor.profile import (Profile, ProfileError, load_profile, machine_description, op_signature,
                                          step_key)
-from qsync_opt.predictor.profiler import _fit_line, robust_ms
-from qsync_opt.predictor.step_profile import steps_key
-from qsync_opt.spec import load_spec
+from qsync_opt.training.predictor.measuring import fit_line as _fit_line, robust_ms
+from qsync_opt.training.predictor.step_profile import steps_key
+from qsync_opt.training.spec import load_spec
 
 
 def _skey(graph, global_batch: int = 32, offset: int = 0) -> str:
@@ -154,7 +154,7 @@ def test_whole_step_gaps_are_carried_from_profile_to_costs(tmp_path):
     selectable ops in proportion to their time, inside the step (before the gradients a
     lockstep waits for), not on the optimizer; uniform plans then replay to exactly the
     measured steps."""
-    from qsync_opt.predictor.replayer import replay
+    from qsync_opt.training.predictor.replayer import replay
 
     graph = mlp_graph(batch=1)
     gg = graph.for_batch(16)
@@ -224,9 +224,9 @@ def test_the_measured_ddp_step_calibrates_the_replay(tmp_path, monkeypatch, extr
     """Both groups run here: the fp32 DDP step measured with every rank at once sets the uniform
     fp32 lockstep: an excess is charged once per iteration, a shortfall scales every op (the
     all-reduce, not scaled, is all that may differ), and the plan's notes say which."""
-    from qsync_opt.predictor.allreduce_profile import ddp_key
-    from qsync_opt.predictor.profile import default_profile_path
-    from qsync_opt.predictor.replayer import replay
+    from qsync_opt.training.predictor.allreduce_profile import ddp_key
+    from qsync_opt.training.predictor.profile import default_profile_path
+    from qsync_opt.training.predictor.replayer import replay
 
     monkeypatch.setenv("QSYNC_OPT_PROFILE_DIR", str(tmp_path))
     graph = mlp_graph(batch=1)

@@ -10,9 +10,9 @@ import pytest
 
 from qsync_opt.models.from_spec import build_from_spec, input_maker
 from qsync_opt.models.trace import trace
-from qsync_opt.predictor import profiler
-from qsync_opt.predictor.profile import load_profile, op_signature, step_key
-from qsync_opt.spec import load_spec
+from qsync_opt.training.predictor import measuring, profiler
+from qsync_opt.training.predictor.profile import load_profile, op_signature, step_key
+from qsync_opt.training.spec import load_spec
 
 SPEC = """
 cluster:
@@ -24,8 +24,8 @@ training: {global_batch: 2, optimizer: sgd}
 
 @pytest.fixture
 def fast(monkeypatch):
-    monkeypatch.setattr(profiler, "BLOCKS", 1)
-    monkeypatch.setattr(profiler, "REPEATS", 1)
+    monkeypatch.setattr(measuring, "BLOCKS", 1)
+    monkeypatch.setattr(measuring, "REPEATS", 1)
     calls = []
     real = profiler.time_op
     monkeypatch.setattr(profiler, "time_op", lambda *a: calls.append(1) or real(*a))

@@ -6,10 +6,10 @@ import pytest
 
 from predictor_graphs import conv_chain_graph, deep_mlp_graph, flat_omega, residual_graph
 from qsync_opt.errors import SpecError
-from qsync_opt.predictor.instance_builder import baseline, build_instance
-from qsync_opt.predictor.replayer import replay, verify
-from qsync_opt.solver.instance import evaluate
-from qsync_opt.spec import load_spec
+from qsync_opt.training.predictor.instance_builder import baseline, build_instance
+from qsync_opt.training.predictor.replayer import replay, verify
+from qsync_opt.training.program.instance import evaluate
+from qsync_opt.training.spec import load_spec
 
 ONE_GROUP = """
 cluster:

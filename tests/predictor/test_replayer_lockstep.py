@@ -21,12 +21,12 @@ import json
 import pytest
 
 from qsync_opt.models.graph import OpGraph, OpNode
-from qsync_opt.predictor.comm import Bucket, ddp_buckets
-from qsync_opt.predictor.context import Context, GroupContext
-from qsync_opt.predictor.costs import OpCost
-from qsync_opt.predictor.memory import memory_model
-from qsync_opt.predictor.replayer import replay
-from qsync_opt.predictor.timeline_export import chrome_trace, write_chrome_trace, write_png
+from qsync_opt.training.predictor.comm import Bucket, ddp_buckets
+from qsync_opt.training.predictor.context import Context, GroupContext
+from qsync_opt.training.predictor.costs import OpCost
+from qsync_opt.training.predictor.memory import memory_model
+from qsync_opt.training.predictor.replayer import replay
+from qsync_opt.training.predictor.timeline_export import chrome_trace, write_chrome_trace, write_png
 from qsync_opt.hardware.device import find_device
 
 

@@ -8,8 +8,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from qsync_opt.runtime.data import SyntheticTask, shard
-from qsync_opt.runtime.trainer import build_rank_model, forward_backward, loss_weight, rank_batches
-from qsync_opt.spec import load_spec
+from qsync_opt.training.runtime.trainer import build_rank_model, forward_backward, loss_weight, rank_batches
+from qsync_opt.training.spec import load_spec
 
 out, specs = sys.argv[1], sys.argv[2:]
 torch.set_num_threads(1)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from qsync_opt.plan import GroupPlan, Plan, Provenance, SolverReport
-from qsync_opt.spec import JobSpec, load_spec
+from qsync_opt.training.plan import GroupPlan, Plan, Provenance, SolverReport
+from qsync_opt.training.spec import JobSpec, load_spec
 
 
 def write_spec(path: Path, *, model="tiny-cnn", batches=(16, 16), env1=None, steps=20, optimizer="adam",

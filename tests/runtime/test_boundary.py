@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from qsync_opt.errors import RuntimeSetupError
-from qsync_opt.plan import GroupPlan, Plan, Provenance, SolverReport
+from qsync_opt.training.plan import GroupPlan, Plan, Provenance, SolverReport
 from qsync_opt.runtime.apply import apply_plan, check_boundary
 from qsync_opt.runtime.qfunctions import BOUNDARY
-from qsync_opt.spec import load_spec
+from qsync_opt.training.spec import load_spec
 
 
 def _plan(**extra) -> Plan:

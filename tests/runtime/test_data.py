@@ -8,7 +8,7 @@ from rt_jobs import write_spec
 
 from qsync_opt.errors import SpecError
 from qsync_opt.runtime.data import CHUNK, SyntheticTask, shard
-from qsync_opt.spec import load_spec
+from qsync_opt.training.spec import load_spec
 
 
 def test_samples_do_not_depend_on_how_the_batch_is_split(tmp_path):

@@ -8,10 +8,10 @@ from rt_jobs import make_plan, write_spec
 from qsync_opt.errors import RuntimeSetupError
 from qsync_opt.models.trace import trace
 from qsync_opt.models.zoo import ZOO, build_model
-from qsync_opt.plan import Plan, graph_fingerprint
+from qsync_opt.training.plan import Plan, graph_fingerprint
 from qsync_opt.runtime import apply_plan, current_precisions, selectable_modules
 from qsync_opt.runtime.apply import module_fingerprint_ops
-from qsync_opt.runtime.launch import validate
+from qsync_opt.training.runtime.launch import validate
 
 
 def _fingerprint(name):
@@ -59,7 +59,7 @@ def test_a_plan_missing_an_operator_of_the_model_is_refused(tmp_path):
     ops = dict(plan.fingerprint.ops)
     dropped = next(iter(ops))
     ops.pop(dropped)
-    from qsync_opt.plan import make_fingerprint
+    from qsync_opt.training.plan import make_fingerprint
 
     other = Plan.model_validate({**plan.model_dump(), "fingerprint": make_fingerprint(ops).model_dump()})
     with pytest.raises(RuntimeSetupError, match=f"operator '{dropped}' .* is in the model but not in the plan's graph"):
@@ -77,7 +77,7 @@ def test_a_precision_the_device_runtime_cannot_run_is_refused_before_launch(tmp_
 
 
 def test_pipeline_plans_carry_the_fingerprint_of_their_graph():
-    from qsync_opt.pipeline import solve
+    from qsync_opt.training.pipeline import solve
 
     from pathlib import Path
 
@@ -99,7 +99,7 @@ def test_apply_plan_with_a_device_refuses_what_its_runtime_cannot_run():
 
 
 def test_weightless_stand_ins_for_functional_ops_are_checked_by_kind():
-    from qsync_opt.plan import fingerprint_mismatch, make_fingerprint
+    from qsync_opt.training.plan import fingerprint_mismatch, make_fingerprint
 
     plan = make_fingerprint({"root.bmm_0": "bmm[]", "root.linear_0": "linear[32,16]", "fc": "linear[10,32]"})
     model = {"root.bmm_0": "matmul[]", "root.linear_0": "linear[]", "fc": "linear[10,32]"}

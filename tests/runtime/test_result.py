@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from qsync_opt.runtime.launch import _collect
+from qsync_opt.training.runtime.launch import _collect
 from qsync_opt.runtime.spawn import Spawned
-from qsync_opt.runtime.trainer import EXIT_STOPPED
+from qsync_opt.training.runtime.trainer import EXIT_STOPPED
 
 
 def _write(path, records):

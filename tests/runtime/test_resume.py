@@ -25,8 +25,8 @@ from qsync_opt.models.zoo import build_model
 from qsync_opt.runtime import selectable_modules
 from qsync_opt.runtime import checkpoint as ckpt
 from qsync_opt.runtime.checkpoint import latest
-from qsync_opt.runtime.launch import run_job
-from qsync_opt.runtime.trainer import EXIT_STOPPED
+from qsync_opt.training.runtime.launch import run_job
+from qsync_opt.training.runtime.trainer import EXIT_STOPPED
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -117,7 +117,7 @@ def test_sigterm_finishes_the_step_checkpoints_and_resumes_exactly(tmp_path):
                       rounding="stochastic", env1={"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"})
     plan = _bert_plan(spec)
     spec_path, plan_path, ck = tmp_path / "spec.yaml", plan.save(tmp_path / "plan.json"), tmp_path / "ck"
-    code = ("import sys; from qsync_opt.runtime.launch import launch; "
+    code = ("import sys; from qsync_opt.training.runtime.launch import launch; "
             "sys.exit(launch(sys.argv[1], sys.argv[2], checkpoint_dir=sys.argv[3], checkpoint_every=1000, threads=1))")
     proc = subprocess.Popen([sys.executable, "-c", code, str(spec_path), str(plan_path), str(ck)])
     metrics = ck / "metrics" / "rank0.jsonl"

@@ -10,7 +10,7 @@ import sys
 import time
 
 from qsync_opt.runtime.spawn import spawn_ranks
-from qsync_opt.runtime.trainer import EXIT_STOPPED
+from qsync_opt.training.runtime.trainer import EXIT_STOPPED
 
 RANK = ("import os, sys, time\n"
         "r = int(os.environ['RANK'])\n"

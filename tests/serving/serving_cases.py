@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from qsync_opt.solver.serving import ServingInstance, StageData
+from qsync_opt.serving.program import ServingInstance, StageData
 
 GB = 1e9
 

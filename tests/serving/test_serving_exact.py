@@ -6,8 +6,8 @@ import pytest
 
 from qsync_opt.solver.backends import EXACT, available
 from qsync_opt.solver.backends.base import SolveOptions
-from qsync_opt.solver.serving import compile_serving, evaluate, solve_serving
-from qsync_opt.solver.serving_bounds import brute_force, lower_bound
+from qsync_opt.serving.program import compile_serving, evaluate, solve_serving
+from qsync_opt.serving.bounds import brute_force, lower_bound
 from serving_cases import random_instance
 
 BACKENDS = [pytest.param(b, marks=pytest.mark.skipif(not available()[b], reason=f"{b} not available")) for b in EXACT]

@@ -7,18 +7,18 @@ import json
 import pytest
 
 import qsync_opt
-from qsync_opt.cli import main
+from qsync_opt.cli.main import main
 from qsync_opt.errors import InfeasibleError, SpecError
 from qsync_opt.hardware.device import find_device
-from qsync_opt.predictor.serving_instance import build, micro_batch_sizes
-from qsync_opt.predictor.serving_quality import layer_omegas
-from qsync_opt.serving_plan import ServingPlan
-from qsync_opt.serving_planner import expand
-from qsync_opt.serving_spec import PRESETS, TransformerConfig
-from qsync_opt.solver.serving import solve_serving
-from qsync_opt.solver.serving_bounds import brute_force
+from qsync_opt.serving.instance import build, micro_batch_sizes
+from qsync_opt.serving.quality import layer_omegas
+from qsync_opt.serving.plan import ServingPlan
+from qsync_opt.serving.planner import expand
+from qsync_opt.serving.spec import PRESETS, TransformerConfig
+from qsync_opt.serving.program import solve_serving
+from qsync_opt.serving.bounds import brute_force
 from qsync_opt.solver.backends.base import SolveOptions
-from qsync_opt.spec import load_spec
+from qsync_opt.training.spec import load_spec
 
 H, F, V, POS = 1024, 4096, 32000, 512
 

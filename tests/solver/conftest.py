@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from solver_cases import N_SMALL
 
-from qsync_opt.solver.brute import brute_force
-from qsync_opt.solver.random_instances import random_small
+from qsync_opt.training.program.brute import brute_force
+from qsync_opt.training.program.random_instances import random_small
 
 
 @pytest.fixture(scope="session")

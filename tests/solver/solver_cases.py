@@ -6,8 +6,8 @@ import pytest
 
 from qsync_opt.errors import InfeasibleError
 from qsync_opt.solver.backends import BACKENDS, EXACT, available
-from qsync_opt.solver.instance import evaluate
-from qsync_opt.solver.solve import solve_instance
+from qsync_opt.training.program.instance import evaluate
+from qsync_opt.training.program.solve import solve_instance
 
 AVAILABLE = available()
 N_SMALL = 240

@@ -13,9 +13,9 @@ from solver_cases import AVAILABLE, backend_params, exact_params
 from qsync_opt.errors import SolverError
 from qsync_opt.solver.backends import BACKENDS, EXACT, SolveOptions, available, get_backend
 from qsync_opt.solver.problem import Problem
-from qsync_opt.solver.random_instances import synthetic
-from qsync_opt.solver.solve import DEFAULT_BACKEND, solve_instance
-from qsync_opt.solver.training import compile_training
+from qsync_opt.training.program.random_instances import synthetic
+from qsync_opt.training.program.solve import DEFAULT_BACKEND, solve_instance
+from qsync_opt.training.program.compile import compile_training
 
 
 def test_registry_lists_known_backends_and_their_status():
@@ -68,8 +68,8 @@ def test_empty_row_that_fails_is_infeasible_without_calling_the_solver(backend):
 _SCRIPT = textwrap.dedent(
     """
     import json, sys
-    from qsync_opt.solver.random_instances import random_small, synthetic
-    from qsync_opt.solver.solve import solve_instance
+    from qsync_opt.training.program.random_instances import random_small, synthetic
+    from qsync_opt.training.program.solve import solve_instance
     from qsync_opt.errors import InfeasibleError, SolverError
     out = []
     for name in sys.argv[1].split(","):

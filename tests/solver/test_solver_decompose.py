@@ -6,9 +6,9 @@ import pytest
 from solver_cases import exact_params, optimum_and_bound_mismatches
 
 from qsync_opt.solver.budget import Budget
-from qsync_opt.solver.decompose import separable
-from qsync_opt.solver.random_instances import random_small, synthetic
-from qsync_opt.solver.solve import solve_instance
+from qsync_opt.training.program.decompose import separable
+from qsync_opt.training.program.random_instances import random_small, synthetic
+from qsync_opt.training.program.solve import solve_instance
 
 
 @pytest.mark.parametrize("backend", exact_params())

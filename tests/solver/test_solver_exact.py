@@ -11,8 +11,8 @@ import pytest
 from solver_cases import backend_params, check_against_brute_force, exact_params, rel_close
 
 from qsync_opt.errors import InfeasibleError, SolverError
-from qsync_opt.solver.instance import evaluate
-from qsync_opt.solver.solve import solve_instance
+from qsync_opt.training.program.instance import evaluate
+from qsync_opt.training.program.solve import solve_instance
 
 
 @pytest.mark.parametrize("backend", exact_params())

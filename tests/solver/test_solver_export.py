@@ -9,11 +9,12 @@ import pytest
 
 from qsync_opt.errors import SpecError
 from qsync_opt.solver import export, linear_file
+from qsync_opt.solver import files
 from qsync_opt.solver.backends import SolveOptions
-from qsync_opt.solver.brute import brute_force
-from qsync_opt.solver.random_instances import random_small, synthetic
-from qsync_opt.solver.solve import solve_problem
-from qsync_opt.solver.training import compile_training
+from qsync_opt.training.program.brute import brute_force
+from qsync_opt.training.program.random_instances import random_small, synthetic
+from qsync_opt.training.program.solve import solve_problem
+from qsync_opt.training.program.compile import compile_training
 
 # seeds with a plan: both objectives, fixed ops (objective constants) and budgets among them
 FEASIBLE_SEEDS = [s for s in range(40) if brute_force(random_small(s)).status == "optimal"][:8]
@@ -43,7 +44,7 @@ def test_mps_lp_and_json_reach_the_same_optimum(seed, tmp_path):
     optimum = brute_force(inst).objective
     paths = {ext: str(tmp_path / f"p.{ext}") for ext in ("mps", "lp", "json")}
     for path in paths.values():
-        export.save_problem(p, path)
+        files.save_problem(p, path)
     found = {}
     for ext in ("mps", "lp"):
         h = highspy.Highs()
@@ -56,8 +57,8 @@ def test_mps_lp_and_json_reach_the_same_optimum(seed, tmp_path):
     lp.solve(pulp.PULP_CBC_CMD(msg=False, gapRel=0.0, _skip_v4_deprecation=True))
     found["cbc<mps"] = pulp.value(lp.objective) * p.objective_unit
     for ext in ("mps", "lp"):  # our own reader, with the JSON twin: a decoded, checked plan
-        found[f"solve<{ext}"] = solve_problem(export.load_problem(paths[ext]), "highs", SolveOptions(rel_gap=0.0)).objective
-    found["json"] = solve_problem(export.load_problem(paths["json"]), "highs", SolveOptions(rel_gap=0.0)).objective
+        found[f"solve<{ext}"] = solve_problem(files.load_problem(paths[ext]), "highs", SolveOptions(rel_gap=0.0)).objective
+    found["json"] = solve_problem(files.load_problem(paths["json"]), "highs", SolveOptions(rel_gap=0.0)).objective
     for label, value in found.items():
         # MPS/LP carry 13 significant digits; CBC prints its solution to ~8
         assert value == pytest.approx(optimum, rel=1e-6), label
@@ -69,7 +70,7 @@ def test_marginal_formulation_exports_too(tmp_path):
     inst = synthetic(10, 3, 2, "dag", seed=1)
     p = compile_training(inst)
     path = str(tmp_path / "m.mps")
-    export.save_problem(p, path, formulation="marginal")
+    files.save_problem(p, path, formulation="marginal")
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("mip_rel_gap", 0.0)
@@ -92,12 +93,12 @@ def test_bad_files_say_what_is_wrong(tmp_path):
     with pytest.raises(SpecError, match="not JSON"):
         export.read_json(str(bad))
     with pytest.raises(SpecError, match=r"suffix '\.txt' unknown; use \.json, \.mps or \.lp"):
-        export.save_problem(p, str(tmp_path / "p.txt"))
+        files.save_problem(p, str(tmp_path / "p.txt"))
     with pytest.raises(SpecError, match="does not exist; write one with"):
-        export.load_problem(str(tmp_path / "p.mps"))
+        files.load_problem(str(tmp_path / "p.mps"))
     (tmp_path / "q.mps").write_text("not an mps file\n")
     with pytest.raises(SpecError, match="HiGHS could not read it"):
-        export.load_problem(str(tmp_path / "q.mps"))
+        files.load_problem(str(tmp_path / "q.mps"))
 
 
 def test_writes_are_atomic(tmp_path, monkeypatch):
@@ -154,7 +155,7 @@ def test_exported_mps_solved_by_stock_highs_defaults_gives_the_optimum(case, tmp
     optimum = br.objective if br is not None else mine.objective
     assert mine.objective == pytest.approx(optimum, rel=1e-9)
     path = str(tmp_path / "p.mps")
-    export.save_problem(p, path)
+    files.save_problem(p, path)
     assert os.path.exists(tmp_path / "p.json")  # the twin
     out = subprocess.run([sys.executable, "-c", _FRESH, path], capture_output=True, text=True, timeout=120, check=True)
     status, value = out.stdout.strip().splitlines()[-1].split()

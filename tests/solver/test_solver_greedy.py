@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from qsync_opt.solver.greedy import greedy
-from qsync_opt.solver.instance import GroupInstance, TrainingInstance, evaluate
-from qsync_opt.solver.random_instances import synthetic
-from qsync_opt.solver.solve import solve_instance
+from qsync_opt.training.program.greedy import greedy
+from qsync_opt.training.program.instance import GroupInstance, TrainingInstance, evaluate
+from qsync_opt.training.program.random_instances import synthetic
+from qsync_opt.training.program.solve import solve_instance
 
 P3 = ("fp32", "fp16", "int8")
 

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from solver_cases import exact_params, optimum_and_bound_mismatches, rel_close
 
-from qsync_opt.solver.bounded import applies
-from qsync_opt.solver.brute import brute_force
-from qsync_opt.solver.instance import evaluate
-from qsync_opt.solver.lagrange import _Evaluator, group_arrays, solve_dual
-from qsync_opt.solver.random_instances import random_small, synthetic
-from qsync_opt.solver.solve import solve_instance
+from qsync_opt.training.program.bounded import applies
+from qsync_opt.training.program.brute import brute_force
+from qsync_opt.training.program.instance import evaluate
+from qsync_opt.training.program.lagrange import _Evaluator, group_arrays, solve_dual
+from qsync_opt.training.program.random_instances import random_small, synthetic
+from qsync_opt.training.program.solve import solve_instance
 
 
 def one_group_cases(n: int = 60):

@@ -6,11 +6,11 @@ import pytest
 from solver_cases import exact_params, rel_close
 
 from qsync_opt.errors import InfeasibleError
-from qsync_opt.solver.brute import brute_force
-from qsync_opt.solver.instance import GroupInstance, TrainingInstance
-from qsync_opt.solver.lexicographic import second_instance
-from qsync_opt.solver.random_instances import random_small
-from qsync_opt.solver.solve import solve_instance
+from qsync_opt.training.program.brute import brute_force
+from qsync_opt.training.program.instance import GroupInstance, TrainingInstance
+from qsync_opt.training.program.lexicographic import second_instance
+from qsync_opt.training.program.random_instances import random_small
+from qsync_opt.training.program.solve import solve_instance
 
 
 def _cases(objective: str, n: int = 12):

@@ -15,10 +15,10 @@ import pytest
 
 from qsync_opt.errors import SolverError
 from qsync_opt.solver.budget import Budget
-from qsync_opt.solver.greedy import greedy
-from qsync_opt.solver.instance import evaluate
-from qsync_opt.solver.random_instances import synthetic
-from qsync_opt.solver.solve import solve_instance
+from qsync_opt.training.program.greedy import greedy
+from qsync_opt.training.program.instance import evaluate
+from qsync_opt.training.program.random_instances import synthetic
+from qsync_opt.training.program.solve import solve_instance
 
 LIMIT_S = 1.0
 

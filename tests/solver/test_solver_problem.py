@@ -113,8 +113,8 @@ def test_decode_refuses_two_precisions_for_one_op():
 def test_problem_with_every_op_pinned_solves_without_a_backend():
     """All groups training at fp32: no variable is left, and every backend must still answer."""
     from qsync_opt.solver.backends import EXACT
-    from qsync_opt.solver.instance import GroupInstance, TrainingInstance
-    from qsync_opt.solver.solve import solve_instance
+    from qsync_opt.training.program.instance import GroupInstance, TrainingInstance
+    from qsync_opt.training.program.solve import solve_instance
 
     g = GroupInstance(name="a", share=1.0, allowed={"x": ("fp32",)}, time_ms={"x": {"fp32": 2.0}},
                       mem_bytes={"x": {"fp32": 1.0}}, time_bound_ms=3.0, mem_capacity_bytes=10.0)
@@ -125,7 +125,7 @@ def test_problem_with_every_op_pinned_solves_without_a_backend():
 
 
 def test_evaluate_reports_every_group_after_one_breaks_its_bound():
-    from qsync_opt.solver.instance import GroupInstance, TrainingInstance, evaluate
+    from qsync_opt.training.program.instance import GroupInstance, TrainingInstance, evaluate
 
     def group(name, bound):
         return GroupInstance(name=name, share=0.5, allowed={"x": ("fp32", "int8")},

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from qsync_opt.solver.instance import GroupInstance, TrainingInstance, evaluate
-from qsync_opt.solver.qsync_greedy import qsync_greedy, start_precision
-from qsync_opt.solver.random_instances import synthetic
-from qsync_opt.solver.solve import solve_instance
+from qsync_opt.training.program.instance import GroupInstance, TrainingInstance, evaluate
+from qsync_opt.training.program.qsync_greedy import qsync_greedy, start_precision
+from qsync_opt.training.program.random_instances import synthetic
+from qsync_opt.training.program.solve import solve_instance
 
 LADDER = ("fp32", "fp16", "int8")
 

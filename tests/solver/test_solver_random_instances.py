@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from qsync_opt.errors import SpecError
-from qsync_opt.solver.greedy import greedy
-from qsync_opt.solver.instance import evaluate
-from qsync_opt.solver.random_instances import random_small, synthetic
+from qsync_opt.training.program.greedy import greedy
+from qsync_opt.training.program.instance import evaluate
+from qsync_opt.training.program.random_instances import random_small, synthetic
 
 
 def test_same_seed_same_instance_other_seed_other_instance():

@@ -14,9 +14,9 @@ import pytest
 from solver_cases import exact_params
 
 from qsync_opt.errors import InfeasibleError
-from qsync_opt.solver.brute import brute_force
-from qsync_opt.solver.random_instances import random_small
-from qsync_opt.solver.solve import solve_instance
+from qsync_opt.training.program.brute import brute_force
+from qsync_opt.training.program.random_instances import random_small
+from qsync_opt.training.program.solve import solve_instance
 
 DECADES = {"fp32": 1.0, "tf32": 1e-10, "bf16": 4e-9, "fp16": 1e-9, "fp8_e4m3": 1e-6, "fp8_e5m2": 2e-6, "int8": 1e-5, "int4": 1e-2}
 

@@ -8,10 +8,10 @@ from solver_cases import backend_params
 from qsync_opt.errors import InfeasibleError, SolverError
 from qsync_opt.solver import export
 from qsync_opt.solver.backends import SolveOptions
-from qsync_opt.solver.instance import GroupInstance, TrainingInstance, evaluate
-from qsync_opt.solver.random_instances import synthetic
-from qsync_opt.solver.solve import diagnose, solve_instance, solve_problem
-from qsync_opt.solver.training import compile_training
+from qsync_opt.training.program.instance import GroupInstance, TrainingInstance, evaluate
+from qsync_opt.training.program.random_instances import synthetic
+from qsync_opt.training.program.solve import diagnose, solve_instance, solve_problem
+from qsync_opt.training.program.compile import compile_training
 
 GIB = 2**30
 FP16_INT8 = ("fp16", "int8")
@@ -120,7 +120,7 @@ def test_a_problem_read_from_json_solves_without_the_model(tmp_path):
 
 def test_a_backend_stopped_without_a_plan_falls_back_to_the_checked_warm_start(monkeypatch):
     from qsync_opt.solver.backends import RawResult, highs
-    from qsync_opt.solver.greedy import greedy
+    from qsync_opt.training.program.greedy import greedy
 
     inst = synthetic(30, 4, 2, "dag", seed=2)
     monkeypatch.setattr(highs, "solve", lambda problem, options: RawResult("highs", "unknown", message="Time limit reached"))
@@ -134,7 +134,7 @@ def test_a_backend_stopped_without_a_plan_falls_back_to_the_checked_warm_start(m
 
 def test_a_plan_worse_than_the_warm_start_is_replaced_by_it(monkeypatch):
     from qsync_opt.solver.backends import RawResult, highs
-    from qsync_opt.solver.greedy import greedy
+    from qsync_opt.training.program.greedy import greedy
 
     inst = synthetic(30, 4, 2, "dag", seed=2)
     p = compile_training(inst)

@@ -14,9 +14,9 @@ from solver_cases import backend_params, rel_close
 
 from qsync_opt.errors import InfeasibleError, SolverError
 from qsync_opt.solver.budget import Budget
-from qsync_opt.solver.greedy import greedy
-from qsync_opt.solver.instance import evaluate
-from qsync_opt.solver.solve import solve_instance
+from qsync_opt.training.program.greedy import greedy
+from qsync_opt.training.program.instance import evaluate
+from qsync_opt.training.program.solve import solve_instance
 
 N_PROPERTY = 200
 LIMITS = {"short": 0.02, "long": 20.0}
@@ -76,7 +76,7 @@ def test_every_sub_solve_gets_at_most_what_remains():
     for several side-solves, and none may be granted more than what is left."""
     from dataclasses import replace
 
-    from qsync_opt.solver.random_instances import synthetic
+    from qsync_opt.training.program.random_instances import synthetic
 
     inst = synthetic(40, 4, 4, "dag", seed=3)
     inst = replace(inst, groups=tuple(replace(g, time_bound_ms=g.time_bound_ms * 0.5) for g in inst.groups))
@@ -94,7 +94,7 @@ def test_every_sub_solve_gets_at_most_what_remains():
 
 def test_an_exhausted_budget_starts_no_solver_and_says_unknown(monkeypatch):
     from qsync_opt.solver.backends import highs
-    from qsync_opt.solver.random_instances import synthetic
+    from qsync_opt.training.program.random_instances import synthetic
 
     calls = []
     monkeypatch.setattr(highs, "solve", lambda p, o: calls.append(o) or None)
@@ -109,8 +109,8 @@ def test_cbc_empty_run_is_unknown_not_infeasible(monkeypatch):
     import pulp
 
     from qsync_opt.solver.backends import SolveOptions, cbc
-    from qsync_opt.solver.random_instances import synthetic
-    from qsync_opt.solver.training import compile_training
+    from qsync_opt.training.program.random_instances import synthetic
+    from qsync_opt.training.program.compile import compile_training
 
     if not cbc.available():
         pytest.skip("cbc not available")

@@ -8,9 +8,9 @@ import random
 import pytest
 
 from qsync_opt.errors import SpecError
-from qsync_opt.solver.instance import GroupInstance, TrainingInstance, evaluate, group_time_ms
-from qsync_opt.solver.random_instances import random_small
-from qsync_opt.solver.training import compile_training
+from qsync_opt.training.program.instance import GroupInstance, TrainingInstance, evaluate, group_time_ms
+from qsync_opt.training.program.random_instances import random_small
+from qsync_opt.training.program.compile import compile_training
 
 
 def _random_plan(inst: TrainingInstance, rng: random.Random):

@@ -5,7 +5,7 @@ import textwrap
 import pytest
 
 from qsync_opt.errors import SpecError
-from qsync_opt.spec import JobSpec, load_spec
+from qsync_opt.training.spec import JobSpec, load_spec
 
 GOOD = textwrap.dedent(
     """\

@@ -1,7 +1,8 @@
-"""The greedy allocator as a backend: a plan in milliseconds, never a proof.
+"""A problem's own heuristic as a backend: a plan in milliseconds, never a proof.
 
-It works on the TrainingInstance the Problem was compiled from (`problem.source`), so a
-Problem read from JSON needs its embedded instance. Status is "feasible" when it finds a
+It runs the heuristic registered for the structured instance the Problem was compiled from
+(for a training problem, the TrainingInstance's greedy allocator), so a Problem read from JSON
+needs its embedded instance. Status is "feasible" when it finds a
 plan and "unknown" when it gives up: a heuristic cannot prove infeasibility.
 """
 
@@ -10,8 +11,8 @@ from __future__ import annotations
 import time
 
 from qsync_opt.errors import SolverError
+from qsync_opt.solver.export import heuristic_for
 from qsync_opt.solver.backends.base import RawResult, SolveOptions, result_from_values
-from qsync_opt.solver.greedy import greedy
 from qsync_opt.solver.problem import Problem
 
 name = "greedy"
@@ -22,13 +23,14 @@ def available() -> bool:
 
 
 def solve(problem: Problem, options: SolveOptions) -> RawResult:
-    if problem.source is None:
+    heuristic = heuristic_for(problem.source)
+    if heuristic is None:
         raise SolverError(
             "backend greedy: the problem carries no TrainingInstance; compile it with "
             "compile_training or export it with its instance (export.problem_to_json(..., with_instance=True))"
         )
     t0 = time.perf_counter()
-    res = greedy(problem.source)
+    res = heuristic()
     if not res.feasible:
         return RawResult(name, "unknown", wall_s=time.perf_counter() - t0, message=f"greedy gave up: {res.reason}")
     values = problem.encode(res.assignment)

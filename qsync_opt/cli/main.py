@@ -1,0 +1,342 @@
+"""`qsync-opt`: solve | devices | models | spec | train | bench | profile | predict | indicate.
+
+Exit codes: 0 ok, 2 bad input (message, no traceback), 3 infeasible, 4 `train` stopped by a
+signal after checkpointing (resume with --resume), 5 `solve --strict` whose plan misses a bound
+by the replayer, 1 any other failure.
+With `solve --json` the plan alone goes to stdout and the readable summary to stderr, so a
+scheduler can pipe it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shlex
+import sys
+from pathlib import Path
+
+from qsync_opt.cli.console import console
+from rich.table import Table
+
+from qsync_opt.errors import InfeasibleError, ModelError, QSyncError, RuntimeSetupError, SpecError
+
+EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_STOPPED, EXIT_MISSES_BOUNDS = 0, 1, 2, 3, 4, 5
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    err = _console(stderr=True)
+    try:
+        return args.func(args) or EXIT_OK
+    except InfeasibleError as e:
+        err.print(f"[bold red]infeasible:[/bold red] {e}", highlight=False)
+        return EXIT_INFEASIBLE
+    except (SpecError, ModelError, RuntimeSetupError) as e:
+        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        return EXIT_BAD_INPUT
+    except QSyncError as e:
+        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `qsync-opt ... | head`
+        return EXIT_OK
+
+
+_console = console  # the CLI's one way to make a console
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="qsync-opt", description="Mixed-precision plans for clusters of unlike accelerators.")
+    sub = p.add_subparsers(metavar="COMMAND")
+
+    s = sub.add_parser("solve", help="plan a job spec (or re-solve an exported problem)")
+    s.add_argument("spec", nargs="?", help="job spec YAML")
+    s.add_argument("-o", "--output", help="write the plan here (.json or .yaml), atomically")
+    s.add_argument("--backend", help="cbc | highs | cpsat | scip | greedy | uniform | default")
+    s.add_argument("--time-limit", type=float, help="solver time limit in seconds")
+    s.add_argument("--gap", type=float, help="relative optimality gap")
+    s.add_argument("--json", action="store_true", help="print the plan JSON alone on stdout")
+    s.add_argument("--export-problem", metavar="FILE", help="also save the integer program (.json, .mps or .lp)")
+    s.add_argument("--problem", metavar="FILE", help="solve a saved problem (.json, or .mps/.lp with its JSON twin) instead of a spec")
+    s.add_argument("--strict", action="store_true",
+                   help=f"exit {EXIT_MISSES_BOUNDS} when the plan misses a bound (meets_bounds: false) instead of 0")
+    s.set_defaults(func=_cmd_solve)
+
+    d = sub.add_parser("devices", help="list the device catalog")
+    d.set_defaults(func=_cmd_devices)
+
+    m = sub.add_parser("models", help="list the model zoo")
+    m.set_defaults(func=_cmd_models)
+
+    sp = sub.add_parser("spec", help="document every field of a job spec")
+    sp.set_defaults(func=_cmd_spec)
+
+    t = sub.add_parser("train", help="train with a plan on torch.distributed (one process per device); "
+                       "also runs as one rank under torchrun")
+    t.add_argument("spec")
+    t.add_argument("--plan", required=True, help="plan file from `qsync-opt solve -o`")
+    t.add_argument("--steps", type=int)
+    t.add_argument("--checkpoint-dir")
+    t.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints (default 10)")
+    t.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
+    t.add_argument("--metrics-dir", help="where ranks write rank<r>.jsonl and result.json")
+    t.add_argument("--start-timeout", type=float, metavar="S",
+                   help="seconds every rank may take to start and meet at the rendezvous (default 120)")
+    t.add_argument("--force", action="store_true", help="apply a plan solved for another model graph")
+    t.add_argument("--threads", type=int, metavar="N", help="CPU threads per rank (default: CPUs / ranks)")
+    t.add_argument("--json", action="store_true", help="print the JSON result alone on stdout")
+    t.set_defaults(func=_cmd_train)
+
+    r = sub.add_parser("run", help="profile -> indicate -> solve -> predict -> train -> report; each stage's artefact cached in the output folder")
+    r.add_argument("spec")
+    r.add_argument("-o", "--output", required=True, help="folder for the stages' artefacts, train/, report.md and PNGs")
+    r.add_argument("--from", dest="start", help="rerun from this stage: profile | indicate | solve | predict | train | report")
+    r.add_argument("--steps", type=int, help="training steps (default: training.steps)")
+    r.set_defaults(func=_cmd_run)
+
+    b = sub.add_parser("bench", help="benchmarks")
+    bsub = b.add_subparsers(metavar="WHAT")
+    bs = bsub.add_parser("solvers", help="time every backend on zoo and synthetic instances")
+    bs.add_argument("--instances", help="directory of saved problem JSON files to include")
+    bs.add_argument("--out", default="results", help="directory for CSV and PNG")
+    bs.add_argument("--quick", action="store_true", help="resnet18 on three clusters, synthetic 50 and 300 ops, 5 s limit, plus a 0.05 s limit check (< 5 min)")
+    bs.add_argument("--models", help="comma-separated zoo models (default: all; 'none' for synthetic only)")
+    bs.add_argument("--sizes", help="comma-separated synthetic sizes (default 50,200,1000,5000)")
+    bs.add_argument("--backends", help="comma-separated backends (default: all available)")
+    bs.add_argument("--limit", type=float, default=60.0, help="time limit per solve, s")
+    bs.add_argument("--gap", type=float, default=1e-3, help="relative gap")
+    bs.add_argument("--formulations", help="comma-separated cast linearisations: mccormick (products), marginal (arcs)")
+    bs.add_argument("--kinds", help="comma-separated synthetic kinds (default chain,dag)")
+    bs.add_argument("--name", default="solvers", help="file stem of the CSV and PNG (default solvers)")
+    bs.add_argument("--limit-check", type=float, help="also time a whole no-plan call under this limit (--quick: 0.05)")
+    bs.set_defaults(func=_cmd_bench_solvers)
+
+    from qsync_opt.cli.predict import register  # profile | predict | indicate
+
+    register(sub)
+    return p
+
+
+def _cmd_solve(args) -> int:
+    from qsync_opt.training import pipeline
+    from qsync_opt.training.report import print_plan
+
+    out = _console(stderr=args.json)
+    overrides = {}
+    if args.backend:
+        overrides["solver.backend"] = args.backend
+    if args.time_limit:
+        overrides["solver.time_limit_s"] = args.time_limit
+    if args.gap is not None:
+        overrides["solver.rel_gap"] = args.gap
+    if args.problem:
+        return _solve_problem(args, overrides, out)
+    if not args.spec:
+        raise SpecError("solve needs a SPEC path (or --problem FILE)")
+    from qsync_opt.solver.backends.quiet import fd1_redirected
+
+    # with --json, whatever a library prints from C goes to stderr: stdout carries the plan alone
+    with fd1_redirected(2) if args.json else contextlib.nullcontext():
+        plan = pipeline.solve(args.spec, export_problem=args.export_problem, **overrides)
+    if getattr(plan, "kind", None) == "serving":
+        from qsync_opt.serving.report import print_serving_plan
+
+        print_serving_plan(plan, out)
+    else:
+        print_plan(plan, out)
+    if args.output:
+        path = plan.save(args.output)
+        out.print(f"plan written to {path}")
+    if args.json:
+        sys.stdout.write(plan.to_json() + "\n")
+    if not plan.meets_bounds:
+        _console(stderr=True).print("[bold yellow]warning:[/bold yellow] the plan misses a bound (meets_bounds: false); "
+                                    "see the solver notes", highlight=False)
+        if args.strict:
+            return EXIT_MISSES_BOUNDS
+    return EXIT_OK
+
+
+def _solve_problem(args, overrides: dict, out) -> int:
+    """`solve --problem FILE`: re-solve a saved program; -o writes and --json prints the result."""
+    import json
+
+    from qsync_opt.io import atomic_write_text
+    from qsync_opt.solver.backends import EXACT, available
+    from qsync_opt.solver.backends.base import SolveOptions
+    from qsync_opt.solver.files import load_problem
+    from qsync_opt.training.program.solve import DEFAULT_BACKEND, solve_problem
+
+    backend = overrides.get("solver.backend", "default")
+    allowed = [*EXACT, "greedy", "default"]
+    if backend not in allowed:
+        why = (" ('uniform' is a policy over the model's operators, which a saved problem no longer has)"
+               if backend == "uniform" else "")
+        raise SpecError(f"--backend: {backend!r} cannot solve a saved problem{why}; use one of {', '.join(allowed)}")
+    if not Path(args.problem).exists():
+        raise SpecError(f"--problem: file {args.problem!r} does not exist; write one with "
+                        "`qsync-opt solve SPEC --export-problem p.json`")
+    problem = load_problem(args.problem)
+    backend = DEFAULT_BACKEND if backend == "default" else backend
+    if not available().get(backend, False):
+        raise SpecError(f"--backend: {backend!r} is not installed here; available: "
+                        + ", ".join(n for n, ok in available().items() if ok))
+    opts = SolveOptions(time_limit_s=overrides.get("solver.time_limit_s", 60.0),
+                        rel_gap=overrides.get("solver.rel_gap", 1e-4))
+    if args.json:
+        from qsync_opt.solver.backends.quiet import fd1_redirected
+
+        with fd1_redirected(2):
+            r = solve_problem(problem, backend, opts)
+    else:
+        r = solve_problem(problem, backend, opts)
+    gap = "" if r.gap is None else f", gap {r.gap:.3%}"
+    out.print(f"{args.problem}: {r.backend} -> {r.status}, objective {r.objective:.9g} (plan units){gap}, "
+              f"build {r.build_s * 1000:.0f} ms, solve {r.solve_s * 1000:.0f} ms", highlight=False)
+    if problem.source is not None:
+        out.print(f"plan checked against the instance: {len(r.assignment)} groups, "
+                  + ", ".join(f"{g}: {len(ops)} ops" for g, ops in r.assignment.items()), highlight=False)
+    elif not problem.choices:
+        out.print("no JSON twin beside the file: objective and status only (no plan to decode)", highlight=False)
+    result = {"problem": str(args.problem), "backend": r.backend, "status": r.status, "objective": r.objective,
+              "bound": r.bound, "gap": r.gap, "wall_s": r.wall_s, "assignment": r.assignment}
+    text = json.dumps(result, indent=2) + "\n"
+    if args.output:
+        out.print(f"result written to {atomic_write_text(args.output, text)}")
+    if args.json:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+def _cmd_devices(args) -> int:
+    from qsync_opt.hardware.device import catalog
+    from qsync_opt.precision import PRECISIONS, PEAK_KEY
+
+    # columns are the precision names a spec and a plan use (fp8_e4m3 and fp8_e5m2 share one rate)
+    t = Table(title="device catalog (dense peak TFLOP/s or TOP/s; '-' = no native path)", title_justify="left")
+    for col in ("device", "memory GB", "GB/s", *PRECISIONS, "source"):
+        t.add_column(col, justify="left" if col in ("device", "source") else "right")
+    for name, dev in catalog().items():
+        t.add_row(
+            name,
+            f"{dev.memory_gb:g}",
+            f"{dev.bandwidth_gbs:g}",
+            *(f"{dev.peak_tflops[PEAK_KEY[p]]:g}" if dev.supports(p) else "-" for p in PRECISIONS),
+            dev.source,
+        )
+    _console().print(t)
+    return EXIT_OK
+
+
+def _cmd_models(args) -> int:
+    from qsync_opt.models.zoo import ZOO
+
+    t = Table(title="model zoo (random weights, no downloads)", title_justify="left")
+    t.add_column("name")
+    t.add_column("task")
+    for name, entry in ZOO.items():
+        t.add_row(name, getattr(entry, "task", ""))
+    _console().print(t)
+    return EXIT_OK
+
+
+def _cmd_spec(args) -> int:
+    from pydantic import BaseModel
+
+    from qsync_opt.training.spec import JobSpec
+    from qsync_opt.spec.errors import model_in
+
+    def walk(model: type[BaseModel], prefix: str, seen: set) -> None:
+        for name, field in model.model_fields.items():
+            key = f"{prefix}{field.alias or name}"
+            default = "" if field.is_required() else f" (default: {field.get_default(call_default_factory=True)!r})"
+            print(f"{key}{default}\n    {field.description or ''}".rstrip())
+            values = _allowed_values(key, field.annotation)
+            if values:
+                print(f"    allowed: {' | '.join(values)}")
+            nested = model_in(field.annotation)
+            if nested is not None and nested not in seen:
+                walk(nested, key + ".", seen | {nested})
+
+    walk(JobSpec, "", set())
+    return EXIT_OK
+
+
+def _allowed_values(key: str, annotation) -> list[str]:
+    """The values a spec field accepts, for `qsync-opt spec`: Literal choices and named presets."""
+    from typing import Literal, get_args, get_origin
+
+    from qsync_opt.training.spec import BACKEND_NAMES, INTERCONNECTS
+
+    presets = {"solver.backend": BACKEND_NAMES, "cluster.interconnect": tuple(INTERCONNECTS)}
+    if key in presets:
+        return list(presets[key])
+    if key in ("cluster.groups.device.peak_tflops", "cluster.groups.device.efficiency"):
+        from qsync_opt.precision import PRECISIONS
+
+        return list(PRECISIONS)  # the names plans use; fp8_e4m3 and fp8_e5m2 share one rate
+    if key == "cluster.groups.device":
+        from qsync_opt.hardware.device import catalog
+
+        return [*catalog(), "{inline device}"]
+    out: list[str] = []
+
+    def collect(ann) -> None:
+        if get_origin(ann) is Literal:
+            out.extend(str(a) for a in get_args(ann))
+        else:
+            for a in get_args(ann):
+                collect(a)
+
+    collect(annotation)
+    return list(dict.fromkeys(out))
+
+
+def _cmd_train(args) -> int:
+    from qsync_opt.training.runtime.torchrun import under_torchrun
+
+    if args.start_timeout is not None and args.start_timeout <= 0:
+        raise SpecError(f"--start-timeout: got {args.start_timeout:g}; give a positive number of seconds")
+    if args.threads is not None and args.threads < 1:
+        raise SpecError(f"--threads: got {args.threads}; give a positive number of threads per rank")
+    if args.steps is not None and args.steps < 1:
+        raise SpecError(f"--steps: got {args.steps}; give a positive number of steps (default: training.steps)")
+    if args.checkpoint_every < 0:
+        raise SpecError(f"--checkpoint-every: got {args.checkpoint_every}; give 0 (only at the end) or more")
+    if under_torchrun():
+        from qsync_opt.training.runtime.torchrun import train_rank
+
+        return train_rank(args)
+    from qsync_opt.training.runtime.launch import launch
+
+    return launch(args.spec, args.plan, steps=args.steps, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
+                  checkpoint_every=args.checkpoint_every, metrics_dir=args.metrics_dir,
+                  start_timeout_s=args.start_timeout, force=args.force, as_json=args.json, threads=args.threads)
+
+
+def _cmd_run(args) -> int:
+    from qsync_opt.training.run import run
+
+    stages = run(args.spec, args.output, start=args.start, steps=args.steps)
+    print(f"report: {stages['report']}")
+    return EXIT_OK
+
+
+def _cmd_bench_solvers(args) -> int:
+    from qsync_opt.training.bench_solvers import run_benchmark
+
+    split = lambda text, conv=str: [conv(x) for x in text.split(",")] if text else None  # noqa: E731
+    run_benchmark(out_dir=Path(args.out), instances_dir=args.instances, quick=args.quick,
+                  models=split(args.models), sizes=split(args.sizes, int), backends=split(args.backends),
+                  limit=args.limit, gap=args.gap, formulations=split(args.formulations), kinds=split(args.kinds),
+                  command=" ".join(shlex.quote(a) for a in sys.argv), name=args.name, limit_check=args.limit_check)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""`qsync-opt profile | predict | indicate`: measure the device, replay a plan, compute ω.
+
+Registered on the main parser by `register(sub)`; each verb is a thin wrapper over a library
+function, so schedulers can call the same code without the CLI.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+
+from qsync_opt.training import run_stages
+
+
+def register(sub) -> None:
+    p = sub.add_parser("profile", help="measure the runtime's kernels on this machine for a spec's groups")
+    p.add_argument("spec")
+    p.add_argument("-o", "--output", help="profile file (default: this machine's cached profile)")
+    p.add_argument("--groups", help="comma-separated groups to profile (default: every group that runs here)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_profile)
+
+    r = sub.add_parser("predict", help="replay a plan: lockstep iteration time, per-group breakdown, timeline")
+    r.add_argument("spec")
+    r.add_argument("--plan", required=True, help="plan file from `qsync-opt solve -o`")
+    r.add_argument("--trace", help="write a Chrome trace (JSON; opens in Perfetto)")
+    r.add_argument("--png", help="write the timeline as a PNG")
+    r.set_defaults(func=cmd_predict)
+
+    i = sub.add_parser("indicate", help="compute the spec's sensitivity indicator (cached) and show it")
+    i.add_argument("spec")
+    i.add_argument("--method", help="weight | gvar | hessian | empirical (default: the spec's indicator.method)")
+    i.add_argument("-o", "--output", help="write ω as JSON")
+    i.add_argument("--top", type=int, default=15, help="rows to show")
+    i.set_defaults(func=cmd_indicate)
+
+
+def _console():
+    from qsync_opt.cli.console import console as make
+
+    return make()
+
+
+def cmd_profile(args) -> int:
+    from qsync_opt.training.predictor.profile import default_profile_path
+    from qsync_opt.training.predictor.profiler import profile_spec
+
+    out = _console()
+    path = Path(args.output) if args.output else default_profile_path()
+    groups = args.groups.split(",") if args.groups else None
+    prof = profile_spec(args.spec, path, groups=groups, progress=not args.quiet,
+                        log=lambda s: out.print(s, highlight=False))
+    t = Table(title=f"profile {path}", title_justify="left")
+    for col in ("section", "ops", "casts", "optimizer"):
+        t.add_column(col)
+    for key, sec in prof.sections.items():
+        t.add_row(key, str(len(sec.ops)), str(len(sec.casts)), str(len(sec.optimizer)))
+    out.print(t)
+    for key, fit in prof.allreduce.items():
+        if "alpha_ms" in fit:
+            out.print(f"all-reduce {key}: {fit['alpha_ms']:.3f} ms + {fit['beta_ms_per_byte'] * 1e6:.3f} ms/MB")
+        else:  # allreduce_profile.ddp_key: one whole fp32 DDP step, every rank here at once
+            out.print(f"{key}: fp32 DDP step {fit['fp32_ms']:.2f} ms")
+    out.print(f"machine: {prof.machine.get('cpu')} ({', '.join(prof.machine.get('isa', []))}); torch {prof.versions.get('torch')}")
+    return 0
+
+
+def cmd_predict(args) -> int:
+    from qsync_opt.training.predictor.timeline_export import write_chrome_trace, write_png
+
+    out = _console()
+    spec, ctx, tl = run_stages.predict_plan(args.spec, args.plan)
+    t = Table(title=f"{spec.name}: predicted lockstep iteration {tl.iteration_ms:.2f} ms", title_justify="left")
+    for col in ("group", "forward", "backward", "casts", "optimizer", "exposed comm", "idle (stragglers)",
+                "own iteration", "costs"):
+        t.add_column(col, justify="left" if col in ("group", "costs") else "right")
+    for gc in ctx.groups:
+        g = tl.groups[gc.name]
+        t.add_row(gc.name, f"{g.forward_ms:.2f}", f"{g.backward_ms:.2f}", f"{g.cast_ms + g.weight_cast_ms:.2f}",
+                  f"{g.optimizer_ms:.2f}", f"{g.comm_exposed_ms:.2f}", f"{tl.idle_ms[gc.name]:.2f}",
+                  f"{g.iteration_ms:.2f}", gc.cost_source)
+    out.print(t)
+    if args.trace:
+        out.print(f"Chrome trace written to {write_chrome_trace(tl, args.trace)} (open in https://ui.perfetto.dev)")
+    if args.png:
+        out.print(f"timeline written to {write_png(tl, args.png, f'{spec.name}: {tl.iteration_ms:.2f} ms per iteration')}")
+    return 0
+
+
+def cmd_indicate(args) -> int:
+    import json
+
+    from qsync_opt.io import atomic_write_text
+    from qsync_opt.training.predictor.indicators import compute_indicator
+    from qsync_opt.training.spec import load_spec
+
+    out = _console()
+    overrides = {"indicator.method": args.method} if args.method else {}
+    spec = load_spec(args.spec, **overrides)
+    sens, note = compute_indicator(spec, log=lambda s: out.print(s, highlight=False))
+    out.print(note)
+    ps = list(next(iter(sens.omega.values())))
+    t = Table(title=f"ω ({spec.indicator.method}), largest first", title_justify="left")
+    t.add_column("op")
+    for p in ps:
+        t.add_column(p, justify="right")
+    rows = sorted(sens.omega.items(), key=lambda kv: -max(kv[1].values()))
+    for op, w in rows[: args.top]:
+        t.add_row(op, *(f"{w.get(p, 0.0):.4g}" for p in ps))
+    out.print(t)
+    if args.output:
+        atomic_write_text(args.output, json.dumps({"method": spec.indicator.method, "omega": sens.omega}, indent=1))
+        out.print(f"ω written to {args.output}")
+    return 0

@@ -1,0 +1,65 @@
+"""The problem kinds behind one entry point: `load_spec` reads a spec of any kind, `solve` plans it.
+
+A spec's `kind:` (default `training`) picks the job model that validates it and the planner
+that solves it. This is the only module that knows every kind; each kind knows none of the others.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+from pydantic import BaseModel
+
+from qsync_opt.errors import SpecError
+from qsync_opt.serving.spec import ServingJob
+from qsync_opt.spec.load import apply_overrides, kind_of, read_document, validate
+from qsync_opt.training.spec import JobSpec
+
+if TYPE_CHECKING:
+    from qsync_opt.serving.plan import ServingPlan
+    from qsync_opt.training.plan import Plan
+
+#: kind -> the job model its specs validate against.
+JOB_MODELS: dict[str, type[BaseModel]] = {"training": JobSpec, "serving": ServingJob}
+KINDS = tuple(JOB_MODELS)
+
+AnyJob = Union[JobSpec, ServingJob]
+
+SOLVER_SHORTHANDS = ("backend", "time_limit_s", "rel_gap", "threads", "seed")
+
+
+def load_spec(source: "str | Path | dict | BaseModel", **overrides: Any) -> AnyJob:
+    """Parse and validate a spec of any kind from a path, a YAML string, a dict or a job model.
+
+    `overrides` use dotted paths, e.g. `load_spec(p, **{"solver.backend": "cbc"})`.
+    """
+    if isinstance(source, tuple(JOB_MODELS.values())) and not overrides:
+        return source
+    data, text, origin = read_document(source)
+    kind = kind_of(data, origin, KINDS)
+    return validate(JOB_MODELS[kind], apply_overrides(data, overrides), text, origin)
+
+
+def solve(spec_or_path: "str | Path | dict | BaseModel", *, export_problem: "str | Path | None" = None,
+          **overrides: Any) -> "Plan | ServingPlan":
+    """Plan a job: the public entry point for users (a path) and schedulers (a job model or dict).
+
+    `overrides` take dotted spec paths, e.g. `solve("job.yaml", **{"solver.backend": "cbc"})`;
+    plain keywords `backend`, `time_limit_s`, `rel_gap`, `threads`, `seed` are shorthands for
+    the solver section. A training spec gives a `Plan`, a serving spec a `ServingPlan`.
+    """
+    for short in SOLVER_SHORTHANDS:
+        if short in overrides:
+            overrides[f"solver.{short}"] = overrides.pop(short)
+    spec = load_spec(spec_or_path, **overrides)
+    if isinstance(spec, ServingJob):
+        from qsync_opt.serving.planner import plan_serving
+
+        if export_problem is not None:
+            raise SpecError("--export-problem is for training specs; a serving plan solves one program per order "
+                            "and micro-batch pair")
+        return plan_serving(spec)
+    from qsync_opt.training.pipeline import solve as solve_training
+
+    return solve_training(spec, export_problem=export_problem)

@@ -1,0 +1,74 @@
+"""Serving spec + device order + micro-batch sizes -> ServingInstance (the planner's plain data)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from qsync_opt.hardware.device import DeviceSpec
+from qsync_opt.serving.spec import ServingSpec
+from qsync_opt.serving.program import ServingInstance, StageData
+from qsync_opt.serving import costs as C
+COST_SOURCE = (
+    "roofline from the device catalog: prefill at the FP16 tensor rate, decode at memory bandwidth "
+    "(weights at their bit-width + KV reads at the mean context), weight-only dequantisation on the CUDA cores"
+)
+
+
+@dataclass(frozen=True)
+class PipelineDevice:
+    group: str
+    index: int
+    device: DeviceSpec
+
+    @property
+    def name(self) -> str:
+        return f"{self.group}[{self.index}]"
+
+
+def workload(s: ServingSpec) -> C.Workload:
+    return C.Workload(s.prompt_len, s.gen_tokens, s.global_batch)
+
+
+def micro_batch_sizes(s: ServingSpec, phase: str) -> list[int]:
+    given = getattr(s.micro_batches, phase)
+    if given != "auto":
+        return sorted(set(given))
+    b = s.global_batch
+    return sorted({2**k for k in range(int(math.log2(b)) + 1) if b % 2**k == 0} | {b})
+
+
+def build(s: ServingSpec, order: list[PipelineDevice], prefill_mb: int, decode_mb: int,
+          omega: list[dict[int, float]], link: tuple[float, float], max_indicator: float | None) -> ServingInstance:
+    """Costs of every layer on every pipeline position for these micro-batch sizes."""
+    cfg, w = s.model, workload(s)
+    bw, lat_us = link
+    stages = []
+    for j, pd in enumerate(order):
+        dev = pd.device
+        act = C.activation_peak_bytes(cfg, w, prefill_mb)
+        head = j == 0
+        stages.append(StageData(
+            name=pd.name,
+            device=dev.name,
+            pre_ms={b: C.prefill_layer_ms(cfg, w, dev, b, prefill_mb) for b in s.bits},
+            dec_ms={b: C.decode_layer_ms(cfg, w, dev, b, decode_mb) for b in s.bits},
+            mem_bytes={b: C.layer_bytes(cfg, w, b) for b in s.bits},
+            fixed_pre_ms=C.head_ms(cfg, w, dev, prefill_mb, "prefill") if head else 0.0,
+            fixed_dec_ms=C.head_ms(cfg, w, dev, decode_mb, "decode") if head else 0.0,
+            fixed_mem_bytes=act + (C.embedding_bytes(cfg) + prefill_mb * cfg.get("vocab") * 4 if head else 0.0),
+            capacity_bytes=C.capacity_bytes(dev, s.memory_fraction, s.runtime_overhead_gb),
+        ))
+    return ServingInstance(
+        stages=tuple(stages),
+        bits=tuple(s.bits),
+        omega=tuple(omega),
+        m_pre=s.global_batch // prefill_mb,
+        m_dec=s.global_batch // decode_mb,
+        decode_rounds=s.gen_tokens - 1,
+        comm_pre_ms=C.transfer_ms(cfg, w, prefill_mb, "prefill", bw, lat_us),
+        comm_dec_ms=C.transfer_ms(cfg, w, decode_mb, "decode", bw, lat_us),
+        max_indicator=max_indicator,
+        theta=s.quality.theta,
+        meta={"prefill_mb": prefill_mb, "decode_mb": decode_mb, "order": [pd.name for pd in order]},
+    )

@@ -1,0 +1,180 @@
+"""spec -> model -> OpGraph -> indicator + costs -> integer program -> verified Plan.
+
+Each stage is a plain function over plain data (DESIGN.md); this module only wires them
+together, runs the replayer's verify-and-refine loop, and writes down what happened.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from qsync_opt.models.from_spec import build_from_spec, input_maker
+from qsync_opt.models.graph import OpGraph
+from qsync_opt.models.trace import TRACE_BATCH, trace
+from qsync_opt.training.plan import GroupPlan, Plan, Provenance, SolverReport, graph_fingerprint
+from qsync_opt.training.predictor.context import Context
+from qsync_opt.training.predictor.indicators import compute_indicator
+from qsync_opt.training.predictor.instance_builder import build_instance
+from qsync_opt.training.predictor.replayer import replay
+from qsync_opt.training.predictor.sensitivity import Sensitivity
+from qsync_opt.training.program.instance import TrainingInstance, evaluate
+from qsync_opt.training.solving import baselines_of, greedy_result, resolve_budget, run_backend  # noqa: F401 (resolve_budget, run_backend re-exported)
+from qsync_opt.training.spec import JobSpec, load_spec
+
+"""Graphs are traced at batch 1 and rescaled per group (OpGraph.for_batch): cheap and exact for FLOPs."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a spec's model contributes before any device is considered."""
+
+    module: nn.Module
+    graph: OpGraph
+    sensitivity: Sensitivity
+    timings_s: dict[str, float]
+    indicator_note: str = ""
+    """Which indicator method made ω, from what (plan notes name it)."""
+
+
+def prepare(spec: JobSpec) -> Prepared:
+    """Build the model, trace it and compute its indicator (the device-independent stages)."""
+    t0 = time.perf_counter()
+    torch.manual_seed(spec.training.seed if spec.training else 0)
+    module = build_from_spec(spec)
+    t1 = time.perf_counter()
+    inputs = input_maker(spec)(TRACE_BATCH, torch.Generator().manual_seed(0))
+    name = spec.model.name or spec.model.import_
+    graph = trace(module, inputs, model_name=name, leaf_modules=spec.model.leaf_modules)
+    t2 = time.perf_counter()
+    sensitivity, note = compute_indicator(spec, module, graph)  # the spec's method (indicators.py), cached
+    t3 = time.perf_counter()
+    return Prepared(module, graph, sensitivity, {"build": t1 - t0, "trace": t2 - t1, "indicator": t3 - t2}, note)
+
+
+def solve(spec_or_path: "str | Path | dict | JobSpec", *, export_problem: "str | Path | None" = None, **overrides: Any) -> Plan:
+    """Plan a training job (any kind: `qsync_opt.solve`, which dispatches here).
+
+    `overrides` take dotted spec paths, e.g. `solve("job.yaml", **{"solver.backend": "cbc"})`;
+    plain keywords `backend`, `time_limit_s`, `rel_gap`, `threads`, `seed` are shorthands for
+    the solver section.
+    """
+    for short in ("backend", "time_limit_s", "rel_gap", "threads", "seed"):
+        if short in overrides:
+            overrides[f"solver.{short}"] = overrides.pop(short)
+    spec = load_spec(spec_or_path, **overrides)
+    prepared = prepare(spec)
+    return plan_training(spec, prepared, export_problem=export_problem)
+
+
+def plan_training(spec: JobSpec, prepared: Prepared, *, export_problem: "str | Path | None" = None) -> Plan:
+    """One budget of `solver.time_limit_s` for everything below: split search, solve, tie-break,
+    refine rounds and diagnosis; model building is timed apart and reported beside it."""
+    from qsync_opt.training.batch_split import choose_split
+    from qsync_opt.training.refine import solve_and_refine
+    from qsync_opt.solver.budget import Budget
+
+    t0 = time.perf_counter()
+    budget = Budget(spec.solver.time_limit_s)
+    notes: list[str] = []
+    if spec.training.batch_split == "auto":
+        split = choose_split(spec, prepared, budget)
+        spec, local_batches, extra = split.spec, split.local_batches, split.baselines
+        notes.extend(split.notes)
+    else:
+        local_batches, extra = None, {}
+    instance, ctx = build_training_instance(spec, prepared, local_batches)
+    if export_problem:
+        from qsync_opt.solver.files import save_problem
+        from qsync_opt.training.program.compile import compile_training
+
+        save_problem(compile_training(instance), str(export_problem))
+        notes.append(f"problem exported to {export_problem}")
+    if prepared.indicator_note:
+        notes.append(prepared.indicator_note)
+    warm = greedy_result(instance) if spec.solver.refine_rounds > 0 else None
+    result, rounds, meets = solve_and_refine(spec, instance, ctx, lambda inst: run_backend(spec, inst, budget),
+                                             budget, warm)
+    notes.extend(result["notes"])
+    if rounds and result["backend"] != "greedy":
+        notes.append(f"status {result['status']!r} and the gap are those of the model tightened by {rounds} "
+                     "refine round(s), not of the original linear model")
+    baselines = {**baselines_of(instance, ctx), **extra}
+    timing = {"build_s": budget.build_s, "solve_s": budget.spent_s}
+    return _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, time.perf_counter() - t0,
+                      meets, timing)
+
+
+def build_training_instance(spec: JobSpec, prepared: Prepared, local_batches=None) -> tuple[TrainingInstance, Context]:
+    """The predictor's instance, with a percentage indicator budget ("5%") made absolute."""
+    instance, ctx = build_instance(
+        spec, prepared.graph, prepared.sensitivity, local_batches=local_batches, boundary=spec.runtime.boundary
+    )
+    return resolve_budget(spec, instance), ctx
+
+
+def _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, wall_s, meets=True, timing=None) -> Plan:
+    a = result["assignment"]
+    tl = replay(ctx, a)
+    ev = evaluate(instance, a)
+    groups = {}
+    for gc in ctx.groups:
+        t = tl.groups[gc.name]
+        ig = instance.group(gc.name)
+        groups[gc.name] = GroupPlan(
+            device=gc.device.name,
+            count=gc.count,
+            local_batch=gc.local_batch,
+            precisions={op: a[gc.name][op] for op in ig.allowed},
+            compute_ms=t.compute_ms,
+            comm_exposed_ms=t.comm_exposed_ms,
+            iteration_ms=t.iteration_ms,
+            time_bound_ms=ig.time_bound_ms,
+            peak_memory_bytes=t.peak_memory_bytes,
+            memory_capacity_bytes=gc.mem_capacity_bytes,
+            indicator=sum(instance.omega[op][p] for op, p in a[gc.name].items()),
+            cost_source="measured" if gc.cost_source.startswith("measured") else "roofline",
+        )
+    timings = ", ".join(f"{k} {v:.2f}s" for k, v in prepared.timings_s.items())
+    bounds = [ig.time_bound_ms for ig in instance.groups if ig.time_bound_ms is not None]
+    if bounds and tl.iteration_ms > max(bounds) * (1 + 1e-6):
+        notes = [*notes, f"lockstep iteration {tl.iteration_ms:.1f} ms is {tl.iteration_ms / max(bounds) - 1:.1%} above "
+                         f"the bound {max(bounds):.1f} ms that each group meets on its own: every bucket's all-reduce "
+                         "waits for the later group's gradients, which no single group's time includes"]
+    report = SolverReport(
+        backend=result["backend"], status=result["status"], objective=result["objective"],
+        best_bound=result["bound"], gap=result["gap"], wall_s=wall_s, refine_rounds=rounds,
+        build_s=(timing or {}).get("build_s", 0.0), solve_s=(timing or {}).get("solve_s", 0.0),
+        notes=list(dict.fromkeys([*ctx.notes, *notes, f"{timings}, plan {wall_s:.2f}s"])),  # once each, in order
+    )
+    return Plan(
+        job=spec.name,
+        model=prepared.graph.model,
+        objective=spec.objective.minimize,
+        groups=groups,
+        iteration_ms=tl.iteration_ms,
+        indicator=ev.degradation,
+        solver=report,
+        meets_bounds=meets,
+        baselines=baselines,
+        provenance=Provenance(spec_digest=spec.digest(), versions=_versions()),
+        boundary=spec.runtime.boundary,
+        fingerprint=graph_fingerprint(prepared.graph),
+    )
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("qsync-opt", "torch", "pulp", "highspy", "ortools", "pydantic"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out

@@ -1,0 +1,161 @@
+"""The gloo all-reduce of this machine, fitted α + β·bytes, and one whole DDP step.
+
+`world` local processes (spawned, 1 thread each) time all_reduce of 4 KiB .. 16 MiB with a
+barrier before each call and the profiler's estimator; rank 0's times are fitted by least
+squares. On one host this is the loopback ring DDP uses for CPU ranks here.
+
+The DDP step (`measure_ddp_step`): every rank of the spec, each with its group's env and
+threads, trains the model at fp32 under DistributedDataParallel exactly as the trainer's
+timed step does (zero_grad, forward, loss, backward with the bucket all-reduces, optimizer
+step, the scalar all-reduce), one barrier, then consecutive steps; the median over steps of
+the slowest rank's time is the lockstep step, as `train` reads its iterations. The replay
+of the same plan is brought to it (profile_costs.ddp_calibrate): what DDP adds beyond the
+replayed parts (buffer broadcast in forward, gloo threads taking cores from backward, the
+reducer's bucket copies) is charged once per iteration; a replay above it (the co-located
+profile's companions never wait, a lockstep's faster rank does) is scaled down to it.
+
+Both are measured by `collectives`, which every rank runs in processes spawned here; the
+all-reduce also in the co-located profilers' processes once their profiling is done
+(colocate.py; one round of process start-up fewer). The DDP step is always taken in fresh
+ranks, as `train` starts them: read in the profiling processes it came out a few percent
+low (benchmarks/ddp_step_readings.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from qsync_opt.training.predictor.measuring import fit_line as _fit_line, robust_ms
+from qsync_opt.training.predictor.step_profile import lockstep_median_ms, loop_step, step_times_ms
+
+ALLREDUCE_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
+
+
+def allreduce_times() -> dict[int, float]:
+    """bytes -> ms of a gloo all_reduce in the current process group (every rank calls this)."""
+    import torch.distributed as dist
+
+    out = {}
+    for nbytes in ALLREDUCE_BYTES:
+        x = torch.ones(nbytes // 4)
+        out[nbytes] = robust_ms(lambda: dist.all_reduce(x), before=dist.barrier, blocks=3, repeats=3,
+                                adaptive=False)  # every rank the same calls
+    return out
+
+
+def fit(times: dict[int, float]) -> dict[str, float]:
+    a, b = _fit_line(list(times), list(times.values()))
+    return {"alpha_ms": b, "beta_ms_per_byte": a}
+
+
+def ddp_step_times_ms(spec, rank: int) -> list[float]:
+    """This rank's times of consecutive fp32 DDP training steps in the current process group, as
+    the trainer's timed step runs them; the process already carries its group's env."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from qsync_opt.training.runtime.trainer import build_rank_model, make_optimizer
+    from qsync_opt.training.predictor.measuring import group_threads
+
+    g = spec.cluster.group_of_rank(rank)
+    torch.set_num_threads(group_threads(g, spec.cluster.world_size))
+    model = build_rank_model(spec, None, g.name).train()
+    opt = make_optimizer(spec.training, model.parameters())
+    step = loop_step(spec, rank, DDP(model), opt, all_reduce_loss=True)
+
+    # one barrier, then back-to-back steps as a trainer runs them (each all-reduce keeps the
+    # lockstep); fixed counts, so step k of every rank is the same iteration (read_results)
+    dist.barrier()
+    return step_times_ms(step)
+
+
+def collectives(spec, rank: int, world: int, init_method: str, out_dir: Path, *, ar: bool, ddp: bool) -> None:
+    """Every rank: join the group, time what is asked, write rank-r results into `out_dir`."""
+    import json
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
+    try:
+        if ar:
+            torch.set_num_threads(1)
+            times = allreduce_times()
+            if rank == 0:
+                (out_dir / "allreduce.json").write_text(json.dumps(times))
+        if ddp:
+            (out_dir / f"ddp.{rank}").write_text(json.dumps(ddp_step_times_ms(spec, rank)))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def read_results(out_dir: Path, world: int) -> tuple[dict | None, float | None]:
+    """(all-reduce fit, DDP step ms) written by `collectives`, None where absent; the DDP step is read
+    as `train` reads its iterations: per step the slowest rank, then the median over steps."""
+    import json
+
+    ar = out_dir / "allreduce.json"
+    fitted = fit({int(k): v for k, v in json.loads(ar.read_text()).items()}) if ar.exists() else None
+    steps = [out_dir / f"ddp.{r}" for r in range(world)]
+    ddp = lockstep_median_ms([json.loads(f.read_text()) for f in steps]) if all(f.exists() for f in steps) else None
+    return fitted, ddp
+
+
+def _worker(rank: int, world: int, port: int, spec_file: str | None, out_dir: str, ar: bool, ddp: bool) -> None:
+    import os
+
+    spec = None
+    if spec_file:
+        from qsync_opt.training.spec import load_spec
+
+        spec = load_spec(spec_file)
+        os.environ.update(spec.cluster.group_of_rank(rank).env)  # before any kernel: oneDNN reads its cap once
+    collectives(spec, rank, world, f"tcp://127.0.0.1:{port}", Path(out_dir), ar=ar, ddp=ddp)
+    from qsync_opt.runtime.process_exit import exit_without_destructors
+
+    exit_without_destructors(0)  # results written; a gloo thread's destructor aborted ~1 in 5 such measurements here
+
+
+def _spawn(world: int, spec, *, ar: bool, ddp: bool) -> tuple[dict | None, float | None]:
+    import json
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    from qsync_opt.training.runtime.launch import _free_port
+
+    with tempfile.TemporaryDirectory() as d:
+        spec_file = None
+        if spec is not None:
+            spec_file = str(Path(d) / "spec.json")
+            Path(spec_file).write_text(json.dumps(spec.model_dump(mode="json", by_alias=True)))
+        mp.start_processes(_worker, args=(world, _free_port(), spec_file, d, ar, ddp), nprocs=world,
+                           start_method="spawn")
+        return read_results(Path(d), world)
+
+
+def measure_allreduce(world: int) -> dict[str, float]:
+    """α (ms) and β (ms per byte) of a gloo all-reduce over `world` local processes."""
+    return _spawn(world, None, ar=True, ddp=False)[0]
+
+
+def ddp_key(spec) -> str:
+    """Profile key of one DDP step: world, model, optimizer and every rank's env, threads, batch."""
+    import hashlib
+    import json
+
+    from qsync_opt.training.predictor.measuring import group_threads
+
+    world = spec.cluster.world_size
+    ranks = [(g.env, group_threads(g, world), spec.local_batches()[g.name])
+             for g in spec.cluster.groups for _ in range(g.count)]
+    data = spec.data.model_dump(mode="json") if getattr(spec, "data", None) is not None else "synthetic"
+    ident = json.dumps([spec.model.model_dump(mode="json"), spec.training.optimizer, ranks, data], sort_keys=True)
+    return f"ddp/{world}|{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
+
+
+def measure_ddp_step(spec) -> float:
+    """ms of the slowest rank's fp32 DDP training step, every rank of `spec` running here at once."""
+    return _spawn(spec.cluster.world_size, spec, ar=False, ddp=True)[1]

@@ -1,0 +1,40 @@
+"""Measuring helpers every profiler module shares: the timing estimator's settings, the cast
+sizes, a rank's thread count and a clamped least-squares line."""
+
+from __future__ import annotations
+
+import os
+
+from qsync_opt.training.predictor import estimator as est
+
+CAST_PAIRS = (("fp32", "bf16"), ("bf16", "fp32"), ("fp32", "fp16"), ("fp16", "fp32"), ("fp32", "int8"), ("int8", "fp32"))
+CAST_SIZES = (1 << 12, 1 << 15, 1 << 18, 1 << 20)
+
+BLOCKS, REPEATS = est.BLOCKS, est.REPEATS
+"""The estimator's blocks and repeats for op timings (tests patch them)."""
+
+
+def robust_ms(fn, **kw) -> float:
+    """estimator.robust_ms with this module's BLOCKS/REPEATS (tests patch them)."""
+    kw.setdefault("blocks", BLOCKS)
+    kw.setdefault("repeats", REPEATS)
+    return est.robust_ms(fn, **kw)
+
+
+def group_threads(group, world_size: int) -> int:
+    """Threads a rank of `group` trains with: its env's OMP_NUM_THREADS, else the launcher's split
+    of the CPU (GPU ranks: 1, their host threads do not decide the kernels)."""
+    v = group.env.get("OMP_NUM_THREADS")
+    if v:
+        return int(v)
+    return max(1, (os.cpu_count() or 1) // world_size) if group.device_spec.kind == "cpu" else 1
+
+
+def fit_line(xs, ys) -> tuple[float, float]:
+    """Least-squares a, b of y = a·x + b, both clamped at 0."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    var = sum((x - mx) ** 2 for x in xs)
+    a = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+    a = max(a, 0.0)
+    return a, max(my - a * mx, 0.0)

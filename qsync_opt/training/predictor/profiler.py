@@ -1,0 +1,348 @@
+"""Measure the runtime's own kernels on this machine: the costs the planner should believe.
+
+Per device group that runs here (CPU groups on a CPU machine), in a subprocess that carries
+the group's `env` (ONEDNN_MAX_CPU_ISA changes which oneDNN kernels run) and its thread
+count: for every distinct (op kind, shapes) of the model's graph at the group's local batch,
+forward and backward time of the op as the runtime runs it — selectable modules swapped for
+the runtime's quantized module at every precision the group may use, everything else as
+traced — plus cast fits a·n + b, one optimizer step with the loss, and one whole training
+step per precision (step_profile.py: what the isolated ops miss). When several ranks train
+here, all their processes run at once (colocate.py), and then time, together, a gloo
+all-reduce fit α + β·bytes and one whole fp32 DDP step (allreduce_profile.py).
+
+Each op runs in isolation on the very tensors the traced model feeds it (an fx Interpreter
+records them). Estimator (estimator.py): the median of block minima, adaptive in warm-ups,
+repeats and blocks. The profile file is saved after every op, so an interrupted run resumes
+where it stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import importlib
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from qsync_opt.errors import SpecError
+from qsync_opt.models.graph import OpGraph
+from qsync_opt.training.spec import JobSpec, load_spec
+from qsync_opt.training.predictor.measuring import CAST_PAIRS, CAST_SIZES, fit_line, group_threads, robust_ms  # noqa: F401
+from qsync_opt.training.predictor.profile import Profile, ProfileError, Section, load_profile, op_signature, section_key, step_key
+
+tr = importlib.import_module("qsync_opt.models.trace")  # the module (models/__init__ exports a function of that name)
+
+
+
+
+
+
+def local_ranks(spec) -> int:
+    """Ranks of `spec` that train on this machine at once (its section is measured beside them)."""
+    return sum(g.count for g in spec.cluster.groups if is_local(g.device_spec))
+
+
+def is_local(device) -> bool:
+    """Whether `device` is this machine's own kind of device, so its profile can be measured here."""
+    if device.kind == "cpu":
+        return True
+    if not torch.cuda.is_available():
+        return False
+    here = torch.cuda.get_device_name(0).lower().replace(" ", "")
+    return device.name.lower().split("-")[0] in here
+
+
+# --------------------------------------------------------------------------- graph walk
+class _Values(fx.Interpreter):
+    """One training-mode forward that keeps every node's real output (detached)."""
+
+    def __init__(self, gm):
+        super().__init__(gm)
+        self.out: dict[str, object] = {}
+        self.grad: dict[str, bool] = {}
+
+    def run_node(self, n):
+        r = super().run_node(n)
+        if isinstance(r, torch.Tensor):
+            self.out[n.name], self.grad[n.name] = r.detach(), r.requires_grad
+        else:
+            self.out[n.name] = r
+        return r
+
+
+def fx_nodes(gm: fx.GraphModule, desc: dict) -> dict[str, fx.Node]:
+    """OpGraph op name -> fx node, by the very walk and naming trace.py uses."""
+    act, used, counters, out = {}, set(), {}, {}
+    for n in gm.graph.nodes:
+        data_in = [u for u in n.all_input_nodes if tr._carries_data(desc, u)]
+        is_tensor = desc.get(n.name, ("other",))[0] in ("tensor", "tensors")
+        act[n.name] = (n.op == "placeholder" and is_tensor) or (is_tensor and any(act[u.name] for u in data_in))
+        op = tr._classify(gm, n, desc, act, data_in)
+        act[n.name] = act[n.name] or (op is not None and is_tensor)
+        if op is None:
+            continue
+        name, _ = tr._name(n, used, counters)
+        out[name] = n
+    return out
+
+
+def _op_callable(gm, n: fx.Node, vals: _Values, module_for: Callable[[nn.Module], nn.Module]):
+    """(call, leaves): a zero-argument call running node `n` alone, and its gradient leaves."""
+    leaves: list[torch.Tensor] = []
+
+    def arg(u: fx.Node):
+        v = vals.out[u.name]
+        if isinstance(v, torch.Tensor):
+            v = v.clone()
+            if vals.grad.get(u.name) and v.is_floating_point():
+                v.requires_grad_(True)
+                leaves.append(v)
+        return v
+
+    args = fx.node.map_arg(n.args, arg)
+    kwargs = fx.node.map_arg(n.kwargs, arg)
+    inplace = bool(kwargs.get("inplace"))
+    if n.op == "call_module":
+        mod = module_for(gm.get_submodule(n.target))
+        inplace = inplace or bool(getattr(mod, "inplace", False))
+        leaves += [p for p in mod.parameters() if p.requires_grad]
+        fn = lambda *a: mod(*a, **kwargs)  # noqa: E731
+    elif n.op == "call_method":
+        fn = lambda *a: getattr(a[0], n.target)(*a[1:], **kwargs)  # noqa: E731
+    else:
+        fn = lambda *a: n.target(*a, **kwargs)  # noqa: E731
+    if inplace:  # in-place ops may not write into a leaf: feed a non-leaf copy
+        return (lambda: fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])), leaves, True
+    return (lambda: fn(*args)), leaves, False
+
+
+def _outputs(r) -> list[torch.Tensor]:
+    rs = r if isinstance(r, (tuple, list)) else [r]
+    return [t for t in rs if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def time_op(call, leaves, inplace: bool, clone_ms: float) -> tuple[float, float]:
+    """(fwd_ms, bwd_ms) of one op run alone; the copy fed to an in-place op is not counted."""
+    def clear():
+        for t in leaves:
+            t.grad = None
+
+    with torch.enable_grad():
+        fwd = robust_ms(call)
+        if inplace:
+            fwd = max(0.0, fwd - clone_ms)
+        outs = _outputs(call())
+        if not outs:
+            return fwd, 0.0
+        grads = [torch.randn_like(o) for o in outs]
+        bwd = robust_ms(lambda: torch.autograd.backward(outs, grads, retain_graph=True), before=clear)
+    return fwd, bwd
+
+
+# --------------------------------------------------------------------------- one group
+def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGraph | None = None,
+                  progress: bool = True) -> Section:
+    """Measure `group`'s ops into the profile at `path` (resuming what it already holds).
+
+    Runs in the current process: the caller sets the group's env (see `profile_spec`).
+    """
+    from qsync_opt.models.from_spec import build_from_spec, input_maker
+    from qsync_opt.runtime.qmodules import SWAPPABLE
+    from qsync_opt.runtime.recipe import Recipe
+
+    g = next((x for x in spec.cluster.groups if x.name == group), None)
+    if g is None:
+        raise SpecError(f"group {group!r} is not in cluster.groups ({', '.join(x.name for x in spec.cluster.groups)})")
+    threads = group_threads(g, spec.cluster.world_size)
+    torch.set_num_threads(threads)
+    prof = load_profile(path) if Path(path).exists() else Profile.new()
+    sec = prof.section(g.env, threads, local_ranks(spec))
+    lb = spec.local_batches()[group]
+    torch.manual_seed(spec.training.seed)
+    module = build_from_spec(spec).train()
+    make = input_maker(spec)
+    if graph is None:
+        graph = tr.trace(module, make(1, torch.Generator().manual_seed(0)), model_name=spec.model.name or "custom",
+                         leaf_modules=spec.model.leaf_modules)
+    gg = graph.for_batch(lb)
+    inputs = tuple(make(lb, torch.Generator().manual_seed(0)))
+    gm = tr.symbolic_trace(module, spec.model.leaf_modules)
+    names = fx_nodes(gm, tr.record_shapes(gm, inputs))
+    vals = _Values(copy.deepcopy(gm))
+    with torch.enable_grad():
+        vals.run(*inputs)
+    rt = spec.runtime
+    todo = [(node, p) for node in gg.nodes for p in (g.allowed_precisions if node.selectable else ("fp32",))
+            if op_signature(node, p) not in sec.ops]
+    clone_cache: dict[str, float] = {}
+    bar = _progress(progress, f"profiling {group} ({spec.model.name or 'model'}, batch {lb})", len(todo))
+    for node, p in todo:
+        n = names.get(node.name)
+        if n is None:
+            raise ProfileError(f"profiler: op {node.name!r} of the graph has no fx node; cannot time it")
+
+        def module_for(m, p=p, node=node):
+            if p == "fp32" or not node.selectable or type(m) not in SWAPPABLE:
+                return m
+            return SWAPPABLE[type(m)].from_float(copy.deepcopy(m), Recipe(p, rt.backward_precision,
+                                                 rt.weight_granularity, rt.rounding, rt.kernels))
+
+        call, leaves, inplace = _op_callable(vals.module, n, vals, module_for)
+        clone_ms = 0.0
+        if inplace:
+            x = vals.out[n.all_input_nodes[0].name]
+            key = "x".join(map(str, x.shape))
+            clone_ms = clone_cache.setdefault(key, robust_ms(lambda: x.clone()))
+        fwd, bwd = time_op(call, leaves, inplace, clone_ms)
+        sec.ops[op_signature(node, p)] = {"fwd_ms": fwd, "bwd_ms": bwd}
+        prof.save(path)
+        bar.advance()
+    from qsync_opt.training.predictor.step_profile import measure_casts, measure_step, measure_steps, steps_key
+
+    if not sec.casts:
+        sec.casts = measure_casts(spec, robust_ms)
+    key = step_key(spec.training.optimizer, gg)
+    if key not in sec.optimizer:
+        sec.optimizer[key] = measure_step(spec, module, inputs)
+    skey = steps_key(spec, gg, group)
+    if skey not in sec.steps:
+        sec.steps[skey] = measure_steps(spec, module, group, gg, g.allowed_precisions)
+    prof.save(path)
+    bar.close()
+    return sec
+
+
+class _progress:
+    """A rich progress bar on stderr (silent when disabled)."""
+
+    def __init__(self, on: bool, label: str, total: int):
+        self.p = None
+        if on and total:
+            from rich.console import Console
+            from rich.progress import Progress
+
+            self.p = Progress(console=Console(stderr=True))
+            self.p.start()
+            self.task = self.p.add_task(label, total=total)
+
+    def advance(self):
+        if self.p:
+            self.p.advance(self.task)
+
+    def close(self):
+        if self.p:
+            self.p.stop()
+
+
+# --------------------------------------------------------------------------- whole spec
+def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None = None,
+                 allreduce: bool = True, progress: bool = True, log=print) -> Profile:
+    """Profile every group of the spec whose device runs here, each in a subprocess with its env."""
+    spec = load_spec(spec_or_path)
+    src = spec_or_path if isinstance(spec_or_path, (str, Path)) else None
+    local = [g for g in spec.cluster.groups if is_local(g.device_spec) and (groups is None or g.name in groups)]
+    if not local:
+        raise SpecError("profile: no group of cluster.groups runs on this machine's device; nothing to measure")
+    seen, profile = set(), []
+    for g in local:
+        key = (tuple(sorted(g.env.items())), group_threads(g, spec.cluster.world_size), spec.local_batches()[g.name])
+        if key not in seen:
+            seen.add(key)
+            profile.append(g)
+    here = [g for g in spec.cluster.groups if is_local(g.device_spec)]
+    world = spec.cluster.world_size
+    from qsync_opt.training.predictor.allreduce_profile import ddp_key, measure_allreduce, measure_ddp_step
+
+    before = load_profile(path) if Path(path).exists() else None
+    every_rank_here = world > 1 and local_ranks(spec) == world
+    want_ar = allreduce and world > 1 and (before is None or f"gloo/{world}" not in before.allreduce)
+    want_ddp = allreduce and every_rank_here and (before is None or ddp_key(spec) not in before.allreduce)
+    ar_fit = None
+    if local_ranks(spec) > 1:  # ranks train at once here: time them so (colocate.py)
+        from qsync_opt.training.predictor.colocate import rank_jobs, run_colocated
+
+        for g in profile:
+            log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
+        jobs = rank_jobs(here, profile)
+        log(f"co-located: {len(jobs)} processes at once, one per local rank"
+            + ("; then, in them, the gloo all-reduce" if want_ar and every_rank_here else ""))
+        ar_fit = run_colocated(spec, jobs, Path(path), progress,
+                               lambda g: section_key(g.env, group_threads(g, world), local_ranks(spec)),
+                               allreduce=want_ar and every_rank_here)
+    else:
+        for g in profile:
+            log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
+            _run_group_subprocess(spec, src, g, path, progress)
+    prof = load_profile(path)
+    if want_ar:
+        if ar_fit is None:
+            log(f"profiling gloo all-reduce over {world} local processes")
+            ar_fit = measure_allreduce(world)
+        prof.allreduce[f"gloo/{world}"] = ar_fit
+    if want_ddp:  # in fresh ranks, as train starts them (colocate.run_colocated says why)
+        log(f"profiling one fp32 DDP step over the {world} ranks, in fresh processes as train starts them")
+        prof.allreduce[ddp_key(spec)] = {"fp32_ms": measure_ddp_step(spec)}
+    prof.save(path)
+    return prof
+
+
+def _run_group_subprocess(spec: JobSpec, src, g, path, progress: bool) -> None:
+    import json
+    import tempfile
+
+    env = {**os.environ, "OMP_NUM_THREADS": str(group_threads(g, spec.cluster.world_size)), **g.env}
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec.model_dump(mode="json", by_alias=True), f)
+        spec_file = f.name
+    try:
+        argv = [sys.executable, "-m", "qsync_opt.training.predictor.profiler", spec_file, g.name, str(path)]
+        if not progress:
+            argv.append("--quiet")
+        r = subprocess.run(argv, env=env)
+    finally:
+        os.unlink(spec_file)
+    if r.returncode != 0:
+        raise ProfileError(f"profiler: group {g.name!r} failed (exit {r.returncode}); see the messages above")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Subprocess entry: `python -m qsync_opt.training.predictor.profiler SPEC.json GROUP PROFILE [--quiet]
+    [--busy DIR --peers N [--busy-only] [--rank R --world W --allreduce]]` (colocate.py: keep
+    running steps until N profilers are done, then time the gloo all-reduce with every rank)."""
+    argv = sys.argv[1:] if argv is None else argv
+    spec_file, group, path = argv[:3]
+    busy = Path(argv[argv.index("--busy") + 1]) if "--busy" in argv else None
+    try:
+        spec = load_spec(spec_file)
+        if "--busy-only" not in argv:
+            profile_group(spec, group, path, progress="--quiet" not in argv)
+        if busy is not None:
+            from qsync_opt.training.predictor.colocate import keep_busy
+            from qsync_opt.training.predictor.step_profile import fp32_step
+
+            keep_busy(fp32_step(spec, group), busy, int(argv[argv.index("--peers") + 1]),
+                      done_name=None if "--busy-only" in argv else group)
+            if "--allreduce" in argv:  # every rank, together (the DDP step is taken in fresh ranks)
+                from qsync_opt.training.predictor.allreduce_profile import collectives
+
+                collectives(spec, int(argv[argv.index("--rank") + 1]), int(argv[argv.index("--world") + 1]),
+                            f"file://{busy / 'store'}", busy, ar=True, ddp=False)
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    from qsync_opt.runtime.process_exit import exit_without_destructors
+
+    exit_without_destructors(main())  # co-located profilers run gloo collectives: see process_exit.py

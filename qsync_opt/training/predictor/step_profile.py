@@ -1,0 +1,194 @@
+"""Whole training steps of the runtime, timed by the profiler beside its isolated ops
+(and the two other whole-model figures it needs: the optimizer step with the loss, and casts).
+
+An op timed alone misses what a real step pays around it: autograd graph bookkeeping and
+Python dispatch per op, zero_grad, the allocator, and backward kernels running on
+activations that are no longer hot in cache. Summing isolated ops under-predicts the step,
+and by a different amount per precision (the quantized modules dispatch more small ops).
+So the profiler also times, with the same estimator, one whole step per precision of the
+very model it profiled: every selectable op at that precision (runtime.apply_plan), the
+spec's optimizer, zero_grad + forward + loss + backward + step — what a trainer runs. The
+cost model (profile_costs.py) turns the difference between these and its own op sums into
+a per-step term and a per-op term per precision.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from qsync_opt.models.graph import OpGraph
+from qsync_opt.training.predictor.profile import step_key
+
+
+def rank_data(spec, rank: int):
+    """(task, fetch, loss weight) of `rank` as the trainer sees them: fetch() returns the rank's
+    slice of the next global batch (task.batch), so a timed step pays what a training step pays
+    for its data (the synthetic task labels every new chunk with a teacher forward pass)."""
+    import itertools
+
+    from qsync_opt.data.task import build_task
+    from qsync_opt.training.runtime.trainer import loss_weight, rank_batches, shard
+
+    batches = rank_batches(spec, None)
+    offset, local = shard(batches, rank)
+    task, counter = build_task(spec), itertools.count()
+    return task, (lambda: task.batch(next(counter), sum(batches), offset, local)), \
+        loss_weight(local, len(batches), sum(batches))
+
+
+def steps_key(spec, gg: OpGraph, group: str) -> str:
+    """Profile key of `group`'s whole steps: step_key plus the data and the slice its first rank reads."""
+    from qsync_opt.training.runtime.trainer import rank_batches, shard
+
+    offset, _ = shard(rank_batches(spec, None), spec.cluster.first_rank(group))
+    data = spec.data.source if getattr(spec, "data", None) is not None else "synthetic"
+    return f"{step_key(spec.training.optimizer, gg)}|data={data}@{offset}/{spec.training.global_batch}"
+
+
+def loop_step(spec, rank: int, model: nn.Module, opt, *, all_reduce_loss: bool = False):
+    """The trainer's loop body for `rank` as a zero-argument call: its data, zero_grad, forward,
+    loss, backward (DDP's all-reduce inside, when `model` is wrapped), optimizer step, and with
+    `all_reduce_loss` the one scalar all-reduce a DDP trainer makes per step (training/runtime/trainer.py;
+    its logging and checkpoints left out). Every whole step timed for the planner is this one."""
+    import torch.distributed as dist
+
+    from qsync_opt.training.runtime.trainer import forward_backward
+
+    task, fetch, weight = rank_data(spec, rank)
+
+    def step():
+        inputs, targets = fetch()
+        with torch.enable_grad():
+            opt.zero_grad(set_to_none=True)
+            loss = forward_backward(model, task, inputs, targets, weight)
+            opt.step()
+        if all_reduce_loss:
+            dist.all_reduce(torch.stack([loss.float(), torch.zeros(())]))
+
+    return step
+
+
+def make_step(spec, module: nn.Module, rank: int, gg: OpGraph | None, p: str):
+    """A zero-argument whole training step of `module` with every selectable op of `gg` at `p`
+    (`gg` may be None for fp32): what the trainer's loop runs for `rank`."""
+    from qsync_opt.runtime.apply import apply_plan
+    from qsync_opt.training.runtime.trainer import make_optimizer
+
+    rt = spec.runtime
+    torch.manual_seed(spec.training.seed)
+    model = copy.deepcopy(module).train()
+    if p != "fp32":
+        model = apply_plan(model, {n.name: p for n in gg.selectable}, kernels=rt.kernels,
+                           weight_granularity=rt.weight_granularity,
+                           backward_precision=rt.backward_precision, rounding=rt.rounding)
+    opt = make_optimizer(spec.training, [q for q in model.parameters() if q.requires_grad])
+    return loop_step(spec, rank, model, opt)
+
+
+#: Untimed steps before a whole step is timed: the first allocates the optimizer's state and the
+#: allocator's pools, so it is not a warm kernel call however slow it was.
+STEP_WARMUP = 3
+
+
+def step_times_ms(step, *, warmup: int = STEP_WARMUP, calls: int | None = None) -> list[float]:
+    """ms of each of `calls` consecutive steps after `warmup` untimed ones (fixed counts, so the
+    ranks of a DDP group take the same steps)."""
+    import time
+
+    from qsync_opt.training.predictor.estimator import BLOCKS, REPEATS
+
+    for _ in range(warmup):
+        step()
+    out = []
+    for _ in range(calls or BLOCKS * REPEATS):
+        t = time.perf_counter()
+        step()
+        out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def step_median_ms(step, *, warmup: int = STEP_WARMUP, calls: int | None = None) -> float:
+    """Median of `calls` consecutive timed steps after `warmup` untimed ones: the statistic
+    `train` reports (run_stages.measured_iteration_ms), so a whole step measured here and the
+    iteration a training then shows are read alike. Not the profiler's median of block minima:
+    a minimum rejects the preemption a real step pays on a shared machine (on the emulated
+    hybrid job it read the fp32 DDP step at 80 ms where training showed 115-121 ms)."""
+    import statistics
+
+    return statistics.median(step_times_ms(step, warmup=warmup, calls=calls))
+
+
+def lockstep_median_ms(per_rank: list[list[float]]) -> float:
+    """Median over steps of the slowest rank's time: how `train` reads a DDP iteration
+    (run_stages.measured_iteration_ms), rather than the slowest rank's median."""
+    import statistics
+
+    return statistics.median(max(ts) for ts in zip(*per_rank, strict=True))
+
+
+def measure_steps(spec, module: nn.Module, group: str, gg: OpGraph, precisions) -> dict[str, float]:
+    """precision -> ms of one whole training step of `group`'s first rank with every selectable op
+    at that precision (step_median_ms; the adaptive estimator gave a 10-60 ms step one or two
+    calls per block)."""
+    rank = spec.cluster.first_rank(group)
+    return {p: step_median_ms(make_step(spec, module, rank, gg, p)) for p in precisions}
+
+
+def fp32_step(spec, group: str):
+    """`group`'s whole fp32 training step, as a companion rank runs it (colocate.py)."""
+    from qsync_opt.models.from_spec import build_from_spec
+    from qsync_opt.training.predictor.measuring import group_threads
+
+    g = next(x for x in spec.cluster.groups if x.name == group)
+    torch.set_num_threads(group_threads(g, spec.cluster.world_size))
+    torch.manual_seed(spec.training.seed)
+    module = build_from_spec(spec).train()
+    return make_step(spec, module, spec.cluster.first_rank(group), None, "fp32")  # fp32: no op to swap, no graph
+
+
+def measure_casts(spec, robust_ms) -> dict[str, dict[str, float]]:
+    """a·n + b per (src, dst) pair, timed through the runtime's own cast and quantize."""
+    from qsync_opt.runtime.casts import cast, quantize
+    from qsync_opt.training.predictor.measuring import CAST_PAIRS, CAST_SIZES, fit_line as _fit_line
+    from qsync_opt.runtime.recipe import Recipe
+
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    out = {}
+    for src, dst in CAST_PAIRS:
+        ms = []
+        for n in CAST_SIZES:
+            x = torch.randn(n)
+            if src == "int8":
+                q = quantize(x, Recipe("int8", spec.runtime.backward_precision))
+                ms.append(robust_ms(lambda: q.dequantize(torch.float32)))
+            elif dst == "int8":
+                r = Recipe("int8", spec.runtime.backward_precision)
+                ms.append(robust_ms(lambda: quantize(x, r)))
+            else:
+                x = x.to(dtypes[src])
+                ms.append(robust_ms(lambda: cast(x, dtypes[dst])))
+        a, b = _fit_line(list(CAST_SIZES), ms)
+        out[f"{src}->{dst}"] = {"a_ms_per_elem": a, "b_ms": b}
+    return out
+
+
+def measure_step(spec, module: nn.Module, inputs) -> float:
+    """ms of one optimizer step plus the loss's forward and backward."""
+    from qsync_opt.training.runtime.trainer import make_optimizer
+    from qsync_opt.training.predictor.measuring import robust_ms
+
+    model = copy.deepcopy(module).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = make_optimizer(spec.training, params)
+    step = robust_ms(opt.step)
+    with torch.no_grad():
+        out = model(*inputs).detach()
+    logits = out.reshape(-1, out.size(-1)).float().requires_grad_(True)
+    target = torch.randint(0, logits.size(-1), (logits.size(0),))
+    loss = robust_ms(lambda: nn.functional.cross_entropy(logits, target).backward())
+    return step + loss
