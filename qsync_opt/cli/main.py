@@ -123,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_solve(args) -> int:
-    from qsync_opt.training import pipeline
+    from qsync_opt import jobs
     from qsync_opt.training.report import print_plan
 
     out = _console(stderr=args.json)
@@ -142,7 +142,7 @@ def _cmd_solve(args) -> int:
 
     # with --json, whatever a library prints from C goes to stderr: stdout carries the plan alone
     with fd1_redirected(2) if args.json else contextlib.nullcontext():
-        plan = pipeline.solve(args.spec, export_problem=args.export_problem, **overrides)
+        plan = jobs.solve(args.spec, export_problem=args.export_problem, **overrides)
     if getattr(plan, "kind", None) == "serving":
         from qsync_opt.serving.report import print_serving_plan
 

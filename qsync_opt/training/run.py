@@ -22,6 +22,7 @@ from pathlib import Path
 from qsync_opt.errors import QSyncError, SpecError
 from qsync_opt.io import atomic_write_text
 from qsync_opt.training.plan import Plan
+from qsync_opt.spec.load import read_document
 from qsync_opt.training.spec import JobSpec, load_spec
 
 
@@ -88,10 +89,11 @@ def run(spec_path: str, out: "str | Path", *, start: str | None = None, steps: i
     """Run the stages from the first one without a cached artefact (or from `start`); returns stage -> artefact."""
     if start is not None and start not in STAGES:
         raise SpecError(f"--from {start!r}: not a stage; stages are {', '.join(STAGES)}")
+    kind = read_document(spec_path)[0].get("kind", "training")
+    if kind != "training":
+        raise SpecError(f"kind: {kind}: `qsync-opt run` profiles, plans and trains a training job; "
+                        f"plan a {kind} spec with `qsync-opt solve`")
     spec = load_spec(spec_path)
-    if spec.kind != "training":
-        raise SpecError(f"kind: {spec.kind}: `qsync-opt run` profiles, plans and trains a training job; "
-                        "plan a serving spec with `qsync-opt solve`")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / "run.json"
