@@ -6,14 +6,16 @@ every selectable edge; the memory model; and the DDP bucket plan.
 
 Time bound (QSync's default, objective.max_iteration_time = 'auto'): training groups (role
 'training', or role 'auto' and an all-highest-precision iteration within 5% of the fastest
-group's) stay at their highest precision and set the bound, the slowest of their predicted
-iterations (compute + exposed all-reduce); every other group gets that bound. A number
+group's) stay at their highest precision and set the bound: the lockstep iteration they make
+alone on the shared clock (their forward, backward and all-reduces, then every group's
+optimizer step, the slowest included), the least any plan of the others can reach. A number
 instead bounds every group; groups declared 'training' still stay at their highest precision.
+Either way the bound is on the lockstep iteration (lockstep.py), as the replayer computes it.
 
 time_ms[op][p] is the op's own time plus that of the non-selectable ops that follow it
-(followers.py); fixed_ms holds the non-selectable ops that follow none, the optimizer step and
-the exposed all-reduce as replayed at the group's highest precision. Lowering precision shortens backward and so can
-expose more of the all-reduce; the replayer (`verify`) re-checks that for the chosen plan.
+(followers.py); fixed_ms holds the non-selectable ops that follow none and the optimizer step,
+so the main row is the group's compute; sync_rows hold the bucket terms of the lockstep
+iteration (lockstep.py), the all-reduces included, exactly.
 
 Memory capacity = device memory × 0.95 − 0.5 GB runtime overhead (memory.py).
 """
