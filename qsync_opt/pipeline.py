@@ -53,7 +53,8 @@ def prepare(spec: JobSpec) -> Prepared:
     name = spec.model.name or spec.model.import_
     graph = trace(module, inputs, model_name=name, leaf_modules=spec.model.leaf_modules)
     t2 = time.perf_counter()
-    sensitivity, note = compute_indicator(spec, module, graph)  # the spec's method (indicators.py), cached
+    # the spec's method (indicators.py), cached; 'auto' reads its cache only (indicate/run compute it)
+    sensitivity, note = compute_indicator(spec, module, graph, compute=False)
     t3 = time.perf_counter()
     return Prepared(module, graph, sensitivity, {"build": t1 - t0, "trace": t2 - t1, "indicator": t3 - t2}, note)
 
@@ -257,6 +258,7 @@ def _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, 
         provenance=Provenance(spec_digest=spec.digest(), versions=_versions()),
         boundary=spec.runtime.boundary,
         fingerprint=graph_fingerprint(prepared.graph),
+        indicator_used=prepared.indicator_note or f"indicator: {spec.indicator.method}",
     )
 
 
