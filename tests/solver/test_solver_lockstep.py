@@ -22,7 +22,7 @@ from qsync_opt.solver.training import compile_training
 from qsync_opt.solver.uniform import uniform_policy
 from dataclasses import replace
 
-SEEDS = range(60)
+SEEDS = range(45)
 
 
 @pytest.fixture(scope="module")
