@@ -25,11 +25,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..io import atomic_write_text
-from ..models.graph import OpGraph
-from ..precision import PRECISIONS
-from ..spec import JobSpec
-from .sensitivity import Sensitivity
+from qsync_opt.io import atomic_write_text
+from qsync_opt.models.graph import OpGraph
+from qsync_opt.precision import PRECISIONS
+from qsync_opt.spec import JobSpec
+from qsync_opt.predictor.sensitivity import Sensitivity
 
 WARMUP_BATCH = 64
 """Samples per warm-up step (the accuracy runs' fp32 checkpoints used 64), at most global_batch."""
@@ -62,7 +62,7 @@ def _warmup_batch(spec: JobSpec) -> int:
 def warm_up(spec: JobSpec, module: nn.Module, task, *, progress: bool = True, log: Callable | None = None) -> nn.Module:
     """A copy of `module` trained in fp32 for indicator.warmup_steps steps on the job's training data
     (the spec's optimizer and lr, `WARMUP_BATCH` samples a step, in order from the data's start)."""
-    from ..runtime.trainer import make_optimizer
+    from qsync_opt.runtime.trainer import make_optimizer
 
     steps = spec.indicator.warmup_steps
     net = copy.deepcopy(module).float().train()
@@ -93,7 +93,7 @@ def compute_auto(spec: JobSpec, module: nn.Module, graph: OpGraph, *, base_key: 
                  compute: bool, log: Callable | None, progress: bool) -> tuple[Sensitivity, str]:
     """(Sensitivity, note) for method 'auto' (module docstring). `module` holds the initial (or
     checkpoint) weights; `compute` False reads the cache only and falls back to 'weight'."""
-    from .indicator import weight_indicator
+    from qsync_opt.predictor.indicator import weight_indicator
 
     if spec.data is None:
         return (weight_indicator(module, graph, PRECISIONS),
@@ -110,15 +110,15 @@ def compute_auto(spec: JobSpec, module: nn.Module, graph: OpGraph, *, base_key: 
         except (ValueError, KeyError, TypeError):
             pass  # a damaged entry is recomputed (or, for solve, fallen back from)
     if not compute:
-        from .indicator import weight_indicator
+        from qsync_opt.predictor.indicator import weight_indicator
 
         return (weight_indicator(module, graph, PRECISIONS),  # as method: weight computes it
                 f"indicator: weight on {weights_words(spec)}: fell back, the auto indicator (empirical on {on}) "
                 f"is not in the cache; run `qsync-opt indicate SPEC` (or `qsync-opt run`) once to compute it, "
                 "then solve again")
-    from ..data.task import build_task
-    from .empirical import empirical_indicator
-    from .indicators import calibration_batches
+    from qsync_opt.data.task import build_task
+    from qsync_opt.predictor.empirical import empirical_indicator
+    from qsync_opt.predictor.indicators import calibration_batches
 
     task = build_task(spec)
     net = warm_up(spec, module, task, progress=progress, log=log) if steps else copy.deepcopy(module).float().eval()

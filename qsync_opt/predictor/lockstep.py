@@ -22,11 +22,11 @@ the bucket terms become its `sync_rows`.
 
 from __future__ import annotations
 
-from ..solver.instance import TimeRow
-from .casts import edge_cast_parts
-from .comm import allreduce_ms
-from .context import Context, GroupContext
-from .followers import follow_format
+from qsync_opt.solver.instance import TimeRow
+from qsync_opt.predictor.casts import edge_cast_parts
+from qsync_opt.predictor.comm import allreduce_ms
+from qsync_opt.predictor.context import Context, GroupContext
+from qsync_opt.predictor.followers import follow_format
 
 
 def allreduce_tails(ctx: Context, groups: tuple[GroupContext, ...]) -> list[float]:
