@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])
 
-from accuracy_policies import POLICIES, pace_split, plan_policies  # noqa: E402
+from accuracy_policies import POLICIES, equal_split, pace_split, plan_policies  # noqa: E402
 
 from qsync_opt.data.evaluation import read_eval  # noqa: E402
 from qsync_opt.io import atomic_write_bytes, atomic_write_text  # noqa: E402
@@ -53,7 +53,10 @@ TASKS = {  # name -> model section, data input shape
 CLUSTERS = {  # name -> strong device, local batches at planning scale (the T4 keeps pace only with fewer samples)
     "v100-t4": ("V100-32GB", (2560, 1536)),
     "a100-t4": ("A100-40GB", (3072, 1024)),
+    "v100-3t4": ("V100-32GB", None),  # one V100 beside three T4s: for the 'equal' settings (QSync's data parallelism)
 }
+WEAK_COUNT = {"v100-3t4": 3}
+"""T4s per cluster (default 1); the T4 rank of the training here stands for all of them (their samples)."""
 SETTINGS = {  # name -> T4 precisions (None: all it runs), split rule ('fixed': CLUSTERS, 'pace': pace_split)
     "int4": (None, "fixed"),
     "int8": (("fp32", "fp16", "int8"), "fixed"),
@@ -62,6 +65,14 @@ SETTINGS = {  # name -> T4 precisions (None: all it runs), split rule ('fixed': 
     # without them must a planner choose among low precisions to keep pace
     "intonly": (("int8", "int4"), "pace"),
     "int8only": (("int8",), "pace"),
+    # QSync's setting (issue 20 item 3): plain data parallelism, every device the same local batch, so
+    # the weak share is weak devices / all devices; the bound is uniform-lowest's lockstep iteration
+    # there (accuracy_policies.equal_split): only the T4s' slack above it is the planners' to spend
+    "qsync-int8": (("fp32", "fp16", "int8"), "equal"),
+    "qsync-int4": (None, "equal"),
+    # ... and with the T4 offering int8 and int4 only (as 'intonly'): at these layer sizes its int paths
+    # are slower than its fp32 and fp16, so only here must a planner choose among low formats
+    "qsync-intonly": (("int8", "int4"), "equal"),
 }
 PLAN_BATCH = 4096
 RESULT_FIELDS = ("test_accuracy", "test_accuracy_tail", "test_loss", "weak_accuracy", "weak_accuracy_tail", "train_s")
@@ -71,9 +82,12 @@ FIELDS = ("task", "cluster", "setting", "policy", "seed", "test_accuracy", "test
           "t4_precisions", "local_batches", "same_as", "train_s", "note")
 
 
-def train_batches(lbs: dict[str, int], total: int) -> dict[str, int]:
-    """The plan's split of PLAN_BATCH scaled to `total` samples (at least 1 each, summing to total)."""
-    strong = max(1, min(total - 1, round(total * lbs["strong"] / sum(lbs.values()))))
+def train_batches(lbs: dict[str, int], total: int, counts: dict[str, int] | None = None) -> dict[str, int]:
+    """The plan's split of PLAN_BATCH scaled to `total` samples (at least 1 each, summing to total);
+    `counts` devices per group (default 1): a group's rank here takes all its devices' samples."""
+    counts = counts or {}
+    share = {n: b * counts.get(n, 1) for n, b in lbs.items()}
+    strong = max(1, min(total - 1, round(total * share["strong"] / sum(share.values()))))
     return {"strong": strong, "t4": total - strong}
 
 
@@ -172,8 +186,15 @@ def main(argv=None) -> int:
                 weak, rule = SETTINGS[st]
                 name, _, steps = method.partition("@")
                 model, extra = planning_inputs(task, name, int(steps or 0), a.lr, out)
-                split = fixed if rule == "fixed" else pace_split(model, strong, weak, PLAN_BATCH, extra)
-                pols = plan_policies(model, strong, split, weak, PLAN_BATCH, extra)
+                n_weak, bound = WEAK_COUNT.get(cl, 1), None
+                if rule == "equal":
+                    split, bound = equal_split(model, strong, weak, PLAN_BATCH, n_weak, extra)
+                elif fixed is None:
+                    continue  # a cluster made for the equal-batch settings only
+                else:
+                    split = fixed if rule == "fixed" else pace_split(model, strong, weak, PLAN_BATCH, extra)
+                batch = split[0] + n_weak * split[1] if rule == "equal" else PLAN_BATCH
+                pols = plan_policies(model, strong, split, weak, batch, extra, weak_count=n_weak, bound=bound)
                 label = st if method == "weight" else f"{st}/{method}"
                 print(f"planned {task} {cl} {label} (split {split}) in {time.time() - t0:.1f}s: "
                       + ", ".join(f"{p}={counts(pols[p].precisions['t4']) if pols[p].precisions else 'none'}" for p in POLICIES),
@@ -198,7 +219,7 @@ def main(argv=None) -> int:
                        t4_precisions=counts(pol.precisions["t4"]) if pol.precisions else "")
             key = None
             if pol.precisions is not None:
-                batches = train_batches(pol.local_batches, a.batch)
+                batches = train_batches(pol.local_batches, a.batch, {"t4": WEAK_COUNT.get(cl, 1)})
                 key = (task, json.dumps(pol.precisions, sort_keys=True), json.dumps(batches, sort_keys=True), seed)
                 trainings.setdefault(key, dict(label=f"{task}/{cl}/{st}/{pol.name}", task=task, seed=seed,
                                                precisions=pol.precisions, batches=batches))

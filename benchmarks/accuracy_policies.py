@@ -51,9 +51,10 @@ class Policy:
 
 
 def cluster_spec(model: dict, strong: str, split: tuple[int, int], weak_precisions, *, global_batch: int,
-                 batch_split="fixed", bound=None, extra: dict | None = None) -> dict:
-    """The cluster's job spec; `extra` adds top-level sections (data, indicator) to plan with."""
-    t4 = {"name": "t4", "device": "T4", "role": "inference"}
+                 batch_split="fixed", bound=None, extra: dict | None = None, weak_count: int = 1) -> dict:
+    """The cluster's job spec; `extra` adds top-level sections (data, indicator) to plan with;
+    `weak_count` T4s (one strong device), each at split[1] samples."""
+    t4 = {"name": "t4", "device": "T4", "role": "inference", "count": weak_count}
     if weak_precisions:
         t4["precisions"] = list(weak_precisions)
     groups = [{"name": "strong", "device": strong, "role": "training"}, t4]
@@ -72,8 +73,9 @@ def cluster_spec(model: dict, strong: str, split: tuple[int, int], weak_precisio
 
 
 def plan_policies(model: dict, strong: str, split: tuple[int, int], weak_precisions, global_batch: int,
-                  extra: dict | None = None) -> dict[str, Policy]:
-    fixed = load_spec(cluster_spec(model, strong, split, weak_precisions, global_batch=global_batch, extra=extra))
+                  extra: dict | None = None, weak_count: int = 1, bound: float | None = None) -> dict[str, Policy]:
+    fixed = load_spec(cluster_spec(model, strong, split, weak_precisions, global_batch=global_batch, extra=extra,
+                                   weak_count=weak_count, bound=bound))
     plan = solve(fixed)
     lbs = {n: g.local_batch for n, g in plan.groups.items()}
     ceiling_only = weak_precisions is not None and "fp32" not in weak_precisions
@@ -92,7 +94,7 @@ def plan_policies(model: dict, strong: str, split: tuple[int, int], weak_precisi
                               "" if b.feasible else "misses a bound")
     bound = plan.groups["t4"].time_bound_ms
     auto = load_spec(cluster_spec(model, strong, split, weak_precisions, global_batch=global_batch,
-                                  batch_split="auto", bound=bound, extra=extra))
+                                  batch_split="auto", bound=bound, extra=extra, weak_count=weak_count))
     try:
         joint = solve(auto)
         out["joint"] = Policy("joint", {n: dict(g.precisions) for n, g in joint.groups.items()},
@@ -102,6 +104,20 @@ def plan_policies(model: dict, strong: str, split: tuple[int, int], weak_precisi
         out["joint"] = Policy("joint", None, lbs, None, None, f"{type(e).__name__}: {str(e).splitlines()[0]}")
     out["batching"] = _batching_alone(auto)
     return out
+
+
+def equal_split(model: dict, strong: str, weak_precisions, global_batch: int, weak_count: int,
+                extra: dict | None = None) -> tuple[tuple[int, int], float]:
+    """QSync's setting, plain data parallelism: every device the same local batch (the weak share is
+    weak devices / all devices), and the bound the uniform-lowest plan's lockstep iteration at that
+    split (the T4s at their lowest offered format set the pace; every other plan must fit in it)."""
+    per = global_batch // (1 + weak_count)
+    spec = load_spec(cluster_spec(model, strong, (per, per), weak_precisions, global_batch=per * (1 + weak_count),
+                                  extra=extra, weak_count=weak_count, bound=1e9))
+    prepared = prepare(spec)
+    inst, ctx = build_instance(spec, prepared.graph, prepared.sensitivity, boundary=spec.runtime.boundary)
+    # role: training keeps the strong group at fp32 under a number, so 'lowest' lowers the T4s alone
+    return (per, per), replay(ctx, baseline(inst, "lowest")).iteration_ms * (1 + 1e-9)
 
 
 def pace_split(model: dict, strong: str, weak_precisions, global_batch: int, extra: dict | None = None) -> tuple[int, int]:

@@ -30,7 +30,7 @@ def register(sub) -> None:
 
     i = sub.add_parser("indicate", help="compute the spec's sensitivity indicator (cached) and show it")
     i.add_argument("spec")
-    i.add_argument("--method", help="weight | gvar | hessian | empirical (default: the spec's indicator.method)")
+    i.add_argument("--method", help="auto | weight | gvar | hessian | empirical (default: the spec's indicator.method)")
     i.add_argument("-o", "--output", help="write ω as JSON")
     i.add_argument("--top", type=int, default=15, help="rows to show")
     i.set_defaults(func=cmd_indicate)
@@ -98,7 +98,7 @@ def cmd_indicate(args) -> int:
     out = _console()
     overrides = {"indicator.method": args.method} if args.method else {}
     spec = load_spec(args.spec, **overrides)
-    sens, note = compute_indicator(spec, log=lambda s: out.print(s, highlight=False))
+    sens, note = compute_indicator(spec, log=lambda s: out.print(s, highlight=False), progress=True)
     out.print(note)
     ps = list(next(iter(sens.omega.values())))
     t = Table(title=f"ω ({spec.indicator.method}), largest first", title_justify="left")

@@ -35,4 +35,4 @@ def baseline_plan(plan: Plan, name: str) -> Plan:
         "notes": [f"baseline {name!r} of the plan; per-group compute/comm/iteration figures are the plan's, "
                   f"the baseline's synchronous iteration is {b.iteration_ms:.3f} ms"]})
     return plan.model_copy(update={"groups": groups, "iteration_ms": b.iteration_ms, "indicator": b.indicator,
-                                   "solver": solver, "baselines": {}})
+                                   "solver": solver, "baselines": {}, "meets_bounds": b.feasible})

@@ -120,6 +120,9 @@ class Plan(BaseModel):
     """The runtime.boundary the plan was costed for; the runtime refuses a plan made for another."""
     fingerprint: GraphFingerprint | None = None
     """The traced graph the plan was solved for; None in hand-written plans (then not checked)."""
+    indicator_used: str = ""
+    """Which indicator made ω and on what weights and data, e.g. 'indicator: empirical on weights
+    trained 400 fp32 steps on the job's data (auto; cached ...)'; empty in hand-written plans."""
 
     # --- views ---------------------------------------------------------------------------
     def to_fqn_config(self, group: str) -> dict[str, str]:

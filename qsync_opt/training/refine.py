@@ -34,16 +34,35 @@ class Seen:
     origin: str
 
 
+def lockstep_bound(instance: TrainingInstance) -> float | None:
+    """The bound on the lockstep iteration: the least group bound (None: no group has one)."""
+    bounds = [g.time_bound_ms for g in instance.groups if g.time_bound_ms is not None]
+    return min(bounds) if bounds else None
+
+
+def meets_time_bound(instance: TrainingInstance, lockstep_ms: float) -> bool:
+    """The replayer's lockstep iteration within the instance's bound: how every plan and baseline is judged."""
+    bound = lockstep_bound(instance)
+    return bound is None or lockstep_ms <= bound * (1 + TOL)
+
+
 def judge(instance: TrainingInstance, ctx: Context, a: Assignment) -> tuple[float, dict[str, float], dict[str, float]]:
-    """(objective, excess per group, linear-model miss per group) of `a` by the replayer."""
+    """(objective, excess per group, linear-model miss per group) of `a` by the replayer.
+
+    The bound is on the lockstep iteration (every group waits for each bucket's all-reduce);
+    when it is over, each bounded group that has a choice is charged the excess, since the
+    program's rows (predictor/lockstep.py) give no single culprit."""
     tl = replay(ctx, a)
     ev = evaluate(instance, a)
     excess, miss = {}, {}
+    bound = lockstep_bound(instance)
+    over = not meets_time_bound(instance, tl.iteration_ms)
     for g in instance.groups:
-        t = tl.groups[g.name].iteration_ms
-        miss[g.name] = t - ev.time_ms.get(g.name, t)
-        if g.time_bound_ms is not None and t > g.time_bound_ms * (1 + TOL):
-            excess[g.name] = t - g.time_bound_ms
+        miss[g.name] = tl.iteration_ms - ev.time_ms.get(g.name, tl.iteration_ms)
+        if over and g.time_bound_ms is not None and any(len(ps) > 1 for ps in g.allowed.values()):
+            excess[g.name] = tl.iteration_ms - bound
+    if over and not excess:  # nothing left to tighten: report the excess against the pinned groups
+        excess = {g.name: tl.iteration_ms - bound for g in instance.groups}
     return ev.objective(instance), excess, miss
 
 

@@ -93,9 +93,11 @@ def indicate_stage(spec: JobSpec, out: Path, log: Callable[[str], None]) -> str:
     """The spec's indicator (from the shared indicator cache when it is there), ω kept in DIR."""
     from qsync_opt.training.predictor.indicators import compute_indicator
 
-    sens, note = compute_indicator(spec, log=lambda s: log(f"  {s}"))
+    from qsync_opt.training.predictor.indicator_auto import resolved_method
+
+    sens, note = compute_indicator(spec, log=lambda s: log(f"  {s}"), progress=True)
     log(f"  {note}")
-    record = {"method": spec.indicator.method, "note": note, "omega": sens.omega}
+    record = {"method": spec.indicator.method, "resolved": resolved_method(spec), "note": note, "omega": sens.omega}
     return str(atomic_write_text(out / "indicator.json", json.dumps(record, indent=1)))
 
 

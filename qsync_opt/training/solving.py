@@ -87,12 +87,11 @@ def baselines_of(instance: TrainingInstance, ctx: Context) -> dict[str, Baseline
 
 
 def as_baseline(instance: TrainingInstance, ctx: Context, a: Assignment) -> Baseline:
+    from qsync_opt.training.refine import meets_time_bound
+
     tl = replay(ctx, a)
     ev = evaluate(instance, a)
-    in_time = all(  # judged like the plan: by the replayer's timeline, not the linear model
-        g.time_bound_ms is None or tl.groups[g.name].iteration_ms <= g.time_bound_ms * (1 + 1e-6)
-        for g in instance.groups
-    )
+    in_time = meets_time_bound(instance, tl.iteration_ms)  # judged like the plan: the replayer's lockstep iteration
     return Baseline(
         iteration_ms=tl.iteration_ms,
         indicator=ev.degradation,

@@ -42,7 +42,9 @@ class TrainingSpec(_Model):
 class Objective(_Model):
     minimize: Literal["accuracy_degradation", "iteration_time"] = "accuracy_degradation"
     max_iteration_time: Union[Literal["auto"], float] = "auto"
-    """Bound in ms; 'auto' = the training groups' own time at their own precision (QSync)."""
+    """Bound in ms on the lockstep iteration (the replayer's); 'auto' = the training groups' own
+    iteration at their own precision (QSync), on the lockstep clock: their last all-reduce, then
+    every group's optimizer step."""
     max_accuracy_degradation: Union[float, str, None] = None
     """Budget on the share-weighted indicator sum, for minimize: iteration_time: an absolute
     number (>= 0), or a percentage such as "5%" of the uniform-lowest-precision plan's indicator."""
@@ -98,10 +100,18 @@ class Calibration(_Model):
 class IndicatorSpec(_Model):
     """How operator sensitivity ω is measured (the plan names the method)."""
 
-    method: Literal["weight", "gvar", "hessian", "empirical"] = "weight"
-    """'weight': weight quantisation noise; 'gvar': QSync's bi-directional variance from
-    calibration batches; 'hessian': Hutchinson trace x quantisation error (HAWQ); 'empirical':
-    measured loss change when only that op is lowered."""
+    method: Literal["auto", "weight", "gvar", "hessian", "empirical"] = "auto"
+    """'auto' (default): with a `data:` section, 'empirical' on weights trained in fp32 for
+    `warmup_steps` steps (the indicator that ranked operators best in the committed accuracy runs,
+    docs/indicators.md), computed once by `qsync-opt indicate` or `run` and cached; without data,
+    'weight' (on random initial weights unless model.checkpoint is given). 'weight': weight
+    quantisation noise; 'gvar': QSync's bi-directional variance from calibration batches;
+    'hessian': Hutchinson trace x quantisation error (HAWQ); 'empirical': measured loss change
+    when only that op is lowered."""
+    warmup_steps: int = Field(default=400, ge=0)
+    """method: auto with data: fp32 training steps on the job's data before ω is measured (the
+    accuracy runs used 400); 0 measures on the initial weights. Not used with model.checkpoint,
+    whose weights are already trained."""
     calibration: Calibration = Field(default_factory=Calibration)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from predictor_graphs import SPEC_V100_T4, conv_chain_graph, flat_omega
@@ -19,16 +21,23 @@ def _build(spec_text=SPEC_V100_T4, **overrides):
     return build_instance(load_spec(spec_text, **overrides), GRAPH, flat_omega(GRAPH))
 
 
-def test_auto_bound_is_the_training_groups_own_time():
+def test_auto_bound_is_the_training_groups_own_time_on_the_lockstep_clock():
     inst, ctx = _build()
     v100, t4 = inst.group("v100"), inst.group("t4")
     assert ctx.training_groups == ("v100",)  # the T4s are far slower at fp32
     assert set(v100.allowed.values()) == {("fp32",)} and v100.time_bound_ms is None
     assert set(t4.allowed.values()) == {("fp32", "fp16", "int8", "int4")}
-    v100_time = replay(ctx, baseline(inst, "highest")).groups["v100"].iteration_ms
-    assert t4.time_bound_ms == pytest.approx(v100_time) == pytest.approx(ctx.time_bound_ms)
+    # the V100s alone on the shared clock: their all-reduces end at `end`, then every group steps its
+    # optimizer, the T4's (slower) included: max(own compute, last all-reduce + slowest optimizer)
+    gv, gt = ctx.group("v100"), ctx.group("t4")
+    alone = replay(replace(ctx, groups=(gv,)), {"v100": gv.highest})
+    own = alone.groups["v100"]
+    end = alone.bucket_ends[-1]
+    expect = max(own.compute_ms, end + max(gv.optimizer_ms, gt.optimizer_ms))
+    assert gt.optimizer_ms > gv.optimizer_ms and expect > own.iteration_ms
+    assert t4.time_bound_ms == pytest.approx(expect, rel=1e-12) == pytest.approx(ctx.time_bound_ms, rel=1e-12)
     ev = evaluate(inst, baseline(inst, "highest"))
-    assert ev.time_ms["v100"] == pytest.approx(v100_time)
+    assert ev.time_ms["v100"] == pytest.approx(expect, rel=1e-12)
     assert any(v.startswith("t4: time") for v in ev.violations)  # the straggler QSync fixes
 
 

@@ -1,5 +1,7 @@
 """The spec's indicator (`indicator.method`), computed on the job's model, weights and data, and cached.
 
+auto:      the default: empirical on fp32-warmed-up weights with a `data:` section, else weight
+           (indicator_auto.py); `solve` reads its cache only and says when it fell back.
 weight:    weight quantisation noise (indicator.py), no data, not cached (instant).
 gvar:      QSync's bi-directional indicator from calibration batches (gvar.py).
 hessian:   Hutchinson trace × quantisation error (hessian.py).
@@ -26,7 +28,7 @@ from qsync_opt.precision import PRECISIONS
 from qsync_opt.training.spec import JobSpec
 from qsync_opt.training.predictor.sensitivity import Sensitivity
 
-METHODS = ("weight", "gvar", "hessian", "empirical")
+METHODS = ("auto", "weight", "gvar", "hessian", "empirical")
 
 
 def load_checkpoint(spec: JobSpec, module: nn.Module) -> nn.Module:
@@ -85,15 +87,21 @@ def cache_key(spec: JobSpec, module: nn.Module, precisions: tuple[str, ...]) -> 
 
 def indicator_precisions(spec: JobSpec) -> tuple[str, ...]:
     """Every format: one indicator serves any cluster (empirical: the cluster's formats only, it is costly)."""
-    if spec.indicator.method != "empirical":
+    from qsync_opt.training.predictor.indicator_auto import resolved_method
+
+    if resolved_method(spec) != "empirical":
         return PRECISIONS
     used = {p for g in spec.cluster.groups for p in g.allowed_precisions} | {"fp32"}
     return tuple(p for p in PRECISIONS if p in used)
 
 
 def compute_indicator(spec: JobSpec, module: nn.Module | None = None, graph: OpGraph | None = None,
-                      *, use_cache: bool = True, log=None) -> tuple[Sensitivity, str]:
-    """(Sensitivity, one-line note) of the spec's indicator method, from the cache when it is there."""
+                      *, use_cache: bool = True, log=None, compute: bool = True,
+                      progress: bool = False) -> tuple[Sensitivity, str]:
+    """(Sensitivity, one-line note) of the spec's indicator method, from the cache when it is there.
+
+    method 'auto' (indicator_auto.py): `compute` False reads its cache only (what `solve` does) and
+    falls back to 'weight' with a note saying how to get the better one; `progress` shows its warm-up."""
     from qsync_opt.training.predictor.profile import cache_dir
 
     method = spec.indicator.method
@@ -109,6 +117,12 @@ def compute_indicator(spec: JobSpec, module: nn.Module | None = None, graph: OpG
                       leaf_modules=spec.model.leaf_modules)
     module = load_checkpoint(spec, module)
     ps = indicator_precisions(spec)
+    if method == "auto":
+        from qsync_opt.training.predictor.indicator_auto import compute_auto
+
+        return compute_auto(spec, module, graph, base_key=lambda p: cache_key(spec, module, p),
+                            cache_path=lambda kind, key: cache_dir() / "indicators" / f"{kind}-{key}.json",
+                            precisions=ps, use_cache=use_cache, compute=compute, log=log, progress=progress)
     if method == "weight":
         from qsync_opt.training.predictor.indicator import weight_indicator
 

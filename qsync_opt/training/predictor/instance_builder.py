@@ -6,14 +6,16 @@ every selectable edge; the memory model; and the DDP bucket plan.
 
 Time bound (QSync's default, objective.max_iteration_time = 'auto'): training groups (role
 'training', or role 'auto' and an all-highest-precision iteration within 5% of the fastest
-group's) stay at their highest precision and set the bound, the slowest of their predicted
-iterations (compute + exposed all-reduce); every other group gets that bound. A number
+group's) stay at their highest precision and set the bound: the lockstep iteration they make
+alone on the shared clock (their forward, backward and all-reduces, then every group's
+optimizer step, the slowest included), the least any plan of the others can reach. A number
 instead bounds every group; groups declared 'training' still stay at their highest precision.
+Either way the bound is on the lockstep iteration (lockstep.py), as the replayer computes it.
 
 time_ms[op][p] is the op's own time plus that of the non-selectable ops that follow it
-(followers.py); fixed_ms holds the non-selectable ops that follow none, the optimizer step and
-the exposed all-reduce as replayed at the group's highest precision. Lowering precision shortens backward and so can
-expose more of the all-reduce; the replayer (`verify`) re-checks that for the chosen plan.
+(followers.py); fixed_ms holds the non-selectable ops that follow none and the optimizer step,
+so the main row is the group's compute; sync_rows hold the bucket terms of the lockstep
+iteration (lockstep.py), the all-reduces included, exactly.
 
 Memory capacity = device memory × 0.95 − 0.5 GB runtime overhead (memory.py).
 """
@@ -175,14 +177,24 @@ def build_instance(
         or (qsync_bound and roles[gc.name] == "auto"
             and highest[gc.name].iteration_ms <= fastest * (1 + AUTO_TRAINING_SLACK))
     )
+    pinned = {gc.name: gc.name in training and (qsync_bound or roles[gc.name] == "training") for gc in gcs}
+    gcs = [replace(gc, allowed={op: (ps[0],) for op, ps in gc.allowed.items()}) if pinned[gc.name] else gc
+           for gc in gcs]
+    rows = lockstep_rows(proto, tuple(gcs))  # lockstep.py: the replayer's synchronised iteration as rows
     if qsync_bound:
         if not training:
             raise SpecError(
                 "objective.max_iteration_time: 'auto' needs a training group, but every group is "
                 "role: inference; mark one group role: training or give a bound in ms"
             )
-        bound = max(highest[n].iteration_ms for n in training)
-        notes.append(f"bound {bound:.3f} ms = slowest training group ({', '.join(training)}) at its highest precision")
+        # QSync's bound: the training groups' own iteration, on the lockstep clock (their all-reduces,
+        # then every group's optimizer step): the least iteration any plan of the others can reach.
+        bound = max(_lockstep_floor(gc, rows[gc.name]) for gc in gcs if gc.name in training)
+        own = max(highest[n].iteration_ms for n in training)
+        notes.append(f"bound {bound:.3f} ms = the lockstep iteration the training group(s) ({', '.join(training)}) "
+                     f"set at their highest precision (their own iteration {own:.3f} ms"
+                     + (f", then the slowest optimizer step, {bound - own:+.3f} ms" if bound > own * (1 + 1e-9) else "")
+                     + ")")
     elif auto:
         bound = None
         notes.append("no time bound: the objective minimises iteration time under the indicator budget")
@@ -193,19 +205,17 @@ def build_instance(
     groups, final = [], []
     for gc in gcs:
         is_training = gc.name in training
-        fixed_at_highest = is_training and (qsync_bound or roles[gc.name] == "training")
-        allowed = {op: (ps[0],) for op, ps in gc.allowed.items()} if fixed_at_highest else gc.allowed
+        allowed = gc.allowed
         _check_omega(omega, gc.name, allowed)
         g_bound = None if (qsync_bound and is_training) else bound
         gc = replace(gc, allowed=allowed, time_bound_ms=g_bound, role="training" if is_training else "inference")
         final.append(gc)
-        hi = highest[gc.name]
         followers: dict[str, list[str]] = {}
         for f, own in gc.owner.items():
             if own is not None:
                 followers.setdefault(own, []).append(f)
         unowned = sum(gc.other_costs[f]["fp32"].total_ms for f, own in gc.owner.items() if own is None)
-        fixed_ms = unowned + gc.optimizer_ms + hi.comm_exposed_ms
+        fixed_ms = unowned + gc.optimizer_ms  # the all-reduce is in the bucket rows (sync_rows), exactly
         groups.append(GroupInstance(
             name=gc.name,
             share=gc.count * gc.local_batch / spec.training.global_batch,
@@ -217,6 +227,7 @@ def build_instance(
             fixed_mem_bytes=gc.memory.fixed_bytes,
             time_bound_ms=g_bound,
             mem_capacity_bytes=gc.mem_capacity_bytes,
+            sync_rows=rows[gc.name],
         ))
     ops = {op for g in groups for op in g.allowed}
     instance = TrainingInstance(
@@ -232,6 +243,19 @@ def build_instance(
         notes=tuple(notes + [f"costs of {gc.name}: {gc.cost_source}" for gc in final]),
     )
     return instance, ctx
+
+
+def _lockstep_floor(gc: GroupContext, rows) -> float:
+    """The largest of a pinned group's rows (main and bucket rows) at its highest precision."""
+    choice = gc.highest
+    main = _main_row(gc, choice)
+    return max([main, *(row_ms(r, choice) for r in rows)])
+
+
+def _main_row(gc: GroupContext, choice) -> float:
+    """F + B + optimizer of `choice`: the replayer's own figures (compute_ms)."""
+    return replay_group(gc, choice, Context(groups=(), world_size=1, link_bandwidth_gbs=1.0, link_latency_us=0.0,
+                                            global_batch=1)).compute_ms
 
 
 def _source(gcs) -> str:

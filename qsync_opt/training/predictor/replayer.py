@@ -8,10 +8,8 @@ it) and the idle time waiting for stragglers, which add up to the lockstep itera
 Per group: forward ops in graph order (edge casts before an op, weight casts with it,
 non-selectable ops in the format of the op they follow), backward in reverse (gradient casts
 after an op), DDP bucket all-reduces overlapping backward,
-then the optimizer step. The linear model in the TrainingInstance is exact except for the
-exposed all-reduce, which it estimates once at the group's highest precision; the replayer
-re-simulates it for the assignment in hand, so the solver's verify-and-refine loop calls
-`verify` to learn whether a bound really holds.
+then the optimizer step. The TrainingInstance's rows are this lockstep iteration, linear in
+the choices (lockstep.py); the replayer stays the judge of every plan (refine.judge).
 """
 
 from __future__ import annotations

@@ -30,8 +30,12 @@ MIN_PASSES = 3
 
 
 def applies(instance: TrainingInstance) -> bool:
-    """One group, the indicator objective, no indicator budget: the program the DP bounds."""
-    return len(instance.groups) == 1 and instance.objective == "accuracy_degradation" and instance.max_degradation is None
+    """One group, the indicator objective, no indicator budget, no sync rows: the program the DP bounds.
+
+    The DP prices one time row; with sync rows (the lockstep's bucket terms) its minimisers could
+    break a row it does not see, and fixing against such an incumbent would not be exact."""
+    return (len(instance.groups) == 1 and instance.objective == "accuracy_degradation"
+            and instance.max_degradation is None and not instance.groups[0].sync_rows)
 
 
 def solve_group(instance: TrainingInstance, backend: str, options: SolveOptions, budget: Budget):

@@ -107,12 +107,24 @@ def _enumerate(instance: TrainingInstance, g: GroupInstance) -> _Plans:
         time += np.array([g.time_ms[op][p] for p in allowed[i]])[col]
         mem += np.array([g.mem_bytes[op][p] for p in allowed[i]])[col]
         deg += np.array([instance.omega[op][p] for p in allowed[i]])[col]
-    for (a, b), table in g.cast_ms.items():
-        ia, ib = pos[a], pos[b]
-        c = np.array([[table.get((pa, pb), 0.0) for pb in allowed[ib]] for pa in allowed[ia]])
-        time += c[idx[:, ia], idx[:, ib]]
+    time += _casts(g.cast_ms, pos, allowed, idx)
+    for r in g.sync_rows:  # the group's time is its largest row (instance.group_time_ms)
+        t = np.full(count, float(r.const_ms)) + _casts(r.cast_ms, pos, allowed, idx)
+        for op, table in r.op_ms.items():
+            i = pos[op]
+            t += np.array([table.get(p, 0.0) for p in allowed[i]])[idx[:, i]]
+        time = np.maximum(time, t)
     deg *= g.share
     ok = mem <= g.mem_capacity_bytes
     if g.time_bound_ms is not None:
         ok &= time <= g.time_bound_ms
     return _Plans(ops, allowed, idx[ok], time[ok], deg[ok])
+
+
+def _casts(cast_ms, pos, allowed, idx) -> np.ndarray:
+    total = np.zeros(len(idx))
+    for (a, b), table in cast_ms.items():
+        ia, ib = pos[a], pos[b]
+        c = np.array([[table.get((pa, pb), 0.0) for pb in allowed[ib]] for pa in allowed[ia]])
+        total += c[idx[:, ia], idx[:, ib]]
+    return total

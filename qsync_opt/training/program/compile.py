@@ -7,10 +7,11 @@ linearisation is exact). Ops with a single allowed precision are folded into con
 and a cast next to such an op becomes a plain linear term, so a fully fixed group adds
 no variables at all.
 
-Rows per group: time (fixed + Σ t·x + Σ c·y ≤ bound) when the group has a bound; memory
+Rows per group: time (fixed + Σ t·x + Σ c·y ≤ bound) when the group has a bound, and one more
+such row per sync row (the lockstep iteration's bucket terms, instance.TimeRow); memory
 (fixed + Σ m·x ≤ capacity) when the capacity is finite; the share-weighted indicator
 budget when the instance has one. Objective "accuracy_degradation" minimises
-Σ_g share_g Σ_i ω[i, p]·x; "iteration_time" minimises T with T ≥ time_g for every group.
+Σ_g share_g Σ_i ω[i, p]·x; "iteration_time" minimises T with T ≥ every time row of every group.
 Memory and indicator rows are rescaled by powers of two (exact in floating point) so bytes
 and tiny indicators do not meet solver tolerances in raw form.
 """
@@ -36,7 +37,7 @@ def compile_training(instance: TrainingInstance) -> Problem:
     names = _Names()
     deg_expr: dict[str, float] = {}
     deg_const = 0.0
-    times: list[tuple[GroupInstance, dict[str, float], float]] = []
+    times: list[tuple[GroupInstance, str, dict[str, float], float]] = []
     for g in instance.groups:
         gname = names.group(g.name)
         x: dict[tuple[str, str], str] = {}
@@ -62,25 +63,44 @@ def compile_training(instance: TrainingInstance) -> Problem:
                 _acc(m_expr, v, g.mem_bytes[op][p])
                 _acc(deg_expr, v, g.share * instance.omega[op][p])
             prob.add_onehot(f"oh_{gname}__{names.op(op)}", vars_)
-        for (a, b), table in g.cast_ms.items():
-            for (pa, pb), c in table.items():
-                if c == 0 or pa not in g.allowed[a] or pb not in g.allowed[b]:
-                    continue
-                if a in fixed and b in fixed:
-                    t_const += c if (fixed[a], fixed[b]) == (pa, pb) else 0.0
-                elif a in fixed:
-                    _acc(t_expr, x[b, pb], c if fixed[a] == pa else 0.0)
-                elif b in fixed:
-                    _acc(t_expr, x[a, pa], c if fixed[b] == pb else 0.0)
-                else:
-                    y = f"y_{gname}__{names.op(a)}__{names.op(b)}__{pa}__{pb}"
-                    prob.add_pair(y, x[a, pa], x[b, pb])
-                    _acc(t_expr, y, c)
-        if g.time_bound_ms is not None:
-            prob.add_constraint(f"time_{gname}", t_expr, "<=", g.time_bound_ms - t_const)
+        pairs: set[str] = set()
+
+        def add_casts(cast_ms, t_expr, t_const) -> float:
+            for (a, b), table in cast_ms.items():
+                for (pa, pb), c in table.items():
+                    if c == 0 or pa not in g.allowed[a] or pb not in g.allowed[b]:
+                        continue
+                    if a in fixed and b in fixed:
+                        t_const += c if (fixed[a], fixed[b]) == (pa, pb) else 0.0
+                    elif a in fixed:
+                        _acc(t_expr, x[b, pb], c if fixed[a] == pa else 0.0)
+                    elif b in fixed:
+                        _acc(t_expr, x[a, pa], c if fixed[b] == pb else 0.0)
+                    else:
+                        y = f"y_{gname}__{names.op(a)}__{names.op(b)}__{pa}__{pb}"
+                        if y not in pairs:  # one product variable per pair, shared by every row
+                            prob.add_pair(y, x[a, pa], x[b, pb])
+                            pairs.add(y)
+                        _acc(t_expr, y, c)
+            return t_const
+
+        t_const = add_casts(g.cast_ms, t_expr, t_const)
+        rows = [("time", t_expr, t_const)]
+        for k, row in enumerate(g.sync_rows):  # the lockstep iteration's other terms (TimeRow)
+            r_expr, r_const = {}, row.const_ms
+            for op, table in row.op_ms.items():
+                for p, c in table.items():
+                    if op in fixed:
+                        r_const += c if fixed[op] == p else 0.0
+                    elif (op, p) in x:
+                        _acc(r_expr, x[op, p], c)
+            rows.append((f"sync{k}", r_expr, add_casts(row.cast_ms, r_expr, r_const)))
+        for label, expr, const in rows:
+            if g.time_bound_ms is not None:
+                prob.add_constraint(f"{label}_{gname}", expr, "<=", g.time_bound_ms - const)
+            times.append((g, label, expr, const))
         if math.isfinite(g.mem_capacity_bytes):
             prob.add_constraint(f"mem_{gname}", *_pow2_row(m_expr, g.mem_capacity_bytes - m_const))
-        times.append((g, t_expr, t_const))
     if instance.max_degradation is not None:
         prob.add_constraint("degradation_budget", *_pow2_row(deg_expr, instance.max_degradation - deg_const))
     if instance.objective == "accuracy_degradation":
@@ -90,8 +110,9 @@ def compile_training(instance: TrainingInstance) -> Problem:
         prob.objective_unit = 1.0 / scale
     else:
         t = prob.add_var("T_iteration", "continuous", 0.0, math.inf)  # T ≥ every group's time
-        for g, t_expr, t_const in times:
-            prob.add_constraint(f"epi_{names.group(g.name)}", {**t_expr, t: -1.0}, "<=", -t_const)
+        for g, label, t_expr, t_const in times:
+            tag = "" if label == "time" else f"_{label}"
+            prob.add_constraint(f"epi_{names.group(g.name)}{tag}", {**t_expr, t: -1.0}, "<=", -t_const)
         prob.objective = {t: 1.0}
     prob.meta["groups"] = [g.name for g in instance.groups]
     return prob
@@ -138,6 +159,17 @@ def check_instance(instance: TrainingInstance) -> None:
             for pair, c in table.items():
                 if not _finite(c):
                     raise SpecError(f"{where}.cast_ms[({a!r}, {b!r})][{pair}]: {c!r} is not a finite number")
+        for k, row in enumerate(g.sync_rows):
+            at = f"{where}.sync_rows[{k}] ({row.name})"
+            if not _finite(row.const_ms):
+                raise SpecError(f"{at}.const_ms: {row.const_ms!r} is not a finite number")
+            ops = list(row.op_ms) + [op for edge in row.cast_ms for op in edge]
+            stray = [op for op in ops if op not in g.allowed]
+            if stray:
+                raise SpecError(f"{at}: op {stray[0]!r} is not in this group's ops; drop it or add the op")
+            values = [c for t in row.op_ms.values() for c in t.values()] + [c for t in row.cast_ms.values() for c in t.values()]
+            if not all(_finite(c) for c in values):
+                raise SpecError(f"{at}: a coefficient is not a finite number; give finite ms")
 
 
 class _Names:

@@ -88,38 +88,55 @@ class _GroupState:
     def __init__(self, instance: TrainingInstance, g: GroupInstance, choice: dict[str, str]):
         self.g, self.omega, self.choice = g, instance.omega, dict(choice)
         self.bound = math.inf if g.time_bound_ms is None else g.time_bound_ms
-        self.time, self.mem = group_time_ms(g, choice), group_mem_bytes(g, choice)
+        self.main, self.mem = main_row_ms(g, choice), group_mem_bytes(g, choice)
+        self.rows = [row_ms(r, choice) for r in g.sync_rows]  # the lockstep's other terms, kept exact too
+        self.time = max([self.main, *self.rows])
         self.deg = g.share * sum(self.omega[op][p] for op, p in choice.items())
-        self.nbrs: dict[str, list[tuple[str, dict, bool]]] = {op: [] for op in g.allowed}
-        for (a, b), table in g.cast_ms.items():
-            self.nbrs[a].append((b, table, True))
-            if b != a:
-                self.nbrs[b].append((a, table, False))
+        self.nbrs = _neighbours(g.allowed, g.cast_ms)
+        self.row_nbrs = [_neighbours(g.allowed, r.cast_ms) for r in g.sync_rows]
         self.version = dict.fromkeys(g.allowed, 0)
         self.order = {op: i for i, op in enumerate(g.allowed)}
         self.steps = 0
         self._seq = itertools.count()
 
-    def delta(self, op: str, q: str) -> tuple[float, float, float]:
-        """(Δtime, Δmemory, Δindicator·share) of moving `op` to precision `q`."""
+    def _row_deltas(self, op: str, q: str) -> tuple[float, list[float]]:
         g, p = self.g, self.choice[op]
-        dt = g.time_ms[op][q] - g.time_ms[op][p]
-        for other, table, op_is_a in self.nbrs[op]:
+        d_main = g.time_ms[op][q] - g.time_ms[op][p] + self._cast_delta(self.nbrs, op, p, q)
+        d_rows = []
+        for r, nbrs in zip(g.sync_rows, self.row_nbrs):
+            t = r.op_ms.get(op, {})
+            d_rows.append(t.get(q, 0.0) - t.get(p, 0.0) + self._cast_delta(nbrs, op, p, q))
+        return d_main, d_rows
+
+    def _cast_delta(self, nbrs, op: str, p: str, q: str) -> float:
+        dt = 0.0
+        for other, table, op_is_a in nbrs[op]:
             if other == op:
                 dt += table.get((q, q), 0.0) - table.get((p, p), 0.0)
                 continue
             o = self.choice[other]
             new, old = ((q, o), (p, o)) if op_is_a else ((o, q), (o, p))
             dt += table.get(new, 0.0) - table.get(old, 0.0)
-        return dt, g.mem_bytes[op][q] - g.mem_bytes[op][p], g.share * (self.omega[op][q] - self.omega[op][p])
+        return dt
+
+    def delta(self, op: str, q: str) -> tuple[float, float, float]:
+        """(Δtime, Δmemory, Δindicator·share) of moving `op` to precision `q`; time is the largest row."""
+        g, p = self.g, self.choice[op]
+        d_main, d_rows = self._row_deltas(op, q)
+        after = max([self.main + d_main, *(t + d for t, d in zip(self.rows, d_rows))])
+        return after - self.time, g.mem_bytes[op][q] - g.mem_bytes[op][p], g.share * (self.omega[op][q] - self.omega[op][p])
 
     def apply(self, op: str, q: str) -> None:
-        dt, dm, dd = self.delta(op, q)
+        _, dm, dd = self.delta(op, q)
+        d_main, d_rows = self._row_deltas(op, q)
         self.choice[op] = q
-        self.time, self.mem, self.deg = self.time + dt, self.mem + dm, self.deg + dd
+        self.main += d_main
+        self.rows = [t + d for t, d in zip(self.rows, d_rows)]
+        self.time, self.mem, self.deg = max([self.main, *self.rows]), self.mem + dm, self.deg + dd
         self.steps += 1
-        for o in [op, *(n for n, _, _ in self.nbrs[op])]:
-            self.version[o] += 1
+        for nbrs in (self.nbrs, *self.row_nbrs):
+            for o in [op, *(n for n, _, _ in nbrs[op])]:
+                self.version[o] += 1
 
     def fits(self, dt: float, dm: float) -> bool:
         return self.time + dt <= self.bound and self.mem + dm <= self.g.mem_capacity_bytes
@@ -172,6 +189,16 @@ class _GroupState:
         cap = self.g.mem_capacity_bytes
         self._run(lambda dt, dm, dd: None if dm >= 0 else (dd / -dm, dt), stop=lambda: self.mem <= cap)
         return self.mem <= cap
+
+
+def _neighbours(allowed, cast_ms) -> dict[str, list[tuple[str, dict, bool]]]:
+    """op -> (other end, cast table, op is the edge's source) for every edge at op."""
+    nbrs: dict[str, list[tuple[str, dict, bool]]] = {op: [] for op in allowed}
+    for (a, b), table in cast_ms.items():
+        nbrs[a].append((b, table, True))
+        if b != a:
+            nbrs[b].append((a, table, False))
+    return nbrs
 
 
 def _gain_per_time(dt: float, dm: float, dd: float):

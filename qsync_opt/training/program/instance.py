@@ -17,6 +17,21 @@ Assignment = dict[str, dict[str, str]]
 
 
 @dataclass(frozen=True)
+class TimeRow:
+    """One more linear term of the lockstep iteration that this group's choices set (predictor/lockstep.py):
+    const_ms + Σ_op op_ms[op][p(op)] + Σ_edge cast_ms[edge][(p(a), p(b))]; a missing entry counts 0.
+
+    E.g. "bucket k": the group's forward, its backward up to bucket k's gradients, then every
+    all-reduce from k on and the slowest optimizer step. The iteration is the largest of all
+    groups' rows (the main one included), so each row must meet the group's time bound."""
+
+    name: str
+    op_ms: dict[str, dict[str, float]]
+    cast_ms: dict[tuple[str, str], dict[tuple[str, str], float]] = field(default_factory=dict)
+    const_ms: float = 0.0
+
+
+@dataclass(frozen=True)
 class GroupInstance:
     """One device group's costs. All times in ms per iteration, memory in bytes per device."""
 
@@ -38,6 +53,9 @@ class GroupInstance:
     time_bound_ms: float | None = None
     """Synchronisation bound (None: unconstrained, e.g. the training groups themselves)."""
     mem_capacity_bytes: float = math.inf
+    sync_rows: tuple[TimeRow, ...] = ()
+    """Further rows of the lockstep iteration (empty: the main row alone is the group's time).
+    The group's time is the largest of its rows; time_bound_ms bounds each."""
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -67,7 +85,7 @@ class Evaluation:
     degradation: float
     """Σ_g share_g · Σ_i ω[i, p_g(i)]."""
     iteration_ms: float
-    """Slowest group's time: what synchronous data parallelism waits for."""
+    """Slowest group's time (the largest row of any group): what synchronous data parallelism waits for."""
     violations: list[str]
 
     @property
@@ -78,11 +96,25 @@ class Evaluation:
         return self.degradation if instance.objective == "accuracy_degradation" else self.iteration_ms
 
 
-def group_time_ms(g: GroupInstance, choice: dict[str, str]) -> float:
+def main_row_ms(g: GroupInstance, choice: dict[str, str]) -> float:
+    """The group's own row: fixed + op times + casts (without its sync rows)."""
     t = g.fixed_ms + sum(g.time_ms[op][choice[op]] for op in g.allowed)
     for (a, b), table in g.cast_ms.items():
         t += table.get((choice[a], choice[b]), 0.0)
     return t
+
+
+def row_ms(row: TimeRow, choice: dict[str, str]) -> float:
+    t = row.const_ms + sum(table.get(choice[op], 0.0) for op, table in row.op_ms.items())
+    for (a, b), table in row.cast_ms.items():
+        t += table.get((choice[a], choice[b]), 0.0)
+    return t
+
+
+def group_time_ms(g: GroupInstance, choice: dict[str, str]) -> float:
+    """The group's time: the largest of its main row and its sync rows."""
+    t = main_row_ms(g, choice)
+    return max([t, *(row_ms(r, choice) for r in g.sync_rows)])
 
 
 def group_mem_bytes(g: GroupInstance, choice: dict[str, str]) -> float:

@@ -7,7 +7,7 @@ from typing import Any
 
 from qsync_opt.solver.export import num, register_source, unnum
 from qsync_opt.training.program.greedy import greedy
-from qsync_opt.training.program.instance import GroupInstance, TrainingInstance
+from qsync_opt.training.program.instance import GroupInstance, TimeRow, TrainingInstance
 
 
 def instance_to_dict(inst: TrainingInstance) -> dict[str, Any]:
@@ -29,6 +29,12 @@ def instance_to_dict(inst: TrainingInstance) -> dict[str, Any]:
                 "fixed_mem_bytes": g.fixed_mem_bytes,
                 "time_bound_ms": g.time_bound_ms,
                 "mem_capacity_bytes": num(g.mem_capacity_bytes),
+                "sync_rows": [
+                    {"name": r.name, "op_ms": r.op_ms, "const_ms": r.const_ms,
+                     "cast_ms": [{"a": a, "b": b, "costs": [[pa, pb, c] for (pa, pb), c in t.items()]}
+                                 for (a, b), t in r.cast_ms.items()]}
+                    for r in g.sync_rows
+                ],
             }
             for g in inst.groups
         ],
@@ -48,6 +54,11 @@ def instance_from_dict(d: dict[str, Any]) -> TrainingInstance:
             fixed_mem_bytes=g["fixed_mem_bytes"],
             time_bound_ms=g["time_bound_ms"],
             mem_capacity_bytes=unnum(g["mem_capacity_bytes"]),
+            sync_rows=tuple(
+                TimeRow(name=r["name"], op_ms=r["op_ms"], const_ms=r["const_ms"],
+                        cast_ms={(e["a"], e["b"]): {(pa, pb): c for pa, pb, c in e["costs"]} for e in r["cast_ms"]})
+                for r in g.get("sync_rows", ())
+            ),
         )
         for g in d["groups"]
     )

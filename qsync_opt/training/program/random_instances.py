@@ -153,3 +153,33 @@ def _span(g: GroupInstance, fn):
 
 def _val(g, fn, op, p):
     return g.time_ms[op][p] if fn is group_time_ms else g.mem_bytes[op][p]
+
+
+def with_sync_rows(instance: TrainingInstance, seed: int, n_rows: int = 2) -> TrainingInstance:
+    """`instance` with lockstep-like sync rows per group (instance.TimeRow), bounds redrawn to bind.
+
+    Row k has the shape of a bucket term (predictor/lockstep.py): each op's forward part (a
+    random share of its time) always, its backward part only for ops from a cut point on, the
+    casts likewise, plus an all-reduce tail that shrinks with k. Each group's time bound is
+    redrawn between its fastest and slowest plan by the new group time (the largest row)."""
+    rng = random.Random(seed)
+    groups = []
+    for g in instance.groups:
+        ops = list(g.allowed)
+        fwd = {op: rng.uniform(0.25, 0.5) for op in ops}
+        cuts = sorted(rng.randrange(len(ops)) for _ in range(n_rows))
+        base = g.fixed_ms
+        rows = []
+        for k, cut in enumerate(cuts):
+            on = {op: i >= cut for i, op in enumerate(ops)}
+            op_ms = {op: {p: t * (fwd[op] + (1 - fwd[op]) * on[op]) for p, t in g.time_ms[op].items()} for op in ops}
+            cast_ms = {(a, b): {pair: c * (0.5 + 0.5 * on[b]) for pair, c in table.items()}
+                       for (a, b), table in g.cast_ms.items()}
+            tail = base * rng.uniform(0.5, 3.0) * (n_rows - k) / n_rows
+            rows.append(TimeRow(name=f"bucket {k}", op_ms=op_ms, cast_ms=cast_ms, const_ms=tail))
+        g2 = replace(g, sync_rows=tuple(rows))
+        if g.time_bound_ms is not None:
+            lo_t, hi_t = _span(g2, group_time_ms)
+            g2 = replace(g2, time_bound_ms=lo_t + rng.uniform(-0.1, 1.0) * (hi_t - lo_t))
+        groups.append(g2)
+    return replace(instance, groups=tuple(groups))
