@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from qsync_opt.training.baselines import baseline_plan
-from qsync_opt.training.pipeline import _baselines, build_training_instance, plan_training, prepare
+from qsync_opt.training.pipeline import build_training_instance, plan_training, prepare
+from qsync_opt.training.solving import baselines_of as _baselines
 from qsync_opt.training.predictor.replayer import replay
 from qsync_opt.training.refine import meets_time_bound
 from qsync_opt.training.program.instance import evaluate

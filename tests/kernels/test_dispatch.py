@@ -7,7 +7,7 @@ import pytest
 from qsync_opt.errors import SpecError
 from qsync_opt.hardware.device import DeviceSpec, catalog, find_device
 from qsync_opt.hardware.device import catalog_table
-from qsync_opt.kernels.dispatch import (Target, format_table, gemm_impl, implementation, implementation_table, offer,
+from qsync_opt.kernels.dispatch import (Target, format_table, gemm_impl, implementation, offer,
                                         storage_bits)
 from qsync_opt.precision import PRECISIONS
 

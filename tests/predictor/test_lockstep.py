@@ -12,7 +12,7 @@ import pytest
 from predictor_graphs import SPEC_V100_T4, conv_chain_graph, deep_mlp_graph, flat_omega
 from test_replayer_lockstep import CTX, PLAN
 
-from qsync_opt.training.pipeline import _baselines
+from qsync_opt.training.solving import baselines_of as _baselines
 from qsync_opt.training.predictor.instance_builder import baseline, build_instance
 from qsync_opt.training.predictor.lockstep import lockstep_rows
 from qsync_opt.training.predictor.replayer import replay

@@ -12,7 +12,7 @@ from solver_cases import rel_close
 
 from qsync_opt.errors import InfeasibleError, SpecError
 from qsync_opt.training.program.brute import brute_force
-from qsync_opt.solver.export import instance_from_dict, instance_to_dict
+from qsync_opt.training.program.instance_io import instance_from_dict, instance_to_dict
 from qsync_opt.training.program.greedy import greedy
 from qsync_opt.training.program.instance import TimeRow, evaluate, group_time_ms, main_row_ms
 from qsync_opt.training.program.qsync_greedy import qsync_greedy

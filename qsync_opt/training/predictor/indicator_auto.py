@@ -118,7 +118,7 @@ def compute_auto(spec: JobSpec, module: nn.Module, graph: OpGraph, *, base_key: 
                 "then solve again")
     from qsync_opt.data.task import build_task
     from qsync_opt.training.predictor.empirical import empirical_indicator
-    from qsync_opt.training.predictor.indicators import calibration_batches
+    from qsync_opt.training.predictor.calibration import calibration_batches
 
     task = build_task(spec)
     net = warm_up(spec, module, task, progress=progress, log=log) if steps else copy.deepcopy(module).float().eval()

@@ -26,6 +26,7 @@ from qsync_opt.io import atomic_write_text
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.precision import PRECISIONS
 from qsync_opt.training.spec import JobSpec
+from qsync_opt.training.predictor.calibration import calibration_batches  # noqa: F401 (re-exported)
 from qsync_opt.training.predictor.sensitivity import Sensitivity
 
 METHODS = ("auto", "weight", "gvar", "hessian", "empirical")
@@ -51,17 +52,6 @@ def load_checkpoint(spec: JobSpec, module: nn.Module) -> nn.Module:
         raise SpecError(f"model.checkpoint: {path!r} does not fit model {spec.model.name or spec.model.import_!r}: "
                         f"{str(e).splitlines()[0]}") from None
     return module
-
-
-def calibration_batches(spec: JobSpec, task=None) -> list[tuple[tuple[torch.Tensor, ...], torch.Tensor]]:
-    """The first N batches of the job's training data (its `data:` section, else the synthetic
-    task), as (inputs, targets): sensitivity is a property of the data the job trains on."""
-    from qsync_opt.runtime.data import build_task
-
-    cal = spec.indicator.calibration
-    size = cal.batch_size or min(spec.training.global_batch, 32)
-    task = task or build_task(spec)
-    return [task.samples(i * size, size) for i in range(cal.batches)]
 
 
 def _weights_digest(module: nn.Module) -> str:

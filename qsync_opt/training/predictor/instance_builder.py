@@ -27,7 +27,8 @@ from dataclasses import replace
 
 from qsync_opt.errors import SpecError
 from qsync_opt.models.graph import OpGraph
-from qsync_opt.training.program.instance import Assignment, GroupInstance, TrainingInstance
+from qsync_opt.training.program.instance import Assignment, GroupInstance, TrainingInstance, row_ms
+from qsync_opt.training.predictor.lockstep import lockstep_rows
 from qsync_opt.training.spec import JobSpec
 from qsync_opt.training.predictor.casts import edge_cast_ms, resolve_backward_precision
 from qsync_opt.training.predictor.comm import ddp_buckets

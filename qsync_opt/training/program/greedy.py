@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 
 from qsync_opt.precision import BITS, rank
-from qsync_opt.training.program.instance import Assignment, GroupInstance, TrainingInstance, group_mem_bytes, group_time_ms
+from qsync_opt.training.program.instance import Assignment, GroupInstance, TrainingInstance, group_mem_bytes, main_row_ms, row_ms
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from qsync_opt.errors import SpecError
 from qsync_opt.precision import BITS, sort_high_to_low
-from qsync_opt.training.program.instance import GroupInstance, TrainingInstance, group_mem_bytes, group_time_ms
+from qsync_opt.training.program.instance import GroupInstance, TimeRow, TrainingInstance, group_mem_bytes, group_time_ms
 
 POOL = ("fp32", "fp16", "bf16", "int8", "fp8_e4m3", "int4", "tf32", "fp8_e5m2")
 #: Typical time relative to fp32 (before noise) and indicator factor relative to fp16.
