@@ -69,7 +69,14 @@ def test_replay_rechecks_the_exposed_allreduce():
         delta = t.comm_exposed_ms - tl.groups[g].comm_exposed_ms
         assert delta > 0
         assert t.iteration_ms == pytest.approx(ev_lo.time_ms[g] + delta, rel=1e-9)
-    assert verify(ctx, lo) == {g: tl_lo.groups[g].iteration_ms for g in ("a100", "t4")}
+    # verify's promise: per group, compute + exposed all-reduce, i.e. the linear model's time plus the
+    # exposure the linear model did not see (assembled here from its parts, not read from one field)
+    v = verify(ctx, lo)
+    assert set(v) == {g.name for g in inst.groups}
+    for g in ("a100", "t4"):
+        t = tl_lo.groups[g]
+        assert v[g] == pytest.approx(t.forward_ms + t.backward_ms + t.optimizer_ms + t.comm_exposed_ms, rel=1e-12)
+        assert v[g] == pytest.approx(ev_lo.time_ms[g] + t.comm_exposed_ms - tl.groups[g].comm_exposed_ms, rel=1e-9)
 
 
 def test_lockstep_iteration_waits_for_the_slowest_group():
