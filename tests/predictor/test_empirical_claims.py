@@ -77,3 +77,42 @@ def test_empirical_change_matches_a_hand_computation():
     want = _hand_bf16_change(net, batches)
     assert want > 1e-6  # bf16 rounding changes the loss measurably here
     assert abs(raw["root.linear_0"]["bf16"] - want) <= 1e-6 + 1e-3 * want
+
+
+def test_spec_with_an_imported_functional_net_gets_measured_omega(tmp_path, monkeypatch):
+    """The issue's case: `model.import` of a net calling F.linear, indicator empirical, through the spec."""
+    import textwrap
+
+    from qsync_opt.predictor.indicators import compute_indicator
+    from qsync_opt.spec import load_spec
+
+    monkeypatch.setenv("QSYNC_OPT_PROFILE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "fnet.py").write_text(textwrap.dedent('''
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = nn.Parameter(torch.randn(32, 16) / 4)
+                self.b = nn.Parameter(torch.randn(32) / 4)
+                self.head = nn.Linear(32, 10)
+
+            def forward(self, x):
+                return self.head(torch.relu(F.linear(x, self.w, self.b)))
+
+        def net():
+            torch.manual_seed(0)
+            return Net()
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = load_spec({
+        "cluster": {"groups": [{"name": "cpu", "device": "cpu-local", "precisions": ["fp32", "bf16", "int8"]}]},
+        "model": {"import": "fnet:net", "input_shape": [16]},
+        "training": {"global_batch": 16, "optimizer": "sgd"},
+        "indicator": {"method": "empirical", "calibration": {"batches": 2, "batch_size": 16}},
+    })
+    sens, _ = compute_indicator(spec)
+    assert sens.omega["root.linear_0"]["int8"] > 0 and sens.omega["root.linear_0"]["bf16"] > 0
+    assert not any("not swappable" in n for n in sens.notes)
