@@ -6,6 +6,7 @@ Times are medians of timed repeats after warm-up (CUDA events on a GPU, perf_cou
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -264,7 +265,8 @@ FP8_GEMM_TOLERANCE = 1e-4
 
 
 def _bad_number(x) -> bool:
-    return not isinstance(x, (int, float)) or x != x or x in (float("inf"), -float("inf"))
+    """Missing, not a number, NaN or infinite."""
+    return not isinstance(x, (int, float)) or not math.isfinite(x)
 
 
 def ratio_problems(rows: list[dict]) -> list[str]:
@@ -294,9 +296,8 @@ def gemm_problems(rows: list[dict]) -> list[str]:
             out.append(f"{name}: {r['error']}")
         elif str(name).startswith("int"):
             for key in ("bit_exact", "triton_bit_exact"):
-                if key == "bit_exact" or key in r:
-                    if r.get(key) is not True:
-                        out.append(f"{name}: {key} is {r.get(key)} (the integer GEMMs promise bit-exact results)")
+                if (key == "bit_exact" or key in r) and r.get(key) is not True:
+                    out.append(f"{name}: {key} is {r.get(key)} (the integer GEMMs promise bit-exact results)")
         else:
             for impl in ("auto", "templated"):
                 err = r.get(f"{impl}_rel_err")

@@ -35,7 +35,7 @@ def prepared():
 def calls(monkeypatch):
     """[(seconds granted, seconds charged)] for every backend call, in order."""
     log = []
-    for name, mod in BACKENDS.items():
+    for mod in BACKENDS.values():
         real = mod.solve
 
         def slow(problem, options, real=real):

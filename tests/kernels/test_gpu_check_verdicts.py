@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -65,6 +64,7 @@ def test_relative_error_beyond_its_precisions_tolerance_fails(gpu_check, tmp_pat
 
 def test_each_precision_has_a_tolerance_tighter_than_the_old_blanket_half(gpu_check):
     import gpu_check_parts as parts
+
     from qsync_opt.precision import PRECISIONS
 
     assert set(parts.REL_ERR_TOLERANCE) == set(PRECISIONS)

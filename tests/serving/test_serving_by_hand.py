@@ -7,6 +7,7 @@ import itertools
 from dataclasses import replace
 
 import pytest
+from serving_cases import random_instance
 
 from qsync_opt.hardware.device import DeviceSpec
 from qsync_opt.predictor import serving_costs as C
@@ -14,7 +15,6 @@ from qsync_opt.serving_spec import TransformerConfig
 from qsync_opt.solver.serving import Assignment, ServingInstance, StageData, evaluate
 from qsync_opt.solver.serving_baselines import adabits, even_sizes, pipeedge, uniform
 from qsync_opt.solver.serving_bounds import brute_force
-from serving_cases import random_instance
 
 # A device with round numbers: 50 TFLOP/s achieved FP16, 10 TFLOP/s FP32 (CUDA cores), 800 GB/s achieved,
 # 12 launches × 5 µs = 0.06 ms per layer and step.

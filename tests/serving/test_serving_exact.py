@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from serving_cases import random_instance
 
 from qsync_opt.solver.backends import EXACT, available
 from qsync_opt.solver.backends.base import SolveOptions
 from qsync_opt.solver.serving import compile_serving, evaluate, solve_serving
 from qsync_opt.solver.serving_bounds import brute_force, lower_bound
-from serving_cases import random_instance
 
 BACKENDS = [pytest.param(b, marks=pytest.mark.skipif(not available()[b], reason=f"{b} not available")) for b in EXACT]
 EXACT_OPTS = SolveOptions(time_limit_s=60, rel_gap=1e-7, threads=1)
@@ -73,7 +73,7 @@ def test_hard_quality_bound_holds(seed):
     _, q_min = brute_force(replace(free, quality_only=True))
     assert q_min < q_free  # these seeds leave room for a bound that binds
     inst = replace(free, max_indicator=(q_min + q_free) / 2)
-    best, best_obj = brute_force(inst)
+    _, best_obj = brute_force(inst)
     res = solve_serving(inst, "highs", EXACT_OPTS)
     assert res.status == "optimal"
     assert res.evaluation.quality <= inst.max_indicator * (1 + 1e-9)
