@@ -32,7 +32,7 @@ def measurable(module: nn.Module, ops: Sequence[str], batches: Sequence, leaf_mo
     missing = set(ops) - {name for name, _ in module.named_modules()}
     if not missing or not batches:
         return module
-    from ..models.rewrite import make_applicable
+    from qsync_opt.models.rewrite import make_applicable
 
     return make_applicable(module, tuple(batches[0][0]), leaf_modules=leaf_modules, fqns=missing)
 
