@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import nn
 
-from ..models.graph import OpGraph
-from .sensitivity import Sensitivity, check_precisions, normalise
+from qsync_opt.models.graph import OpGraph
+from qsync_opt.predictor.sensitivity import Sensitivity, check_precisions, normalise
 
 
 @torch.no_grad()
@@ -41,7 +41,7 @@ def loss_changes(module: nn.Module, ops: Sequence[str], batches: Sequence, loss_
                  precisions: Iterable[str], *, backward_precision: str = "bf16",
                  leaf_modules: Iterable = ()) -> tuple[dict, float]:
     """({op: {p: |ΔL|}}, fp32 loss) with one op at a time lowered to p."""
-    from ..runtime.apply import apply_plan, selectable_modules
+    from qsync_opt.runtime.apply import apply_plan, selectable_modules
 
     model = measurable(copy.deepcopy(module), ops, batches, leaf_modules).eval()
     base = _mean_loss(model, batches, loss_fn)
@@ -68,7 +68,7 @@ def empirical_indicator(module: nn.Module, graph: OpGraph, batches: Sequence, lo
     ops = [n.name for n in graph.selectable]
     raw, base = loss_changes(module, ops, batches, loss_fn, ps, backward_precision=backward_precision,
                              leaf_modules=leaf_modules)
-    from ..runtime.apply import selectable_modules
+    from qsync_opt.runtime.apply import selectable_modules
 
     swappable = selectable_modules(measurable(module, ops, batches, leaf_modules))
     fixed = [op for op in ops if op not in swappable]
