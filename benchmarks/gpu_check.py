@@ -13,7 +13,9 @@ On a machine with a CUDA device, within the budget (5 minutes by default), in th
   7. examples/cpu_tiny.yaml's model trained 20 steps on the GPU with a mixed plan.
 Everything goes to DIR (summary.md, results.json, ratios.csv, profile.json, pytest_cuda.txt,
 dispatch.txt). A step that fails is recorded and the next one still runs; the exit code is 1 if
-any step failed on a GPU. Without a GPU (or with --cpu) it says so, checks that everything
+any step failed on a GPU. A step fails when it raises or when its numbers are wrong
+(gpu_check_parts.CHECKS: relative errors beyond the per-precision REL_ERR_TOLERANCE, integer
+GEMMs not bit-exact, non-finite times or losses); pytest's exit 5 (no tests ran) is a failure. Without a GPU (or with --cpu) it says so, checks that everything
 imports, runs steps 1 and 4-7 on CPU tensors at tiny sizes (so CI executes this script's code),
 and exits 0 unless one of those fails.
 """
@@ -63,7 +65,13 @@ class Run:
         try:
             result = fn()
             self.results[name] = result
-            self.steps.append((name, "ok", time.monotonic() - t, ""))
+            problems = parts.CHECKS[name](result) if name in parts.CHECKS else []
+            if problems:  # it ran, but its numbers are wrong: that is a failure, not "ok"
+                (self.out / f"error_{name}.txt").write_text("\n".join(problems) + "\n")
+                self.steps.append((name, "FAILED", time.monotonic() - t,
+                                   f"{len(problems)} wrong: {'; '.join(problems)}"[:200]))
+            else:
+                self.steps.append((name, "ok", time.monotonic() - t, ""))
             return result
         except Exception as e:
             (self.out / f"error_{name}.txt").write_text(traceback.format_exc())
@@ -133,7 +141,9 @@ def cuda_tests(out: Path, timeout_s: float) -> dict:
         text, code = f"{e.stdout or ''}{e.stderr or ''}\nTIMED OUT after {timeout_s:.0f}s", -1
     atomic_write_text(out / "pytest_cuda.txt", text if isinstance(text, str) else text.decode())
     last = [ln for ln in str(text).splitlines() if ln.strip()][-1:] or [""]
-    if code not in (0, 5):  # 5: nothing selected
+    if code == 5:  # pytest: no tests collected or selected: on a GPU, nothing was checked
+        raise RuntimeError(f"pytest -m cuda ran no tests (exit 5): {last[0]}")
+    if code != 0:
         raise RuntimeError(f"pytest -m cuda exit {code}: {last[0]}")
     return {"exit": code, "summary": last[0]}
 

@@ -6,6 +6,7 @@ Times are medians of timed repeats after warm-up (CUDA events on a GPU, perf_cou
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -243,3 +244,93 @@ def train_tiny(spec_path: str, steps: int, device: torch.device) -> dict:
     finite = all(torch.isfinite(torch.tensor(losses)).tolist())
     return {"spec": spec_path, "steps": steps, "precisions": counts, "losses": losses, "finite": finite,
             "fell": finite and min(losses[-3:]) < losses[0], "wall_s": time.perf_counter() - t0}
+
+
+# What each step's numbers must satisfy for the step to pass (gpu_check.Run applies these by step name).
+REL_ERR_TOLERANCE = {
+    "fp32": 1e-5,       # fp32 accumulation over K ≤ 4096 (tf32 disabled): ~1e-6
+    "tf32": 5e-3,       # 10-bit mantissa inputs: ~5e-4 on a GPU (fp32 itself on CPU)
+    "bf16": 1e-2,       # 8-bit mantissa inputs: ~3e-3
+    "fp16": 2e-3,       # 11-bit mantissa inputs: ~4e-4
+    "fp8_e4m3": 8e-2,   # 4-bit mantissa, per-tensor scale: ~3.6e-2
+    "fp8_e5m2": 1.5e-1,  # 3-bit mantissa: ~7.4e-2
+    "int8": 3e-2,       # per-tensor activations, per-channel weights: ~1e-2
+    "int4": 3e-1,       # 16 levels: ~0.16-0.19
+}
+"""Relative error of a runtime module's output against float64 (Gaussian inputs and weights), per precision:
+about twice what the format's rounding gives (the comments: what CPU and GPU runs measure). Beyond it, the
+format's path computes something else."""
+FP8_GEMM_TOLERANCE = 1e-4
+"""fp8 GEMM against the exact product of the same fp8 values: only fp32 accumulation error is allowed."""
+
+
+def _bad_number(x) -> bool:
+    """Missing, not a number, NaN or infinite."""
+    return not isinstance(x, (int, float)) or not math.isfinite(x)
+
+
+def ratio_problems(rows: list[dict]) -> list[str]:
+    """Why the `ratios` step's numbers are wrong (empty: they are right)."""
+    out = []
+    for r in rows:
+        name = f"{r.get('shape')} {r.get('precision')}"
+        if "error" in r:
+            out.append(f"{name}: {r['error']}")
+            continue
+        err, tol = r.get("rel_err_vs_fp64"), REL_ERR_TOLERANCE.get(r.get("precision"))
+        if _bad_number(err) or _bad_number(r.get("fwd_bwd_ms")):
+            out.append(f"{name}: non-finite or missing figures (rel. error {err}, fwd+bwd {r.get('fwd_bwd_ms')})")
+        elif tol is None:
+            out.append(f"{name}: no tolerance stated for this precision")
+        elif err > tol:
+            out.append(f"{name}: relative error {err:.3g} vs float64 above its tolerance {tol:g}")
+    return out
+
+
+def gemm_problems(rows: list[dict]) -> list[str]:
+    """The integer GEMMs must be bit-exact (templated and Triton vs torch); fp8 within FP8_GEMM_TOLERANCE."""
+    out = []
+    for r in rows:
+        name = r.get("gemm")
+        if "error" in r:
+            out.append(f"{name}: {r['error']}")
+        elif str(name).startswith("int"):
+            for key in ("bit_exact", "triton_bit_exact"):
+                if (key == "bit_exact" or key in r) and r.get(key) is not True:
+                    out.append(f"{name}: {key} is {r.get(key)} (the integer GEMMs promise bit-exact results)")
+        else:
+            for impl in ("auto", "templated"):
+                err = r.get(f"{impl}_rel_err")
+                if _bad_number(err) or err > FP8_GEMM_TOLERANCE:
+                    out.append(f"{name}: {impl} relative error {err} above {FP8_GEMM_TOLERANCE:g}")
+    return out
+
+
+def profile_problems(prof: dict) -> list[str]:
+    """Every signature timed at every precision, with finite, non-negative times."""
+    out = []
+    for sig, s in prof.get("signatures", {}).items():
+        for p, e in s.get("errors", {}).items():
+            out.append(f"{sig} {p}: {e}")
+        for kind in ("fwd_ms", "bwd_ms"):
+            for p in PRECISIONS:
+                v = s.get(kind, {}).get(p)
+                if p not in s.get("errors", {}) and (_bad_number(v) or v < 0):
+                    out.append(f"{sig} {p}: {kind} {v}")
+    if not prof.get("ops"):
+        out.append("no selectable op was profiled")
+    return out
+
+
+def train_problems(t: dict) -> list[str]:
+    """Every loss finite, as many as steps were asked for."""
+    losses = t.get("losses") or []
+    out = [] if len(losses) == t.get("steps") else [f"{len(losses)} losses for {t.get('steps')} steps"]
+    bad = [i for i, v in enumerate(losses) if _bad_number(v)]
+    if bad:
+        out.append(f"non-finite loss at step(s) {bad[:5]}: {[losses[i] for i in bad[:5]]}")
+    return out
+
+
+CHECKS = {"ratios": ratio_problems, "gemm_choices": gemm_problems, "profile": profile_problems, "train": train_problems}
+"""Step name -> the function that says why its result is wrong."""

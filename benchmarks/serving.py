@@ -3,7 +3,8 @@
     PYTHONPATH=$PWD python benchmarks/serving.py --out results [--backends highs,cbc,scip,cpsat] [--cases 1,3]
 
 Global batch 32, prompt 512, 100 generated tokens, bits {3, 4, 8, 16}, devices orderable,
-quality bound: no worse than the uniform baseline (policy `plan`); policy `plan@<best>-quality`
+quality bound: no worse than the uniform baseline (policy `plan`): its bound is exactly the Σω of the `uniform`
+row (same device order and micro-batches), shown in quality_bound beside it; policy `plan@<best>-quality`
 repeats the search held to the best baseline's own Σω, i.e. the gain at equal quality. Every figure is predicted by the same cost
 model (catalog roofline), so the ratios compare plans, not hardware runs. Writes a table and
 DIR/serving.csv (case, policy, tokens_per_s, solve_s, backend, status, ...) with the command
@@ -43,7 +44,7 @@ CASES = [  # (case, model, [(device, count)], objective); case 2 repeats case 1 
     (11, "bloom-176b", [("A100-80GB", 4)], "throughput"),
 ]
 FIELDS = ["case", "model", "devices", "policy", "backend", "tokens_per_s", "ratio_vs_best_baseline", "e2e_s", "quality",
-          "solve_s", "status", "gap", "programs", "load1"]
+          "quality_bound", "bound_from", "shape", "solve_s", "status", "gap", "programs", "load1"]
 
 
 def case_spec(model: str, devices, objective: str, backend: str, limit: float) -> dict:
@@ -78,6 +79,8 @@ def run(cases, backends, limit: float) -> list[dict]:
                              tokens_per_s=f"{plan.prediction.tokens_per_s:.2f}",
                              ratio_vs_best_baseline=f"{plan.prediction.tokens_per_s / ref:.3f}" if ref else "",
                              e2e_s=f"{plan.prediction.e2e_ms / 1e3:.3f}", quality=f"{plan.prediction.quality:.6g}",
+                             quality_bound=_fmt(plan.quality_bound), bound_from="uniform" if plan.quality_bound is not None else "",
+                             shape=_shape(plan),
                              solve_s=f"{s.wall_s:.3f}", status=s.status, gap="" if s.gap is None else f"{s.gap:.2e}",
                              programs=f"{s.programs}+{s.pruned} pruned", load1=f"{load:.2f}"))
             if backend != backends[0]:
@@ -90,6 +93,7 @@ def run(cases, backends, limit: float) -> list[dict]:
                                  tokens_per_s=f"{eq.prediction.tokens_per_s:.2f}",
                                  ratio_vs_best_baseline=f"{eq.prediction.tokens_per_s / ref:.3f}",
                                  e2e_s=f"{eq.prediction.e2e_ms / 1e3:.3f}", quality=f"{eq.prediction.quality:.6g}",
+                                 quality_bound=_fmt(eq.quality_bound), bound_from=best.name, shape=_shape(eq),
                                  solve_s=f"{eq.solver.wall_s:.3f}", status=eq.solver.status,
                                  gap="" if eq.solver.gap is None else f"{eq.solver.gap:.2e}",
                                  programs=f"{eq.solver.programs}+{eq.solver.pruned} pruned", load1=f"{os.getloadavg()[0]:.2f}"))
@@ -99,6 +103,7 @@ def run(cases, backends, limit: float) -> list[dict]:
                                  tokens_per_s=f"{p.tokens_per_s:.2f}" if p else "",
                                  ratio_vs_best_baseline=f"{p.tokens_per_s / ref:.3f}" if p and ref else "",
                                  e2e_s=f"{p.e2e_ms / 1e3:.3f}" if p else "", quality=f"{p.quality:.6g}" if p else "",
+                                 shape=_shape(b),
                                  solve_s=f"{b.solve_s:.3f}", status="fits" if b.fits else "does not fit", gap="",
                                  programs="", load1=f"{load:.2f}"))
             print(f"case {case:2d} {model:10s} {label:26s} plan {plan.prediction.tokens_per_s:8.1f} tok/s, best baseline "
@@ -107,9 +112,23 @@ def run(cases, backends, limit: float) -> list[dict]:
     return rows
 
 
+def _fmt(x) -> str:
+    return "" if x is None else f"{x:.6g}"
+
+
+def _shape(b) -> str:
+    """A plan's or baseline's bit-widths, device order and micro-batch sizes, e.g. '8-bit; A100>V100; mb 1/8'."""
+    if not b.stages:
+        return ""
+    bits = sorted({x for st in b.stages for x in st.bits}, reverse=True)
+    return (f"{'/'.join(map(str, bits))}-bit; {'>'.join(st.device for st in b.stages)}; "
+            f"mb {b.prefill_micro_batch}/{b.decode_micro_batch}")
+
+
 def table(rows: list[dict]) -> str:
     out = io.StringIO()
-    cols = ["case", "model", "devices", "policy", "backend", "tokens_per_s", "ratio_vs_best_baseline", "quality", "solve_s", "status", "gap", "load1"]
+    cols = ["case", "model", "devices", "policy", "backend", "tokens_per_s", "ratio_vs_best_baseline", "quality", "quality_bound",
+            "bound_from", "shape", "solve_s", "status", "gap", "load1"]
     widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
     out.write("  ".join(c.ljust(widths[c]) for c in cols) + "\n")
     for r in rows:

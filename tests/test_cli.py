@@ -45,12 +45,31 @@ def test_infeasible_exits_3_with_diagnosis(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["json", "mps", "lp"])
 def test_export_problem_and_resolve(tmp_path, fmt, capsys):
-    path = tmp_path / f"p.{fmt}"
-    assert main(["solve", TINY, "--export-problem", str(path), "--backend", "highs"]) == 0
+    path, plan_path = tmp_path / f"p.{fmt}", tmp_path / "plan.json"
+    assert main(["solve", TINY, "--export-problem", str(path), "--backend", "highs", "-o", str(plan_path)]) == 0
     assert path.stat().st_size > 0
-    if fmt == "json":
-        assert main(["solve", "--problem", str(path), "--backend", "cbc"]) == 0
-        assert "optimal" in capsys.readouterr().out
+    plan = Plan.load(plan_path)
+    assert plan.solver.status == "optimal" and plan.solver.refine_rounds == 0  # the exported program's optimum
+    capsys.readouterr()
+    # another solver, same file; --gap 0: at a non-zero gap CBC stops right at it and may honestly say "feasible"
+    assert main(["solve", "--problem", str(path), "--backend", "cbc", "--gap", "0", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["status"] == "optimal"
+    assert res["objective"] == pytest.approx(plan.solver.objective, rel=2e-4)  # both stop within rel_gap 1e-4
+    # decoded into a plan over the same ops (the JSON twin): a tie may pick other precisions at the same time
+    assert {g: set(ops) for g, ops in res["assignment"].items()} == {g: set(gp.precisions) for g, gp in plan.groups.items()}
+    if fmt != "json":  # a stock solver reads the file alone: its optimum times objective_unit is the plan's
+        import highspy
+
+        from qsync_opt.solver.linear_file import objective_unit_of
+
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        assert h.readModel(str(path)) == highspy.HighsStatus.kOk
+        h.run()
+        assert h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+        stock = h.getInfo().objective_function_value * objective_unit_of(str(path))
+        assert stock == pytest.approx(plan.solver.objective, rel=2e-4)
 
 
 def test_devices_and_models_list(capsys):

@@ -86,11 +86,12 @@ def plan_serving(spec: ServingJob) -> ServingPlan:
     def inst_for(order, bp, bd, bound):
         return build(s, order, bp, bd, omega, link, bound)
 
-    bound, bound_note = _quality_bound(s, devices, pres, omega, inst_for)
+    free = [inst_for(o, bp, bd, None) for o, bp, bd in candidates]
+    bound, bound_note = _quality_bound(s, free)
     if bound_note:
         notes.append(bound_note)
     opts = SolveOptions(time_limit_s=sol.time_limit_s, rel_gap=sol.rel_gap, threads=sol.threads, seed=sol.seed)
-    insts = [inst_for(o, bp, bd, bound) for o, bp, bd in candidates]
+    insts = [replace(i, max_indicator=bound) for i in free]
     search = search_plans(insts, backend, opts, deadline=t0 + sol.time_limit_s)
     wall = time.perf_counter() - t0
     baselines = search_baselines(insts, s, opts)
@@ -196,8 +197,9 @@ def search_baselines(insts: list[ServingInstance], s, opts: SolveOptions) -> lis
     free = [replace(i, max_indicator=None, theta=0.0) for i in insts]
     out = []
     t = time.perf_counter()
-    picks = [(i, uniform(i)) for i in free]
-    out.append(_pick("uniform", picks, s, time.perf_counter() - t, key=lambda ev, a: (-a.bits[0], ev.e2e_ms)))
+    base = _uniform_baseline(free, s)
+    base.result = base.result.model_copy(update={"solve_s": time.perf_counter() - t})
+    out.append(base)
     t = time.perf_counter()
     bit = next((b for b in sorted(s.bits, reverse=True) if any(_fits_one_bit(i, b) for i in free)), None)
     picks = []
@@ -255,18 +257,26 @@ def _stages(inst: ServingInstance, a: Assignment, ev: Evaluation) -> list[Stage]
     ]
 
 
-def _quality_bound(s, devices, pres, omega, inst_for) -> tuple[float | None, str]:
+def _uniform_baseline(free: list[ServingInstance], s) -> _Base:
+    """The reported uniform baseline: the highest bit-width that fits some candidate (its order and
+    micro-batch pair) under an even split, the fastest such candidate; `free` carries no quality terms."""
+    return _pick("uniform", [(i, uniform(i)) for i in free], s, 0.0, key=lambda ev, a: (-a.bits[0], ev.e2e_ms))
+
+
+def _quality_bound(s, free: list[ServingInstance]) -> tuple[float | None, str]:
+    """The hard Σω bound; `uniform` is exactly the reported uniform baseline's Σω (same order and micro-batches)."""
     q = s.quality.max_indicator
     if q is None:
         return None, "quality: no hard bound" + (f", penalty θ = {s.quality.theta:g} ms per unit" if s.quality.theta else "")
     if q != "uniform":
         return float(q), f"quality: hard bound Σω ≤ {q:g}"
-    fits = [a.bits[0] for bp in pres if (a := uniform(inst_for(devices, bp, bp, None))) is not None]
-    if not fits:
+    base = _uniform_baseline(free, s)
+    if not base.fits:
         return None, "quality: the uniform baseline fits at no bit-width, so no bound was set"
-    b = max(fits)  # the highest bit that fits every device under an even split, at any prefill micro-batch
-    bound = sum(om[b] for om in omega)
-    return bound, f"quality: hard bound Σω ≤ {bound:.6g}, the uniform baseline's ({b}-bit everywhere)"
+    bound = base.result.prediction.quality
+    b, m = base._a.bits[0], base._inst.meta
+    return bound, (f"quality: hard bound Σω ≤ {bound:.6g}, the uniform baseline's ({b}-bit everywhere, order "
+                   f"{' > '.join(m['order'])}, micro-batches prefill {m['prefill_mb']} / decode {m['decode_mb']})")
 
 
 def diagnose(spec: ServingJob, devices, pres, omega, bound, inst_for) -> list[str]:

@@ -103,8 +103,8 @@ def plan_training(spec: JobSpec, prepared: Prepared, *, export_problem: "str | P
                                              budget, warm)
     notes.extend(result["notes"])
     if rounds and result["backend"] != "greedy":
-        notes.append(f"status {result['status']!r} and the gap are those of the model tightened by {rounds} "
-                     "refine round(s), not of the original linear model")
+        notes.append(f"status {result['status']!r} and the gap are measured against the bound of the original, untightened "
+                     f"linear model (it holds for every plan the {rounds} refine round(s) produced), not of a tightened one")
     baselines = {**baselines_of(instance, ctx), **extra}
     timing = {"build_s": budget.build_s, "solve_s": budget.spent_s}
     return _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, time.perf_counter() - t0,

@@ -93,6 +93,19 @@ def loss_lines(metrics: Path, rank: int = 0) -> list[dict]:
     return out
 
 
+HANG_S = 60.0
+"""Seconds after which a rank left running counts as hung (the launcher's SIGKILL follows its SIGTERM by 3 s)."""
+
+
+def gone(pid: int) -> bool:
+    """Whether process `pid` has exited (a zombie only waits for its parent to read its code)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
 def kill(pid: int, sig=signal.SIGKILL) -> float:
     os.kill(pid, sig)
     return time.monotonic()

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import torch
@@ -68,21 +67,37 @@ def test_cache_root_honours_the_environment(monkeypatch, tmp_path):
 
 
 def test_file_lock_excludes_a_second_holder(tmp_path):
-    order, started = [], threading.Event()
+    """No timing: while the lock is held, a second holder's non-blocking attempt on the same lock file
+    is refused (flock locks belong to an open file, so a second open() in this process competes like
+    another process); a blocked second holder gets in once the first lets go."""
+    import fcntl
+
+    def try_lock() -> bool:
+        with open(tmp_path / ".lock", "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return True
+
+    order, done = [], threading.Event()
 
     def second():
-        started.set()
         with cache.file_lock(tmp_path):
             order.append("second")
+        done.set()
 
     with cache.file_lock(tmp_path):
+        assert not try_lock()
         t = threading.Thread(target=second)
         t.start()
-        started.wait()
-        time.sleep(0.2)  # give the thread every chance to (wrongly) get in
+        assert not done.is_set() and not try_lock()  # still ours, whatever the thread is doing
         order.append("first")
+    assert done.wait(timeout=60)  # a hang detector, not a timing check
     t.join()
     assert order == ["first", "second"]
+    assert try_lock()  # released
 
 
 @pytest.fixture(scope="module")

@@ -68,7 +68,13 @@ def test_the_instance_prices_the_exposed_allreduce_the_replayer_finds():
         assert t.comm_exposed_ms > tl.groups[g].comm_exposed_ms
     # ... and the instance, whose rows carry every bucket's all-reduce, prices exactly that
     assert ev_lo.iteration_ms == pytest.approx(tl_lo.iteration_ms, rel=1e-9)
-    assert verify(ctx, lo) == {g: tl_lo.groups[g].iteration_ms for g in ("a100", "t4")}
+    # verify's promise: per group, compute + exposed all-reduce (assembled here from its parts,
+    # not read from the one field verify returns)
+    v = verify(ctx, lo)
+    assert set(v) == {g.name for g in inst.groups}
+    for g in ("a100", "t4"):
+        t = tl_lo.groups[g]
+        assert v[g] == pytest.approx(t.forward_ms + t.backward_ms + t.optimizer_ms + t.comm_exposed_ms, rel=1e-12)
 
 
 def test_lockstep_iteration_waits_for_the_slowest_group():

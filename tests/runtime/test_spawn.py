@@ -56,11 +56,13 @@ def test_a_rank_that_ignores_sigterm_is_killed(tmp_path):
 
 
 def test_start_up_timeout_names_the_ranks_that_never_became_ready(tmp_path):
-    argv = [sys.executable, "-c", RANK.format(body="if r == 0:\n    open(os.environ['QSYNC_READY_FILE'], 'w').close()\n"
-                                                      "time.sleep(600)")]
+    """Rank 0 is past start-up before anything starts (its ready file exists), so the 1 s timeout
+    cannot catch it however slowly Python starts here; rank 1 never gets there."""
+    argv = [sys.executable, "-c", RANK.format(body="time.sleep(600)")]
     e = envs(2)
     for r in range(2):
         e[r]["QSYNC_READY_FILE"] = str(tmp_path / f"ready{r}")
+    (tmp_path / "ready0").touch()
     out = spawn_ranks(argv, e, start_timeout_s=1.0, kill_after_s=0.5)
     assert out.failed_code == 1
     assert "rank 1 (group g1) did not get past start-up and the rendezvous within 1 s" in out.failure

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+from serving_cases import random_instance
 
 from qsync_opt.solver.backends import EXACT, available
 from qsync_opt.solver.backends.base import SolveOptions
 from qsync_opt.serving.program import compile_serving, evaluate, solve_serving
 from qsync_opt.serving.bounds import brute_force, lower_bound
-from serving_cases import random_instance
 
 BACKENDS = [pytest.param(b, marks=pytest.mark.skipif(not available()[b], reason=f"{b} not available")) for b in EXACT]
 EXACT_OPTS = SolveOptions(time_limit_s=60, rel_gap=1e-7, threads=1)
@@ -62,7 +64,17 @@ def test_lower_bound_never_exceeds_the_optimum(seed):
 
 @pytest.mark.parametrize("seed", range(8), ids=lambda s: f"seed{s}")
 def test_hard_quality_bound_holds(seed):
-    inst = random_instance(300 + seed, layers=6, stages=3)
+    """A bound half-way between the least Σω that fits and the unbounded optimum's Σω: it binds, and the
+    solver must give the bounded program's brute-force optimum within it."""
+    free = replace(random_instance(300 + seed, layers=6, stages=3), max_indicator=None)
+    a_free, _ = brute_force(free)
+    assert a_free is not None
+    q_free = evaluate(free, a_free).quality
+    _, q_min = brute_force(replace(free, quality_only=True))
+    assert q_min < q_free  # these seeds leave room for a bound that binds
+    inst = replace(free, max_indicator=(q_min + q_free) / 2)
+    _, best_obj = brute_force(inst)
     res = solve_serving(inst, "highs", EXACT_OPTS)
-    if res.assignment is not None and inst.max_indicator is not None:
-        assert res.evaluation.quality <= inst.max_indicator * (1 + 1e-9)
+    assert res.status == "optimal"
+    assert res.evaluation.quality <= inst.max_indicator * (1 + 1e-9)
+    assert _close(res.objective, best_obj), (res.objective, best_obj)

@@ -45,13 +45,21 @@ def test_same_inputs_and_seed_give_the_same_plan(backend):
 
 @pytest.mark.parametrize("backend", exact_params())
 def test_a_time_limit_is_not_reported_as_optimal(backend):
-    """PuLP says "Optimal" when CBC/HiGHS stop on time; the backend must say what the solver did."""
+    """PuLP says "Optimal" when CBC/HiGHS stop on time; the backend must say what the solver did.
+
+    Here (2 shared cores) no solver proves this program within 1 s; a machine fast enough to prove it
+    must then say "optimal" with the bound meeting the objective. Either way the status is what the
+    bound and objective show, so the test holds at any speed."""
     problem = compile_training(synthetic(200, 5, 4, "dag", seed=1))
     r = get_backend(backend).solve(problem, SolveOptions(time_limit_s=1.0, rel_gap=0.0, threads=1))
-    assert r.status in ("feasible", "unknown"), (r.status, r.gap)
+    assert r.status in ("optimal", "feasible", "unknown"), (r.status, r.gap)
+    if r.status in ("optimal", "feasible"):
+        assert r.bound is not None and r.bound <= r.objective + 1e-9 * max(1.0, abs(r.objective))
+        assert r.gap is not None and r.gap == pytest.approx((r.objective - r.bound) / abs(r.objective), abs=1e-9)
+    if r.status == "optimal":  # proven: nothing left between bound and objective (rel_gap 0)
+        assert r.gap <= 1e-6, (r.status, r.gap, r.bound, r.objective)
     if r.status == "feasible":
-        assert r.gap is not None and r.gap > 0
-        assert r.bound is not None and r.bound <= r.objective + 1e-9
+        assert r.gap > 1e-9
 
 
 @pytest.mark.parametrize("backend", exact_params())

@@ -4,8 +4,9 @@ For each selectable op and precision p: swap that op alone for the runtime's qua
 module at p (runtime.apply_plan), run the fixed calibration batches forward in eval mode,
 and take |L_p − L_fp32| averaged over the batches. It is the ground truth the cheaper
 indicators are judged against (benchmarks/predictor.py), and costs ops × precisions forward
-passes. Ops the runtime cannot swap (functional matmuls) run fp32 whatever the plan says,
-so their measured change is 0 (noted).
+passes. Functional GEMMs (F.linear, torch.matmul, ...) are first rewritten into modules at
+the planner's FQNs, as the trainer does (models.rewrite), so they are measured like any other
+op; an op that still has no module (none today) would run fp32 and is noted with change 0.
 """
 
 from __future__ import annotations
@@ -25,12 +26,24 @@ def _mean_loss(model: nn.Module, batches: Sequence, loss_fn: Callable) -> float:
     return sum(float(loss_fn(model(*inputs), targets)) for inputs, targets in batches) / len(batches)
 
 
+def measurable(module: nn.Module, ops: Sequence[str], batches: Sequence, leaf_modules: Iterable = ()) -> nn.Module:
+    """`module` with its functional GEMMs among `ops` rewritten into modules, as the trainer does
+    (models.rewrite.applicable_model); `module` itself when every op already is one."""
+    missing = set(ops) - {name for name, _ in module.named_modules()}
+    if not missing or not batches:
+        return module
+    from qsync_opt.models.rewrite import make_applicable
+
+    return make_applicable(module, tuple(batches[0][0]), leaf_modules=leaf_modules, fqns=missing)
+
+
 def loss_changes(module: nn.Module, ops: Sequence[str], batches: Sequence, loss_fn: Callable,
-                 precisions: Iterable[str], *, backward_precision: str = "bf16") -> tuple[dict, float]:
+                 precisions: Iterable[str], *, backward_precision: str = "bf16",
+                 leaf_modules: Iterable = ()) -> tuple[dict, float]:
     """({op: {p: |ΔL|}}, fp32 loss) with one op at a time lowered to p."""
     from qsync_opt.runtime.apply import apply_plan, selectable_modules
 
-    model = copy.deepcopy(module).eval()
+    model = measurable(copy.deepcopy(module), ops, batches, leaf_modules).eval()
     base = _mean_loss(model, batches, loss_fn)
     swappable = set(selectable_modules(model))
     out: dict[str, dict[str, float]] = {}
@@ -47,13 +60,18 @@ def loss_changes(module: nn.Module, ops: Sequence[str], batches: Sequence, loss_
 
 
 def empirical_indicator(module: nn.Module, graph: OpGraph, batches: Sequence, loss_fn: Callable,
-                        precisions: Iterable[str], *, backward_precision: str = "bf16") -> Sensitivity:
+                        precisions: Iterable[str], *, backward_precision: str = "bf16",
+                        leaf_modules: Iterable = ()) -> Sensitivity:
+    """`leaf_modules`: those the graph was traced with (the spec's model.leaf_modules), so the
+    rewrite of functional GEMMs names them as the planner does."""
     ps = check_precisions(precisions)
     ops = [n.name for n in graph.selectable]
-    raw, base = loss_changes(module, ops, batches, loss_fn, ps, backward_precision=backward_precision)
+    raw, base = loss_changes(module, ops, batches, loss_fn, ps, backward_precision=backward_precision,
+                             leaf_modules=leaf_modules)
     from qsync_opt.runtime.apply import selectable_modules
 
-    fixed = [op for op in ops if op not in selectable_modules(module)]
+    swappable = selectable_modules(measurable(module, ops, batches, leaf_modules))
+    fixed = [op for op in ops if op not in swappable]
     omega, scale, ref = normalise(raw, ps)
     notes = [f"|loss change| with one op lowered, mean over {len(batches)} calibration batches "
              f"(fp32 loss {base:.4f})"]

@@ -71,7 +71,9 @@ def cache_key(spec: JobSpec, module: nn.Module, precisions: tuple[str, ...]) -> 
             "source": spec.data.model_dump(mode="json", by_alias=True) if spec.data is not None else None}
     blob = json.dumps({"model": model, "weights": _weights_digest(module), "data": data,
                        "method": spec.indicator.method, "precisions": list(precisions),
-                       "backward": spec.runtime.backward_precision}, sort_keys=True)
+                       "backward": spec.runtime.backward_precision,
+                       # empirical rev 2: functional GEMMs measured (rewritten as the trainer does), not set to 0
+                       **({"rev": 2} if spec.indicator.method == "empirical" else {})}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -144,7 +146,8 @@ def compute_indicator(spec: JobSpec, module: nn.Module | None = None, graph: OpG
     elif method == "empirical":
         from qsync_opt.training.predictor.empirical import empirical_indicator
 
-        sens = empirical_indicator(module, graph, batches, loss, ps, backward_precision=bwd)
+        sens = empirical_indicator(module, graph, batches, loss, ps, backward_precision=bwd,
+                                   leaf_modules=spec.model.leaf_modules)
     else:
         raise SpecError(f"indicator.method: {method!r} is not known; use one of {', '.join(METHODS)}")
     if use_cache:

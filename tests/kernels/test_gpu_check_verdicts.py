@@ -1,0 +1,86 @@
+"""benchmarks/gpu_check.py's verdicts mean something: a step whose numbers are wrong fails, and so does
+a CUDA test run that ran nothing. All CPU-runnable: the steps' results are given, not measured."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", ROOT / "benchmarks" / "gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # puts benchmarks/ on sys.path for gpu_check_parts
+    return mod
+
+
+def verdict(gpu_check, tmp_path, name, result):
+    run = gpu_check.Run(tmp_path, budget_s=60)
+    run.step(name, lambda: result)
+    (step,) = run.steps
+    return step[1], step[3]
+
+
+GOOD_RATIOS = [{"shape": "linear", "precision": "int8", "implementation": "x", "fwd_bwd_ms": 1.0, "rel_err_vs_fp64": 0.01},
+               {"shape": "linear", "precision": "fp32", "implementation": "x", "fwd_bwd_ms": 2.0, "rel_err_vs_fp64": 1e-7}]
+
+
+def test_right_numbers_pass(gpu_check, tmp_path):
+    assert verdict(gpu_check, tmp_path, "ratios", GOOD_RATIOS)[0] == "ok"
+    assert verdict(gpu_check, tmp_path, "gemm_choices", [{"gemm": "int8 8x8x8", "bit_exact": True},
+                                                         {"gemm": "fp8_e4m3 8x8x8", "auto_rel_err": 1e-8,
+                                                          "templated_rel_err": 1e-8}])[0] == "ok"
+    assert verdict(gpu_check, tmp_path, "train", {"steps": 2, "losses": [2.3, 2.2]})[0] == "ok"
+
+
+def test_integer_gemm_that_is_not_bit_exact_fails(gpu_check, tmp_path):
+    status, note = verdict(gpu_check, tmp_path, "gemm_choices", [{"gemm": "int8 64x96x80", "bit_exact": False}])
+    assert status == "FAILED" and "bit_exact" in note
+    status, _ = verdict(gpu_check, tmp_path, "gemm_choices",
+                        [{"gemm": "int8 64x96x80", "bit_exact": True, "triton_bit_exact": False}])
+    assert status == "FAILED"
+
+
+def test_non_finite_loss_fails(gpu_check, tmp_path):
+    status, note = verdict(gpu_check, tmp_path, "train", {"steps": 3, "losses": [2.3, float("nan"), float("inf")]})
+    assert status == "FAILED" and "non-finite loss" in note
+    assert (tmp_path / "error_train.txt").exists()
+
+
+@pytest.mark.parametrize("precision, err", [("int8", 0.2), ("fp32", 1e-3), ("bf16", 0.05), ("int4", 0.45),
+                                            ("fp16", float("nan"))])
+def test_relative_error_beyond_its_precisions_tolerance_fails(gpu_check, tmp_path, precision, err):
+    rows = [*GOOD_RATIOS, {"shape": "conv", "precision": precision, "implementation": "x", "fwd_bwd_ms": 1.0,
+                           "rel_err_vs_fp64": err}]
+    status, note = verdict(gpu_check, tmp_path, "ratios", rows)
+    assert status == "FAILED" and f"conv {precision}" in note
+
+
+def test_each_precision_has_a_tolerance_tighter_than_the_old_blanket_half(gpu_check):
+    import gpu_check_parts as parts
+
+    from qsync_opt.precision import PRECISIONS
+
+    assert set(parts.REL_ERR_TOLERANCE) == set(PRECISIONS)
+    assert all(t < 0.5 for t in parts.REL_ERR_TOLERANCE.values())
+    assert parts.REL_ERR_TOLERANCE["fp32"] <= 1e-5 and parts.REL_ERR_TOLERANCE["int8"] <= 0.05
+
+
+@pytest.mark.parametrize("code, ok", [(0, True), (5, False), (1, False)])
+def test_pytest_exit_5_no_tests_ran_is_a_failure(gpu_check, tmp_path, monkeypatch, code, ok):
+    def fake_run(cmd, **kw):
+        return subprocess.CompletedProcess(cmd, code, stdout="no tests ran in 0.01s\n" if code == 5 else "1 passed\n",
+                                           stderr="")
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
+    run = gpu_check.Run(tmp_path, budget_s=60)
+    run.step("cuda_tests", lambda: gpu_check.cuda_tests(tmp_path, 10))
+    assert (run.steps[0][1] == "ok") == ok, run.steps
+    if code == 5:
+        assert "no tests" in run.steps[0][3]
