@@ -82,7 +82,8 @@ class Run:
 def check_imports() -> list[str]:
     import qsync_opt
 
-    names = [m.name for m in pkgutil.walk_packages(qsync_opt.__path__, "qsync_opt.")]
+    names = [m.name for m in pkgutil.walk_packages(qsync_opt.__path__, "qsync_opt.")
+             if not m.name.endswith(".__main__")]  # `python -m` entry points run on import
     for n in names:
         importlib.import_module(n)
     return names

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from qsync_opt.training import pipeline
+from qsync_opt.training import solving
 from qsync_opt.training.batch_split import candidate_splits, choose_split, pin_training_groups
 from qsync_opt.errors import InfeasibleError, SolverError
 from qsync_opt.training.pipeline import plan_training, prepare
@@ -114,7 +114,7 @@ def test_unsolved_splits_make_the_answer_unknown(prepared, monkeypatch):
     spec = load_spec(SPEC, **EDGE)
     truth = brute_over_grid(spec, prepared)
     feasible = {s for s, k in truth.items() if k is not None}
-    real = pipeline.run_backend
+    real = solving.run_backend
 
     def timed_out_on(splits):
         def run(s, inst, budget=None):
@@ -124,12 +124,12 @@ def test_unsolved_splits_make_the_answer_unknown(prepared, monkeypatch):
             return real(s, inst, budget)
         return run
 
-    monkeypatch.setattr(pipeline, "run_backend", timed_out_on(feasible))
+    monkeypatch.setattr(solving, "run_backend", timed_out_on(feasible))
     with pytest.raises(SolverError, match="unknown, not infeasible"):
         choose_split(spec, prepared, Budget(60))
 
     best = min(feasible, key=truth.get)
-    monkeypatch.setattr(pipeline, "run_backend", timed_out_on(feasible - {best}))
+    monkeypatch.setattr(solving, "run_backend", timed_out_on(feasible - {best}))
     chosen = choose_split(spec, prepared, Budget(60))
     assert tuple(sorted(chosen.local_batches.items())) == best
     assert any("a better split may exist" in n for n in chosen.notes)

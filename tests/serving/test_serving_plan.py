@@ -18,7 +18,7 @@ from qsync_opt.serving.spec import PRESETS, TransformerConfig
 from qsync_opt.serving.program import solve_serving
 from qsync_opt.serving.bounds import brute_force
 from qsync_opt.solver.backends.base import SolveOptions
-from qsync_opt.training.spec import load_spec
+from qsync_opt.jobs import load_spec
 
 H, F, V, POS = 1024, 4096, 32000, 512
 
