@@ -357,7 +357,7 @@ def _canonical(inst: Instance, owner: list[int]) -> list[int]:
 
 
 def solve_exact(inst: Instance, backend: str = "highs", time_limit_s: float = 1.0,
-                start: list[int] | None = None, threads: int = 1):
+                start: list[int] | None = None, threads: int = 1, work_limit: float | None = None):
     """(owner or None, status, bound) from one exact backend on the min-max program."""
     from qsync_opt.solver.backends import get_backend
     from qsync_opt.solver.backends.base import SolveOptions
@@ -370,7 +370,8 @@ def solve_exact(inst: Instance, backend: str = "highs", time_limit_s: float = 1.
         start = _canonical(inst, start)
         hint = p.encode({"batch": {str(i): str(r) for i, r in enumerate(start)}})
     ub = upper if upper is not None else sum(max(row) for row in inst.weights)
-    opts = SolveOptions(time_limit_s=time_limit_s, rel_gap=0.999 / max(ub, 1), threads=threads, seed=0, hint=hint)
+    opts = SolveOptions(time_limit_s=time_limit_s, rel_gap=0.999 / max(ub, 1), threads=threads, seed=0, hint=hint,
+                        deterministic_time_s=work_limit)
     res = get_backend(backend).solve(p, opts)
     bound = lb
     if res.bound is not None and math.isfinite(res.bound):
@@ -384,10 +385,16 @@ def solve_exact(inst: Instance, backend: str = "highs", time_limit_s: float = 1.
 
 
 def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: float = 0.05,
-            accept_incumbent: bool = False, gap_tol: float = 0.0) -> Result:
-    """Best of KK and LPT (each refined by `improve`), then the exact program within
-    `time_limit_s` (backend None: heuristics only) unless the heuristic is already proven
-    within `gap_tol` of the lower bound."""
+            work_limit: float | None = None, accept_incumbent: bool = False, gap_tol: float = 0.0) -> Result:
+    """Best of KK and LPT (the better one refined by `improve`), then the exact program.
+
+    The exact stage is skipped when the heuristic is proven within `gap_tol` of the lower
+    bound. Its answer replaces the heuristic's when proven optimal, or, with
+    `accept_incumbent`, whenever it is better. `work_limit` (CP-SAT's deterministic seconds,
+    one thread) makes a stopped run reproducible: its incumbent is then accepted too, unless
+    the wall-clock backstop `time_limit_s` stopped it first (then the deterministic
+    heuristic stands, and `detail['time_limited']` says so).
+    """
     t0 = time.perf_counter()
     lb = lower_bound(inst)
     cands = []
@@ -403,19 +410,26 @@ def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: floa
     if best is not None:
         o = improve(inst, best[3])
         best = (max(loads_of(inst, o)), best[1], best[2] + "+ls", o)
-    if best is not None and (best[0] <= lb or (best[0] - lb) <= gap_tol * best[0]):
-        r = _result(inst, best[3], best[2], "optimal" if best[0] <= lb else "feasible", lb, **detail)
+
+    def done(owner, method, status, bound):
+        r = _result(inst, owner, method, status, bound, **detail)
         r.plan_s = time.perf_counter() - t0
         return r
+
+    if best is not None and (best[0] <= lb or (best[0] - lb) <= gap_tol * best[0]):
+        return done(best[3], best[2], "optimal" if best[0] <= lb else "feasible", lb)
     if backend is not None and inst.n > 0:
-        owner, status, bound, raw = solve_exact(inst, backend, time_limit_s, best[3] if best else None)
-        detail.update(exact_status=status, exact_s=raw.wall_s, backend=backend)
+        if work_limit is not None and backend != "cpsat":
+            raise SpecError(f"balance: a deterministic work limit needs backend cpsat, got {backend!r}")
+        owner, status, bound, raw = solve_exact(inst, backend, time_limit_s, best[3] if best else None,
+                                                work_limit=work_limit)
+        time_limited = raw.wall_s >= 0.95 * time_limit_s and status != "optimal"
+        detail.update(exact_status=status, exact_s=raw.wall_s, backend=backend, time_limited=time_limited)
         lb = max(lb, bound)
-        if owner is not None and (status == "optimal" or accept_incumbent or best is None):
-            if best is None or max(loads_of(inst, owner)) <= best[0]:
-                r = _result(inst, owner, backend, "optimal" if status == "optimal" else "feasible", lb, **detail)
-                r.plan_s = time.perf_counter() - t0
-                return r
+        take = status == "optimal" or accept_incumbent or best is None or (work_limit is not None and not time_limited)
+        if owner is not None and take and (best is None or max(loads_of(inst, owner)) <= best[0]):
+            m = max(loads_of(inst, owner))
+            return done(owner, backend, "optimal" if status == "optimal" or m <= lb else "feasible", lb)
         if best is None and status == "infeasible":
             raise InfeasibleError(
                 "balance: no assignment of this global batch meets the per-rank token cap and count rule",
@@ -426,6 +440,4 @@ def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: floa
                               "stage is off or stopped without one",
                               [f"caps {list(inst.caps)}, total {sum(inst.tokens)} tokens over {inst.k} ranks",
                                "raise data.token_cap, lower the global batch, or give the exact stage more time"])
-    r = _result(inst, best[3], best[2], "optimal" if best[0] <= lb else "feasible", lb, **detail)
-    r.plan_s = time.perf_counter() - t0
-    return r
+    return done(best[3], best[2], "optimal" if best[0] <= lb else "feasible", lb)
