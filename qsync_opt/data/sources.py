@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 _CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True)
 
@@ -162,6 +162,17 @@ class MixSpec(BaseModel):
             raise ValueError("data.engine: 'ray' needs the ray package, which is not installed here; "
                              "pip install 'ray>=2.9' (the ray extra), or set data.engine: inprocess")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults(self, handler):
+        """Leave the data-plane keys out of a dump while they hold their defaults, so that a
+        spec written before they existed dumps, and so digests, exactly as it did."""
+        out = handler(self)
+        if isinstance(out, dict):
+            for name, f in MixSpec.model_fields.items():
+                if name in out and getattr(self, name) == f.get_default(call_default_factory=True):
+                    del out[name]
+        return out
 
     @property
     def balance_policy(self) -> str:
