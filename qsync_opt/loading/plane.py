@@ -4,7 +4,8 @@ weighted mix, the balancer, and the per-rank sample ids of each global batch.
 Mixing (Megatron's blending rule with a schedule): for every slot of a global batch each
 source's deficit grows by its normalised weight at this step, the source with the largest
 deficit (ties: first listed) gives the next sample and its deficit drops by one, so counts
-track the weights within one sample at any point. Within a source, samples come in the
+track the weights within one sample at any point; the batch's slots are then shuffled by
+(seed, step), so that no rank receives the blend's fixed pattern. Within a source, samples come in the
 order of a permutation drawn per epoch from (seed, source, epoch): the state to resume is
 (step, per-source epoch and cursor, deficits) and nothing else; the permutation is
 recomputed, not stored.
@@ -86,7 +87,7 @@ class DataPlane:
     def __init__(self, sources: Sequence[SourceIndex], *, global_batch: int, speeds: Sequence[float],
                  policy: str = "ours", cost: CostModel | None = None, token_cap: int | None = None,
                  equal_counts: bool = False, seed: int = 0, backend: str | None = "cpsat",
-                 time_limit_s: float = 1.0, work_limit: float | None = 0.02, gap_tol: float = 1e-3):
+                 time_limit_s: float = 1.0, work_limit: float | None = 0.02, gap_tol: float = 1e-2):
         if not sources:
             raise SpecError("data.sources: the data plane needs at least one source")
         if global_batch < 1:
@@ -140,7 +141,10 @@ class DataPlane:
                 self.epoch[s] += 1
                 self.cursor[s] = 0
                 self._perm[s] = None
-        return out
+        # the blend's fixed pattern (every 4th slot long at 3:1) would hand an order-based split
+        # the same slots every step; a per-step shuffle from (seed, step) removes it
+        order = np.random.default_rng([self.seed, 0x5107, self.step]).permutation(len(out))
+        return [out[i] for i in order]
 
     # ---- one global batch -----------------------------------------------------------------
     def next_batch(self) -> StepPlan:
@@ -151,12 +155,14 @@ class DataPlane:
         self.step += 1
         return plan
 
-    def assign(self, lengths: Sequence[int], policy: str | None = None) -> StepPlan:
-        """Split one global batch of these lengths over the ranks by `policy` (default: the plane's)."""
+    def assign(self, lengths: Sequence[int], policy: str | None = None, cost: CostModel | None = None) -> StepPlan:
+        """Split one global batch of these lengths over the ranks by `policy` (default: the plane's),
+        `cost` (default: the plane's) being the cost that policy balances; `predicted` is always
+        in the plane's cost model and speeds."""
         policy = policy or self.policy
         k = len(self.speeds)
         t0 = time.perf_counter()
-        costs = self.cost.costs(lengths)
+        costs = (cost or self.cost).costs(lengths)
         status, gap, detail = "feasible", float("nan"), {}
         if policy == "stride":
             owner, method = B.stride(len(lengths), k), "stride"
@@ -171,7 +177,7 @@ class DataPlane:
             owner, method, status, gap, detail = res.owner(), res.method, res.status, res.gap, res.detail
         plan_s = time.perf_counter() - t0
         predicted = [0.0] * k
-        for c, r in zip(costs, owner):
+        for c, r in zip(self.cost.costs(lengths) if cost is not None else costs, owner):
             predicted[r] += c / self.speeds[r]
         return StepPlan(-1, [], list(lengths), owner, predicted, method, status, gap, plan_s, detail)
 
@@ -203,17 +209,3 @@ class DataPlane:
         self.cursor = [int(s["cursor"]) for s in state["sources"]]
         self.deficit = [float(x) for x in state["deficit"]]
         self._perm = [None] * len(self.sources)
-
-
-def from_spec(data, *, global_batch: int, speeds: Sequence[float], cost: CostModel | None = None,
-              base_dir=None, backend: str | None = "cpsat"):
-    """(DataPlane, [Source]) for a DataSpec with sources (readable sources opened here)."""
-    from qsync_opt.loading.sources import open_source
-
-    opened = [open_source(s, i, base_dir) for i, s in enumerate(data.sources)]
-    index = [SourceIndex(o.name, o.lengths, tuple((int(a), float(b)) for a, b in (s.schedule or [(0, s.weight_at(0))])))
-             for o, s in zip(opened, data.sources)]
-    plane = DataPlane(index, global_batch=global_batch, speeds=speeds, policy=SPEC_POLICY[data.balance_policy],
-                      cost=cost, token_cap=data.token_cap, equal_counts=data.equal_counts, seed=data.mix_seed,
-                      backend=backend, time_limit_s=data.plan_time_limit_ms / 1000.0, work_limit=data.plan_work_limit)
-    return plane, opened

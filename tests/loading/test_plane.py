@@ -35,11 +35,16 @@ def test_mix_follows_schedule():
 
 
 def test_each_source_is_a_permutation_per_epoch():
+    """Every epoch of a source is a permutation: over any prefix of the stream, sample counts
+    differ by at most one (the per-step shuffle reorders slots, not which samples)."""
     plane = make_plane(global_batch=50)
-    seen = []
-    while plane.epoch[1] == 0:
-        seen += [i for s, i in plane.next_batch().samples if s == 1]
-    assert sorted(seen[:97]) == list(range(97))
+    seen = Counter()
+    for _ in range(30):
+        seen.update(i for s, i in plane.next_batch().samples if s == 1)
+        full = plane.epoch[1]
+        counts = [seen[i] for i in range(97)]
+        assert max(counts) - min(counts) <= 1 and min(counts) >= full
+    assert plane.epoch[1] >= 2
 
 
 def test_ranks_partition_the_batch_and_balance():
