@@ -9,9 +9,9 @@ sums its token losses, divides by the global target count, and all-reduces the g
 
 Settings: `equal` (both ranks as they are) and `unequal` (the last rank emulated at
 1/--slow speed: after its local batch it sleeps (slow − 1) x its measured compute). Before
-each setting both ranks time forward+backward at a few lengths; the fit of rank 0,
-c(L) = c0 + a·L + b·L² in seconds, and the per-rank speeds (ratio of fitted costs over the
-mix's lengths) feed `ours` and every prediction.
+each setting both ranks time forward+backward at a few lengths; one fit per rank,
+c_r(L) = c0 + a·L + b·L² in seconds (a device group's own curve), feeds `ours` and every
+prediction; the speeds (ratio of fitted costs over the mix's lengths) order the ranks.
 
 Policies, side by side on the same global batches, interleaved per step in a rotating
 order: stride (DistributedSampler), tokens-kk (Karmarkar-Karp on L), verl-kk (KK on the
@@ -180,12 +180,13 @@ def worker(rank: int, world: int, port: int, args, queue):
             def refit():
                 fits = [fit([L for L, _ in o], [t for _, t in o]) for o in obs]
                 totals = [sum(f.costs(mix)) for f in fits]
-                return fits[0], [min(totals) / t for t in totals]
+                return fits, [min(totals) / t for t in totals]
 
-            cost, speeds = refit()
-            plane = make_plane(speeds, cost)
-            meta[setting] = {"calibration_fit": cost.as_dict(), "calibration_speeds": speeds,
-                             "fit_rel_err": max(abs(cost(L) - t) / t for L, t in zip(CALIB, all_times[0]))}
+            fits, speeds = refit()
+            plane = make_plane(speeds, fits)
+            meta[setting] = {"calibration_fit": [f.as_dict() for f in fits], "calibration_speeds": speeds,
+                             "fit_rel_err": max(abs(f(L) - t) / t for f, ts in zip(fits, all_times)
+                                                for L, t in zip(CALIB, ts))}
         for step in range(args.warmup + args.steps):
             if rank == 0:
                 base = plane.next_batch()
@@ -227,7 +228,7 @@ def worker(rank: int, world: int, port: int, args, queue):
             if rank == 0:
                 plane.cost, plane.speeds = refit()
         if rank == 0:
-            meta[setting].update(fit=plane.cost.as_dict(), speeds=plane.speeds)
+            meta[setting].update(fit=[f.as_dict() for f in plane.cost], speeds=plane.speeds)
     gathered = [None] * world
     dist.all_gather_object(gathered, records)
     if rank == 0:
@@ -354,6 +355,37 @@ def memory(world_sizes=(2, 8)) -> list[dict]:
     return rows
 
 
+def plot(records, path: Path) -> None:
+    """Per-rank time per step (median over steps), predicted beside measured (CPU), per policy and setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, setting in zip(axes, ("equal", "unequal")):
+        for j, p in enumerate(POLICIES):
+            for r in range(2):
+                xs = [x for x in records if x["setting"] == setting and x["policy"] == p and x["rank"] == r]
+                if not xs:
+                    continue
+                meas = 1e3 * statistics.median(x["cpu_s"] for x in xs)
+                pred = 1e3 * statistics.median(x["predicted_rank_s"] for x in xs)
+                pos = j * 3 + r
+                ax.bar(pos, meas, color=("tab:blue", "tab:orange")[r], label=f"rank {r} measured" if j == 0 else None)
+                ax.plot([pos - 0.4, pos + 0.4], [pred, pred], color="black", lw=2,
+                        label="predicted" if j == 0 and r == 0 else None)
+        ax.set_xticks([j * 3 + 0.5 for j in range(len(POLICIES))], POLICIES)
+        ax.set_title(f"{setting} ranks" + (f" (rank 1 at 1/{ARGS.slow} speed)" if setting == "unequal" else ""))
+        ax.set_ylabel("CPU ms per step (median over steps)")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(loc="upper left", fontsize=8)
+    fig.suptitle("Per-rank work per step: the step waits for the taller bar")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def table(rows, cols) -> str:
     widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
     lines = ["  ".join(c.ljust(widths[c]) for c in cols)]
@@ -397,10 +429,10 @@ def main(argv=None) -> int:
             "cpu_pred_err", "cpu_noise", "steps"]
     print(table(rows, cols))
     for s, m in meta.items():
-        print(f"{s}: final fit c(L) = {m['fit']['c0']:.3g} + {m['fit']['a']:.3g}·L + {m['fit']['b']:.3g}·L² s, speeds "
-              f"{[round(x, 3) for x in m['speeds']]} (calibration alone: speeds "
-              f"{[round(x, 3) for x in m['calibration_speeds']]}, max rel. err {m['fit_rel_err']:.1%})")
-    prow = planner_alone(meta["unequal"]["fit"])
+        curves = "; ".join(f"rank {r}: {f['c0']:.3g} + {f['a']:.3g}·L + {f['b']:.3g}·L²" for r, f in enumerate(m["fit"]))
+        print(f"{s}: final fits c(L) [s] {curves}; speeds {[round(x, 3) for x in m['speeds']]} (calibration alone: "
+              f"speeds {[round(x, 3) for x in m['calibration_speeds']]}, max rel. err {m['fit_rel_err']:.1%})")
+    prow = planner_alone(meta["unequal"]["fit"][0])
     pcols = list(prow[0])
     print("\nplanner alone, 256 samples over 8 ranks:")
     print(table(prow, pcols))
@@ -411,12 +443,14 @@ def main(argv=None) -> int:
     header = (f"# command: {command}\n# machine load (1/5/15 min) at start {load_start}, at end {load()}; "
               f"wall {time.time() - t_start:.0f} s; 2 gloo ranks, 1 thread each; unequal: last rank emulated at "
               f"1/{ARGS.slow} speed (sleeps (slow-1) x its compute)\n")
-    fits = "; ".join(f"{s}: c0={m['fit']['c0']:.4g} a={m['fit']['a']:.4g} b={m['fit']['b']:.4g} speeds="
-                     f"{[round(x, 3) for x in m['speeds']]}" for s, m in meta.items())
+    fits = "; ".join(f"{s}: " + ", ".join(f"rank {r} c0={f['c0']:.4g} a={f['a']:.4g} b={f['b']:.4g}"
+                                          for r, f in enumerate(m["fit"])) + f" speeds={[round(x, 3) for x in m['speeds']]}"
+                     for s, m in meta.items())
     write_csv(out / "balance.csv", rows, cols, header + f"# fits (seconds): {fits}\n")
     write_csv(out / "balance_planner.csv", prow, pcols, header)
     write_csv(out / "balance_memory.csv", mrow, mcols, header)
-    print(f"\nwrote {out}/balance.csv, balance_planner.csv, balance_memory.csv; load {load()}")
+    plot(res["records"], out / "balance.png")
+    print(f"\nwrote {out}/balance.csv, balance_planner.csv, balance_memory.csv, balance.png; load {load()}")
     return 0
 
 

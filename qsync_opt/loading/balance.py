@@ -56,23 +56,34 @@ class Instance:
         return self.n // self.k, -(-self.n // self.k)
 
 
-def make_instance(costs: Sequence[float], speeds: Sequence[float], tokens: Sequence[int] | None = None,
-                  token_cap: int | Sequence[int | None] | None = None, equal_counts: bool = False) -> Instance:
-    costs = [float(c) for c in costs]
+def make_instance(costs: Sequence[float] | None, speeds: Sequence[float], tokens: Sequence[int] | None = None,
+                  token_cap: int | Sequence[int | None] | None = None, equal_counts: bool = False,
+                  rank_costs: Sequence[Sequence[float]] | None = None) -> Instance:
+    """Integer weights w[i][r] ≈ c_i / s_r, or, with `rank_costs` (c[i][r]: each rank's own
+    cost curve, e.g. one c(L) fitted per device group), w[i][r] ≈ c[i][r]; `speeds` then
+    only order the ranks for Karmarkar-Karp and weight the lower bound (any positive values
+    keep the bound valid)."""
     speeds = [float(s) for s in speeds]
     if not speeds or any(not math.isfinite(s) or s <= 0 for s in speeds):
         raise SpecError(f"balance: rank speeds must be finite and > 0, got {speeds}; give each rank's relative throughput")
-    if any(not math.isfinite(c) or c < 0 for c in costs):
+    if rank_costs is not None:
+        matrix = [[float(c) for c in row] for row in rank_costs]
+        if any(len(row) != len(speeds) for row in matrix):
+            raise SpecError(f"balance: rank_costs needs one cost per rank ({len(speeds)}) for every sample")
+    else:
+        matrix = [[float(c) / s for s in speeds] for c in costs]
+    if any(not math.isfinite(c) or c < 0 for row in matrix for c in row):
         raise SpecError("balance: sample costs must be finite and >= 0")
-    toks = tuple(int(t) for t in (tokens if tokens is not None else [0] * len(costs)))
-    if len(toks) != len(costs):
-        raise SpecError(f"balance: {len(costs)} costs but {len(toks)} token counts")
+    n = len(matrix)
+    toks = tuple(int(t) for t in (tokens if tokens is not None else [0] * n))
+    if len(toks) != n:
+        raise SpecError(f"balance: {n} costs but {len(toks)} token counts")
     caps = tuple(token_cap) if isinstance(token_cap, (list, tuple)) else (token_cap,) * len(speeds)
     if len(caps) != len(speeds):
         raise SpecError(f"balance: {len(speeds)} ranks but {len(caps)} token caps")
-    top = max((c / min(speeds) for c in costs), default=0.0)
+    top = max((c for row in matrix for c in row), default=0.0)
     scale = top / 2**WEIGHT_BITS if top > 0 else 1.0
-    w = tuple(tuple(int(round(c / s / scale)) for s in speeds) for c in costs)
+    w = tuple(tuple(int(round(c / scale)) for c in row) for row in matrix)
     return Instance(w, toks, tuple(None if c is None else int(c) for c in caps), bool(equal_counts), scale, tuple(speeds))
 
 

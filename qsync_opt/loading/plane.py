@@ -65,7 +65,7 @@ class StepPlan:
     owner: list[int]
     """Rank of every slot."""
     predicted: list[float]
-    """Σ c(L)/speed per rank, in the cost model's unit."""
+    """Σ c(L)/speed per rank (or Σ c_r(L) with per-rank cost models), in the cost model's unit."""
     method: str
     status: str
     gap: float
@@ -85,7 +85,7 @@ class StepPlan:
 
 class DataPlane:
     def __init__(self, sources: Sequence[SourceIndex], *, global_batch: int, speeds: Sequence[float],
-                 policy: str = "ours", cost: CostModel | None = None, token_cap: int | None = None,
+                 policy: str = "ours", cost: "CostModel | Sequence[CostModel] | None" = None, token_cap: int | None = None,
                  equal_counts: bool = False, seed: int = 0, backend: str | None = "cpsat",
                  time_limit_s: float = 1.0, work_limit: float | None = 0.02, gap_tol: float = 1e-2):
         if not sources:
@@ -102,6 +102,7 @@ class DataPlane:
         self.speeds = [float(x) for x in speeds]
         self.policy = policy
         self.cost = cost or CostModel.tokens()
+        """One c(L) for every rank (divided by each rank's speed), or one c(L) per rank (its own curve)."""
         self.token_cap, self.equal_counts = token_cap, bool(equal_counts)
         self.seed = int(seed)
         self.backend, self.time_limit_s, self.gap_tol = backend, float(time_limit_s), float(gap_tol)
@@ -161,8 +162,12 @@ class DataPlane:
         in the plane's cost model and speeds."""
         policy = policy or self.policy
         k = len(self.speeds)
+        per_rank = isinstance(self.cost, (list, tuple))
+        if per_rank and len(self.cost) != k:
+            raise SpecError(f"data plane: {len(self.cost)} cost models for {k} ranks; give one per rank or one for all")
         t0 = time.perf_counter()
-        costs = (cost or self.cost).costs(lengths)
+        base = cost or (self.cost[0] if per_rank else self.cost)
+        costs = base.costs(lengths)
         status, gap, detail = "feasible", float("nan"), {}
         if policy == "stride":
             owner, method = B.stride(len(lengths), k), "stride"
@@ -170,15 +175,18 @@ class DataPlane:
             owner = B.kk_parts([float(x) for x in lengths] if policy == "tokens-kk" else costs, k, self.equal_counts)
             method = "kk"
         else:
+            matrix = None
+            if policy == "ours" and per_rank and cost is None:
+                matrix = list(zip(*(m.costs(lengths) for m in self.cost)))
             inst = B.make_instance([float(x) for x in lengths] if policy == "tokens" else costs, self.speeds, lengths,
-                                   self.token_cap, self.equal_counts)
+                                   self.token_cap, self.equal_counts, rank_costs=matrix)
             res = B.balance(inst, backend=self.backend, time_limit_s=self.time_limit_s, work_limit=self.work_limit,
                             gap_tol=self.gap_tol)
             owner, method, status, gap, detail = res.owner(), res.method, res.status, res.gap, res.detail
         plan_s = time.perf_counter() - t0
         predicted = [0.0] * k
-        for c, r in zip(self.cost.costs(lengths) if cost is not None else costs, owner):
-            predicted[r] += c / self.speeds[r]
+        for i, r in enumerate(owner):
+            predicted[r] += self.cost[r](lengths[i]) if per_rank else self.cost(lengths[i]) / self.speeds[r]
         return StepPlan(-1, [], list(lengths), owner, predicted, method, status, gap, plan_s, detail)
 
     # ---- checkpoint -----------------------------------------------------------------------

@@ -118,3 +118,16 @@ def test_infeasible_cap_is_an_error_naming_the_fix():
 def test_bad_speed_is_a_spec_error():
     with pytest.raises(SpecError, match="speed"):
         B.make_instance([1.0], [1.0, 0.0])
+
+
+def test_per_rank_cost_curves_match_brute_force():
+    """One c(L) per rank (a fast rank whose attention is cheap beside one whose per-sample
+    overhead is): the program optimises the real per-rank sums."""
+    lengths = [40, 900, 120, 60, 700, 30, 300]
+    fast_attn = CostModel(a=1.0, b=0.0005, c0=80.0)
+    slow_attn = CostModel(a=1.0, b=0.004, c0=5.0)
+    matrix = list(zip(fast_attn.costs(lengths), slow_attn.costs(lengths)))
+    inst = B.make_instance(None, [1.0, 0.5], lengths, rank_costs=matrix)
+    r = B.balance(inst, backend="highs", time_limit_s=10)
+    assert r.status == "optimal" and r.makespan == brute(inst)
+    assert r.bound <= r.makespan
