@@ -131,3 +131,14 @@ def test_per_rank_cost_curves_match_brute_force():
     r = B.balance(inst, backend="highs", time_limit_s=10)
     assert r.status == "optimal" and r.makespan == brute(inst)
     assert r.bound <= r.makespan
+
+
+def test_work_limit_makes_a_stopped_exact_stage_reproducible():
+    """CP-SAT on one thread under a deterministic budget: the same split twice, even when
+    the budget (not a proof) stops it, and its incumbent is never worse than the heuristic."""
+    inst = random_case(21, n=48, k=4)
+    runs = [B.balance(inst, backend="cpsat", time_limit_s=60, work_limit=0.002) for _ in range(2)]
+    assert runs[0].detail["exact_status"] == "feasible"  # stopped by the budget, not by a proof
+    assert runs[0].ranks == runs[1].ranks and runs[0].method == runs[1].method
+    assert not runs[0].detail.get("time_limited")
+    assert runs[0].makespan <= B.balance(inst, backend=None).makespan
