@@ -50,19 +50,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
 
-from qsync_opt.io import atomic_write_text  # noqa: E402
-from qsync_opt.loading import balance as B  # noqa: E402
-from qsync_opt.loading import collate  # noqa: E402
-from qsync_opt.loading.cost import CostModel, fit, from_module  # noqa: E402
-from qsync_opt.loading.plane import DataPlane, SourceIndex  # noqa: E402
-from qsync_opt.loading.sources import SyntheticLM  # noqa: E402
+from qsync_opt.io import atomic_write_text
+from qsync_opt.loading import balance as B
+from qsync_opt.loading import collate
+from qsync_opt.loading.cost import CostModel, fit, from_module
+from qsync_opt.loading.plane import DataPlane, SourceIndex
+from qsync_opt.loading.sources import SyntheticLM
 
 POLICIES = ("stride", "tokens-kk", "verl-kk", "ours")
 VOCAB, D, LAYERS, HEADS = 512, 128, 2, 4

@@ -10,7 +10,14 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 _CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True)
 
@@ -77,7 +84,7 @@ class SourceSpec(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _kind(self) -> "SourceSpec":
+    def _kind(self) -> SourceSpec:
         if (self.builtin is None) == (self.import_ is None):
             raise ValueError(f"source {self.name!r}: give exactly one of builtin ({', '.join(BUILTIN_SOURCES)}) "
                              "or import ('pkg.module:factory')")
@@ -142,7 +149,7 @@ class MixSpec(BaseModel):
     """Seed of the per-source shuffles."""
 
     @model_validator(mode="after")
-    def _mix(self) -> "MixSpec":
+    def _mix(self) -> MixSpec:
         src = self.sources
         if src is not None:
             if not src:

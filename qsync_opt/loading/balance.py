@@ -19,8 +19,8 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from qsync_opt.errors import InfeasibleError, SolverError, SpecError
 

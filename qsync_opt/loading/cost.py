@@ -38,7 +38,7 @@ class CostModel:
         return [self(L) for L in lengths]
 
     @classmethod
-    def tokens(cls) -> "CostModel":
+    def tokens(cls) -> CostModel:
         """c(L) = L: the `balance: tokens` policy."""
         return cls(a=1.0, b=0.0, unit="token")
 

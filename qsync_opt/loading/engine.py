@@ -8,7 +8,7 @@ copy of cursors and mix state. Both give the same sample sequence for the same s
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 from qsync_opt.data.sources import SourceSpec
 from qsync_opt.errors import SpecError
@@ -113,7 +113,7 @@ class RayEngine:
     def _get(self, refs):
         try:
             return self._ray.get(refs)
-        except Exception as e:  # noqa: BLE001 - a Ray task error wraps the actor's own
+        except Exception as e:
             cause = getattr(e, "cause", None) or e
             if isinstance(cause, (SourceReadError, SpecError)):
                 raise type(cause)(str(cause).splitlines()[-1] if isinstance(cause, SourceReadError) else str(cause)) from None

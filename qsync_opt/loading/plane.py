@@ -23,8 +23,8 @@ normalise their loss by the global token count (`loading.collate`).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -85,7 +85,7 @@ class StepPlan:
 
 class DataPlane:
     def __init__(self, sources: Sequence[SourceIndex], *, global_batch: int, speeds: Sequence[float],
-                 policy: str = "ours", cost: "CostModel | Sequence[CostModel] | None" = None, token_cap: int | None = None,
+                 policy: str = "ours", cost: CostModel | Sequence[CostModel] | None = None, token_cap: int | None = None,
                  equal_counts: bool = False, seed: int = 0, backend: str | None = "cpsat",
                  time_limit_s: float = 1.0, work_limit: float | None = 0.02, gap_tol: float = 1e-2):
         if not sources:
@@ -194,7 +194,7 @@ class DataPlane:
         """Everything needed to continue the exact sample sequence: small and JSON-safe."""
         return {
             "version": STATE_VERSION, "step": self.step, "seed": self.seed, "global_batch": self.global_batch,
-            "sources": [{"name": s.name, "size": int(len(s.lengths)), "epoch": e, "cursor": c}
+            "sources": [{"name": s.name, "size": len(s.lengths), "epoch": e, "cursor": c}
                         for s, e, c in zip(self.sources, self.epoch, self.cursor)],
             "deficit": list(self.deficit),
         }

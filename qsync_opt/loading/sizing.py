@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from qsync_opt.errors import InfeasibleError, SpecError
 

@@ -57,7 +57,7 @@ class Source:
     def get(self, i: int):
         try:
             return self.dataset[int(i)]
-        except Exception as e:  # noqa: BLE001 - any user error becomes one that names the source
+        except Exception as e:
             raise SourceReadError(f"data source {self.name!r} raised {type(e).__name__} reading sample {i}: {e}") from e
 
 

@@ -2,7 +2,7 @@
 known cost curve."""
 
 import pytest
-import torch.nn as nn
+from torch import nn
 
 from qsync_opt.errors import SpecError
 from qsync_opt.loading.cost import fit, from_module, from_shape, relative_speeds

@@ -14,8 +14,8 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 from qsync_opt.loading import collate
 from tests.loading.plane_cases import make_plane
