@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .sources import MixSpec
+from qsync_opt.data.sources import MixSpec
 
 BUILTIN = ("synthetic", "mnist", "digits", "mnist1d")
 
