@@ -10,10 +10,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from qsync_opt.data.sources import MixSpec
+
 BUILTIN = ("synthetic", "mnist", "digits", "mnist1d")
 
 
-class DataSpec(BaseModel):
+class DataSpec(MixSpec, BaseModel):
     """Training and test data: a built-in set or a factory in the user's own code."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True)

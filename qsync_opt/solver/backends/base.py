@@ -45,6 +45,9 @@ class SolveOptions:
     seed: int = 0
     hint: dict[str, float] | None = None
     """Complete values of the Problem's variables for a warm start (Problem.encode)."""
+    deterministic_time_s: float | None = None
+    """CP-SAT only (others ignore it): a work budget in CP-SAT's deterministic time; with one
+    thread a run stopped by it gives the same plan on every run, which a wall-clock limit does not."""
     formulation: str = "mccormick"
     """How products are linearised: 'mccormick' or 'marginal' (backends/linear.py)."""
     msg: bool = False

@@ -145,6 +145,8 @@ def _run(lm: LinearModel, sm: "ScaledModel", options: SolveOptions, hint: dict[s
     solver = cp_model.CpSolver()
     p = solver.parameters
     p.max_time_in_seconds = float(max(limit, 1e-3))
+    if options.deterministic_time_s is not None:
+        p.max_deterministic_time = float(options.deterministic_time_s)
     p.relative_gap_limit = float(options.rel_gap)
     p.random_seed = int(options.seed)
     if options.threads:
