@@ -363,8 +363,10 @@ def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dic
     bound = None
     hint_keep = set(start.values())
     first = True
-    while time.perf_counter() - t0 < time_limit_s:
-        left = time_limit_s - (time.perf_counter() - t0)
+    last = 0.0
+    while time_limit_s - (time.perf_counter() - t0) > last:  # stop when another round would overrun
+        t_it = time.perf_counter()
+        left = time_limit_s - (t_it - t0)
         hint = {f"keep_{w}": float(w in hint_keep) for w in wk}
         raw = get_backend(backend).solve(p, _opts(left, hint))
         if raw.values is None:
@@ -381,10 +383,22 @@ def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dic
             if obj > best_obj:
                 best, best_obj = placement, obj
             break
-        # no-good cut: best-fit could not pack this keep set; keep at least one of its freed workers
+        # repair: keep back the freed workers worth least, one at a time, until the packing succeeds
         freed = [w for w in wk if w not in keep]
+        worth = {w: wk[w].value - move_cost[w] for w in freed}
+        repaired = set(keep)
+        for w in sorted(freed, key=lambda w: (worth[w], w)):
+            repaired.add(w)
+            placement = _pack(state, repaired)
+            if placement is not None:
+                obj = evaluate(state, placement)[0]
+                if obj > best_obj:
+                    best, best_obj = placement, obj
+                break
+        # no-good cut: best-fit could not pack this keep set; keep at least one of its freed workers
         p.add_constraint(f"cut_{len(p.constraints)}", {f"keep_{w}": 1.0 for w in freed}, ">=", 1.0)
-    proven = bound is not None and best_obj >= bound - 1e-9 * max(1.0, abs(bound))
+        last = time.perf_counter() - t_it
+    proven = bound is not None and best_obj >= bound - 1e-6 * max(1.0, abs(bound))
     return best, bound, proven
 
 

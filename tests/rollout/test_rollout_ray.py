@@ -20,12 +20,13 @@ def ray_session():
         ray.shutdown()
 
 
-def _job(steps=4, policy="trajectory-async", repack="none"):
-    job = load_rollout_spec("examples/rollout_cpu_tiny.yaml")
-    r = job.rollout
-    return job.model_copy(update={"rollout": r.model_copy(update={
-        "steps": steps, "policy": r.policy.model_copy(update={"kind": policy}),
-        "repack": r.repack.model_copy(update={"method": repack})})})
+def _job(steps=3, policy="trajectory-async", rollouts=2):
+    import yaml
+
+    d = yaml.safe_load(open("examples/rollout_cpu_tiny.yaml"))
+    d["cluster"]["groups"][1]["count"] = rollouts
+    d["rollout"].update(steps=steps, policy={"kind": policy}, repack={"method": "none"})
+    return load_rollout_spec(d)
 
 
 def _check_conserved(job, res):
@@ -40,7 +41,7 @@ def _check_conserved(job, res):
 def test_killed_actor_does_not_stop_the_run(ray_session, variant):
     from qsync_opt.rollout.ray_run import Driver, make_actors
 
-    job = _job(steps=4, policy=variant)
+    job = _job(policy=variant)
     actors, trainer = make_actors(job)
     d = Driver(job, variant, actors, trainer, kill_after_steps=1)
     res = d.run()
