@@ -136,7 +136,7 @@ class _Rollout:
         self.step_log, self.prefill_log, self.load_log = [], [], []
         return self.idx
 
-    def step(self, max_steps: int, admit=()):
+    def step(self, max_steps: int, admit=(), busy: int = 1):
         """Prefill `admit` (tid, context, target), then decode until a trajectory reaches its length
         (or max_steps); returns finished trajectories and timings."""
         torch = self.torch
@@ -172,7 +172,7 @@ class _Rollout:
                         self.free.append(s["slot"])
                         del self.slots[tid]
                 steps += 1
-                self.step_log.append((len(tids), total, time.perf_counter() - t0))
+                self.step_log.append((len(tids), total, time.perf_counter() - t0, busy))
                 if finished:
                     break
         return {"finished": finished, "steps": steps, "elapsed": time.perf_counter() - t_call,
@@ -354,7 +354,8 @@ class Driver:
     def _issue(self, i):
         a = self.w[i]
         if a["call"] is None and a["inflight"] and i in self.alive and not a["loading"]:
-            ref = self.actors[i].step.remote(MAX_STEPS_PER_CALL, a["to_admit"])
+            busy = 1 + sum(self.w[j]["call"] is not None for j in self.alive)  # actors decoding at once
+            ref = self.actors[i].step.remote(MAX_STEPS_PER_CALL, a["to_admit"], busy)
             a["to_admit"] = []
             a["call"] = ref
             self.pending[ref] = ("step", i)
@@ -739,12 +740,21 @@ class CalibratedCosts:
     kv_bytes_per_token: float
     pull_s: float
     dec: tuple[float, float, float]
-    """decode step ms = a + b·B + c·ΣL"""
+    """decode step ms = a + b·B + c·ΣL (one actor decoding alone)"""
     pre: tuple[float, float]
     """prefill ms per sequence = a + b·tokens"""
+    share: tuple = ()
+    """share[k − 1]: the (a, b, c) of decode_ms when k actors decode at once on this host's shared cores."""
 
     def decode_ms(self, batch, total_ctx):
         a, b, c = self.dec
+        return max(1e-3, a + b * batch + c * total_ctx)
+
+    def decode_ms_shared(self, batch, total_ctx, busy):
+        """decode_ms when `busy` actors decode at once (they share this machine's cores)."""
+        if not self.share:
+            return self.decode_ms(batch, total_ctx)
+        a, b, c = self.share[max(1, min(busy, len(self.share))) - 1]
         return max(1e-3, a + b * batch + c * total_ctx)
 
     def prefill_ms(self, m, tokens):
@@ -771,10 +781,22 @@ def calibrate(job, results: dict):
     S = np.asarray(steps, dtype=float)
     X = np.c_[np.ones(len(S)), S[:, 0], S[:, 1]]
     dec = np.linalg.lstsq(X, S[:, 2] * 1e3, rcond=None)[0]
+    # the actors share this machine's cores: one fit per number k of actors decoding at once
+    n_act = sum(g.count for g in job.cluster.groups if g.name in {w.group for w in job.rollout.workers})
+    share = []
+    for k in range(1, n_act + 1):
+        sel = S[:, 3] == k
+        if sel.sum() >= 30 and len(set(S[sel, 0])) >= 3:
+            share.append(tuple(float(x) for x in np.linalg.lstsq(X[sel], S[sel, 2] * 1e3, rcond=None)[0]))
+        else:
+            share.append(share[-1] if share else tuple(float(x) for x in dec))
+    share = tuple(share)
+    dec = share[0]
     # what the driver waits beyond the actor's own time (Ray call, scheduling on shared cores), per step
     C = np.asarray(calls, dtype=float)
     overhead_ms = 1e3 * C[:, 0].sum() / max(1.0, C[:, 1].sum())
     dec = (float(dec[0] + overhead_ms), float(dec[1]), float(dec[2]))
+    share = tuple((a + overhead_ms, b, c) for a, b, c in share)
     P = np.asarray(pre, dtype=float)
     # per-sequence prefill: dt / m against mean tokens
     pa = np.linalg.lstsq(np.c_[np.ones(len(P)), P[:, 1]], P[:, 2] * 1e3 / P[:, 0], rcond=None)[0]
@@ -783,10 +805,10 @@ def calibrate(job, results: dict):
     load = float(np.median(loads)) if loads else 0.0
     pull = float(np.median(pulls)) if pulls else load
     n = sum(g.count for g in job.cluster.groups if g.name in {w.group for w in job.rollout.workers})
-    costs = [CalibratedCosts("rollout", "cpu", 32, n, 1e12, 1.0, pull, dec, (float(pa[0]), float(pa[1])))]
+    costs = [CalibratedCosts("rollout", "cpu", 32, n, 1e12, 1.0, pull, dec, (float(pa[0]), float(pa[1])), share)]
     sync = SyncCosts(broadcast_s=load, push_s=0.0, relay_fanout_s=0.0, kv_link_gbs=1e-9, kv_link_latency_s=1e9)
     train_s = (lambda tokens, a=float(ta[0]), b=float(ta[1]): max(1e-3, a + b * tokens))
-    return costs, sync, train_s, {"decode_ms": dec, "call_overhead_ms_per_step": overhead_ms,
+    return costs, sync, train_s, {"decode_ms": dec, "share_by_busy": share, "call_overhead_ms_per_step": overhead_ms,
                                   "prefill_ms_per_seq": tuple(map(float, pa)), "train_s": tuple(map(float, ta)),
                                   "broadcast_s": load, "pull_s": pull,
                                   "samples": {"steps": len(S), "prefills": len(P), "train": len(T)}}

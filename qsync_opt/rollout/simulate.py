@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .costs import SyncCosts, WorkerCosts, all_worker_costs, migration_s, sync_costs, trainer_step_s
+from .costs import SyncCosts, all_worker_costs, migration_s, sync_costs, trainer_step_s
 from .repack import RepackState, RepackTraj, RepackWorker, repack
 
 GEN, IDLE, SYNC, MIGRATE = "generating", "idle", "syncing", "migrating"
@@ -139,6 +139,8 @@ class Simulator:
         self.sync = sync or sync_costs(job)
         self.train_s = train_s or (lambda tokens: trainer_step_s(job, tokens))
         kinds = costs or all_worker_costs(job)
+        self.shared_host = all(hasattr(c, "decode_ms_shared") for c in kinds)
+        self.n_gen = 0
         self.workers: list[_Worker] = []
         for wc in kinds:
             for i in range(wc.count):
@@ -199,6 +201,7 @@ class Simulator:
     def _set_state(self, w: _Worker, state: str):
         if state == w.state:
             return
+        self.n_gen += (state == GEN) - (w.state == GEN)
         now = self.now
         w.totals[w.state] += now - w.since
         if self.timeline_until is not None and w.since < self.timeline_until and now > w.since:
@@ -224,7 +227,11 @@ class Simulator:
             return
         b = len(w.batch)
         n = max(1, w.heap[0][0] - w.steps)
-        dt = w.c.decode_ms(b, w.total_ctx() + b * (n - 1) / 2) / 1e3
+        self._set_state(w, GEN)
+        if self.shared_host:  # costs measured on one machine whose cores the workers share
+            dt = w.c.decode_ms_shared(b, w.total_ctx() + b * (n - 1) / 2, self.n_gen) / 1e3
+        else:
+            dt = w.c.decode_ms(b, w.total_ctx() + b * (n - 1) / 2) / 1e3
         w.chunk = (self.now, dt, n)
         w.epoch += 1
         self._set_state(w, GEN)
