@@ -28,10 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qsync_opt.rollout.repack import RepackState, RepackTraj, RepackWorker, repack  # noqa: E402
-from qsync_opt.rollout.simulate import VARIANTS, simulate  # noqa: E402
-from qsync_opt.rollout.spec import load_rollout_spec  # noqa: E402
-from qsync_opt.solver.backends import EXACT, available  # noqa: E402
+from qsync_opt.rollout.repack import RepackState, RepackTraj, RepackWorker, repack
+from qsync_opt.rollout.simulate import VARIANTS, simulate
+from qsync_opt.rollout.spec import load_rollout_spec
+from qsync_opt.solver.backends import EXACT, available
 
 QWEN7B = {"layers": 28, "hidden": 3584, "ffn": 18944, "heads": 28, "kv_heads": 4, "vocab": 152064,
           "max_positions": 32768, "ffn_matrices": 3, "tied_embeddings": False, "learned_positions": False}

@@ -39,7 +39,7 @@ class PolicyFigures(BaseModel):
     steps: int
 
     @classmethod
-    def of(cls, r: SimResult) -> "PolicyFigures":
+    def of(cls, r: SimResult) -> PolicyFigures:
         return cls(**{k: v for k, v in r.row().items() if k in cls.model_fields})
 
 
@@ -80,7 +80,7 @@ class RolloutPlan(BaseModel):
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
 
-    def save(self, path: "str | Path") -> Path:
+    def save(self, path: str | Path) -> Path:
         p = Path(path)
         p.write_text(self.to_json())
         return p
@@ -156,7 +156,7 @@ def print_plan(plan: RolloutPlan, console) -> None:
 COLORS = {"generating": "#2b8a3e", "idle": "#dee2e6", "syncing": "#1c7ed6", "migrating": "#e8590c"}
 
 
-def write_report(job, out_dir: "str | Path", variants=("sync", "trajectory-async", "repack-program"),
+def write_report(job, out_dir: str | Path, variants=("sync", "trajectory-async", "repack-program"),
                  steps: int | None = None, timeline_steps: int = 4, max_workers: int = 32) -> dict[str, Path]:
     """Timeline PNG (per worker: generating, idle, syncing, migrating) and KV-utilisation PNG for
     `variants`, plus plan.json; returns the paths written."""

@@ -32,7 +32,7 @@ MAX_STEPS_PER_CALL = 16
 
 def _need_ray():
     try:
-        import ray  # noqa: F401
+        import ray
     except ImportError:
         raise SpecError("the real rollout run needs Ray: pip install 'ray>=2.9' (or qsync-opt[rollout]); "
                         "`qsync-opt solve` and the simulator do not") from None

@@ -188,7 +188,7 @@ class _Bins:
             lst.sort()
         self.order = sorted(self.classes)
 
-    def copy(self) -> "_Bins":
+    def copy(self) -> _Bins:
         c = object.__new__(_Bins)
         c.caps, c.kv, c.n, c.rate, c.order = self.caps, dict(self.kv), dict(self.n), self.rate, self.order
         c.classes = {r: list(lst) for r, lst in self.classes.items()}

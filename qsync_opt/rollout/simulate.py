@@ -84,7 +84,7 @@ class SimResult:
 
 
 class _Traj:
-    __slots__ = ("id", "prompt", "target", "version", "gen_base", "start_step", "worker", "stint", "round")
+    __slots__ = ("gen_base", "id", "prompt", "round", "start_step", "stint", "target", "version", "worker")
 
     def __init__(self, tid, prompt, target, rnd):
         self.id, self.prompt, self.target, self.round = tid, prompt, target, rnd

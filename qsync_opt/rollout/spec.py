@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal, Union
+from typing import Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -44,7 +44,7 @@ class LengthDist(_Model):
     """A text file of observed lengths (positive integers); relative paths are read from the working directory."""
 
     @model_validator(mode="after")
-    def _one_source(self) -> "LengthDist":
+    def _one_source(self) -> LengthDist:
         if self.file is not None:
             if self.median is not None or self.p99 is not None:
                 raise ValueError("give either file or median (+ p99), not both")
@@ -96,7 +96,7 @@ class Workload(_Model):
     """Prompts per trainer step."""
     group_size: int = Field(default=8, ge=1)
     """Responses sampled per prompt (GRPO's n); a step trains on prompts_per_step × group_size trajectories."""
-    prompt_len: Union[int, LengthDist] = 512
+    prompt_len: int | LengthDist = 512
     """Prompt tokens: a number, or a distribution like the response's."""
     response: LengthDist
     """Response lengths: {median, p99} or {file}."""
@@ -137,7 +137,7 @@ class Policy(_Model):
     (AReaL's rule); default 1. Not allowed for sync / one-step-off (their staleness is 0 / 1)."""
 
     @model_validator(mode="after")
-    def _eta_only_streaming(self) -> "Policy":
+    def _eta_only_streaming(self) -> Policy:
         if self.eta is not None and self.kind not in STREAMING:
             fixed = 0 if self.kind == "sync" else 1
             raise ValueError(f"eta: policy {self.kind!r} has a fixed staleness of {fixed} and takes no staleness "
@@ -196,7 +196,7 @@ class RolloutSection(_Model):
     """Trainer steps to simulate."""
     trainer_step_s: float | None = Field(default=None, gt=0)
     """Measured seconds per trainer step; default: 6·params·tokens over the trainer group's bf16 rate."""
-    relay_link: Union[str, Interconnect] = "pcie4"
+    relay_link: str | Interconnect = "pcie4"
     """Link from a node's relay to its rollouts (pull); the cluster interconnect carries the broadcast."""
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     """Usable fraction of a rollout device's memory (vLLM's gpu_memory_utilization)."""
@@ -227,7 +227,7 @@ class RolloutJob(_Model):
     rollout: RolloutSection
 
     @model_validator(mode="after")
-    def _groups_and_fit(self) -> "RolloutJob":
+    def _groups_and_fit(self) -> RolloutJob:
         names = [g.name for g in self.cluster.groups]
         r = self.rollout
         if r.trainer not in names:
@@ -249,7 +249,9 @@ class RolloutJob(_Model):
         if ctx > r.model.get("max_positions"):
             raise ValueError(f"rollout.workload.max_len: prompt + max_len = {ctx} exceeds the model's "
                              f"max_positions {r.model.get('max_positions')}; lower max_len or raise max_positions")
-        from .costs import worker_costs  # the fit check prices memory with the serving cost model
+        from .costs import (
+            worker_costs,  # the fit check prices memory with the serving cost model
+        )
 
         for i, w in enumerate(r.workers):
             c = worker_costs(self, w)
@@ -261,7 +263,7 @@ class RolloutJob(_Model):
         return self
 
 
-def load_rollout_spec(source: "str | Path | dict | RolloutJob") -> RolloutJob:
+def load_rollout_spec(source: str | Path | dict | RolloutJob) -> RolloutJob:
     """Parse and validate a rollout job from a path, a YAML string or a dict; SpecError names the field."""
     if isinstance(source, RolloutJob):
         return source

@@ -8,7 +8,12 @@ import pytest
 from rollout_cases import job_dict
 
 from qsync_opt.predictor import serving_costs as sc
-from qsync_opt.rollout.costs import all_worker_costs, migration_s, sync_costs, trainer_step_s
+from qsync_opt.rollout.costs import (
+    all_worker_costs,
+    migration_s,
+    sync_costs,
+    trainer_step_s,
+)
 from qsync_opt.rollout.spec import load_rollout_spec
 
 

@@ -7,8 +7,15 @@ import random
 
 import pytest
 
-from qsync_opt.rollout.repack import (RepackState, RepackTraj, RepackWorker, best_fit, brute_force, evaluate,
-                                      repack)
+from qsync_opt.rollout.repack import (
+    RepackState,
+    RepackTraj,
+    RepackWorker,
+    best_fit,
+    brute_force,
+    evaluate,
+    repack,
+)
 from qsync_opt.solver.backends import EXACT, available
 
 

@@ -69,3 +69,17 @@ def test_plan_recommends_the_fastest(job):
     assert plan.recommended == best.variant
     assert {p.variant for p in plan.policies} == set(VARIANTS)
     assert '"recommended"' in plan.to_json()
+
+
+def test_report_writes_timeline_and_kv_pngs(job, tmp_path):
+    from rich.console import Console
+
+    from qsync_opt.rollout.plan import print_plan, write_report
+
+    paths = write_report(job, tmp_path, variants=("sync", "repack-best-fit"), timeline_steps=2)
+    for p in paths.values():
+        assert p.stat().st_size > 10_000 and p.read_bytes()[:4] == b"\x89PNG"
+    console = Console(record=True, width=200)
+    print_plan(solve(job, variants=("sync", "trajectory-async")), console)
+    text = console.export_text()
+    assert "recommended: trajectory-async" in text and "sync" in text
