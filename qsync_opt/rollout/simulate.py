@@ -435,10 +435,22 @@ class Simulator:
             self._interrupt_broadcast()
         else:
             self.trainer_stall_until = self.now + self.sync.push_s
-            self._push(self.now + self.sync.push_s + self.sync.relay_fanout_s, "relay", self.version)
             self._push(self.trainer_stall_until, "trainer_free")
-            self._dispatch()
+            delay = self.sync.push_s + self.sync.relay_fanout_s
+            if delay > 0:  # until the relays hold it, rollouts know only the old version and admit on it
+                self._push(self.now + delay, "relay", self.version)
+                self._dispatch()
+            else:
+                self._on_relay(self.version)
         self._maybe_train()
+
+    def _on_relay(self, version: int):
+        """A version reaches the relays: free rollouts pull it; the others drain first."""
+        self.relay_version = max(self.relay_version, version)
+        for wk in self.workers:
+            if not wk.batch and not wk.pulling and self.now >= wk.paused_until and self.relay_version > wk.version:
+                self._pull(wk)
+        self._dispatch()
 
     # ---- global broadcast policies
     def _broadcast(self, then):
@@ -612,10 +624,7 @@ class Simulator:
             elif kind == "bcast_done":
                 self._on_bcast_done(payload[0])
             elif kind == "relay":
-                self.relay_version = max(self.relay_version, payload[0])
-                for wk in self.workers:
-                    if not wk.batch and not wk.pulling and self.now >= wk.paused_until and self.relay_version > wk.version:
-                        self._pull(wk)
+                self._on_relay(payload[0])
             elif kind == "tick":
                 self._on_tick()
             elif kind == "sample":
