@@ -1,0 +1,200 @@
+"""RL rollout policies side by side (Laminar): simulated at scale, and a real Ray run here vs the
+calibrated simulator.
+
+    python benchmarks/rollout.py --out DIR [--sim-steps 10] [--skip-real]
+
+Simulated cases: a 7B-class policy (Qwen2.5-7B shape: 28 layers, GQA with 4 KV heads, 57,344 KV
+bytes per token), response lengths lognormal with p99/median = 10, on 64 A100, 128 H100, and hybrid
+fleets of A100 with L4 (8-bit) or T4 (4-bit); 16 H100 train. Every policy variant runs on the same
+drawn lengths. Real: examples/rollout_cpu_tiny.yaml (4 rollout actors and a trainer on this machine),
+each variant measured, then the simulator calibrated from that run's timings predicts each one.
+
+Writes DIR/rollout.csv (mode, case, policy, trajectories_per_s, tokens_per_s, rollout_idle_frac,
+trainer_idle_frac, staleness_mean, ...) and DIR/rollout_repack.csv (repack decision time for 64
+workers and 2,000 in-flight trajectories, per backend), with the command and the machine load in
+their headers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from qsync_opt.rollout.repack import RepackState, RepackTraj, RepackWorker, repack
+from qsync_opt.rollout.simulate import VARIANTS, simulate
+from qsync_opt.rollout.spec import load_rollout_spec
+from qsync_opt.solver.backends import EXACT, available
+
+QWEN7B = {"layers": 28, "hidden": 3584, "ffn": 18944, "heads": 28, "kv_heads": 4, "vocab": 152064,
+          "max_positions": 32768, "ffn_matrices": 3, "tied_embeddings": False, "learned_positions": False}
+COLUMNS = ["mode", "case", "policy", "trajectories_per_s", "tokens_per_s", "rollout_idle_frac", "trainer_idle_frac",
+           "staleness_mean", "staleness_max", "kv_util_mean", "repacks", "moves", "solver_ms_mean", "solver_ms_max",
+           "steps", "time_s", "wall_s"]
+
+
+def case(name, groups, workers, interconnect="infiniband-hdr", per_worker=32, median=1000, ratio=10.0):
+    n = sum(g["count"] for g in groups)
+    return name, {
+        "kind": "rollout", "name": name,
+        "cluster": {"groups": [{"name": "trainer", "device": "H100-SXM", "count": 16}] + groups,
+                    "interconnect": interconnect},
+        "rollout": {"trainer": "trainer", "workers": workers, "model": QWEN7B,
+                    "workload": {"prompts_per_step": n * per_worker // 16, "group_size": 16, "prompt_len": 512,
+                                 "response": {"median": median, "p99": median * ratio}, "max_len": 16384},
+                    "policy": {"kind": "trajectory-async", "eta": 1},
+                    "repack": {"method": "program", "kv_threshold": 0.9, "batch_cap": 64, "interval_s": 2.0},
+                    "solver": {"backend": "highs", "time_limit_s": 0.05}},
+    }
+
+
+CASES = [
+    case("a100x64", [{"name": "a100", "device": "A100-80GB", "count": 64}], [{"group": "a100", "bits": 16}]),
+    case("h100x128", [{"name": "h100", "device": "H100-SXM", "count": 128}], [{"group": "h100", "bits": 16}]),
+    case("a100x64+l4x64", [{"name": "a100", "device": "A100-80GB", "count": 64},
+                           {"name": "l4", "device": "L4", "count": 64}],
+         [{"group": "a100", "bits": 16}, {"group": "l4", "bits": 8}], interconnect="ethernet-100g"),
+    case("a100x128+t4x128", [{"name": "a100", "device": "A100-80GB", "count": 128},
+                             {"name": "t4", "device": "T4", "count": 128}],
+         [{"group": "a100", "bits": 16}, {"group": "t4", "bits": 4}], interconnect="ethernet-100g"),
+]
+
+
+def row(mode, case_name, policy, r, time_s):
+    return {"mode": mode, "case": case_name, "policy": policy, "trajectories_per_s": r.trajectories_per_s,
+            "tokens_per_s": r.tokens_per_s, "rollout_idle_frac": r.rollout_idle_frac,
+            "trainer_idle_frac": r.trainer_idle_frac, "staleness_mean": r.staleness_mean,
+            "staleness_max": r.staleness_max, "kv_util_mean": getattr(r, "kv_util_mean", ""),
+            "repacks": r.repacks, "moves": r.moves, "solver_ms_mean": getattr(r, "solver_wall_ms_mean", ""),
+            "solver_ms_max": getattr(r, "solver_wall_ms_max", ""), "steps": r.steps, "time_s": time_s,
+            "wall_s": r.wall_s}
+
+
+def fmt(v):
+    return f"{v:.4g}" if isinstance(v, float) else v
+
+
+def header(f, args):
+    f.write(f"# command: python benchmarks/rollout.py {' '.join(args)}\n")
+    f.write(f"# load (1, 5, 15 min): {', '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs; "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
+
+
+def repack_timing(reps: int = 5):
+    rng = random.Random(1)
+    ws = [RepackWorker(f"w{i}", 400000, 64, rng.uniform(1e4, 2e4), rng.choice([0.01, 0.012])) for i in range(64)]
+    ts = [RepackTraj(f"t{k}", f"w{rng.randrange(64)}", rng.randint(600, 8000), rng.randint(0, 6000))
+          for k in range(2000)]
+    st = RepackState(ws, ts, 0.9, max_freed=None)
+    out = []
+    bf = [repack(st, method="best-fit") for _ in range(reps)]
+    out.append({"method": "best-fit", "backend": "", "limit_ms": "", "median_ms": 1e3 * statistics.median(r.wall_s for r in bf),
+                "max_ms": 1e3 * max(r.wall_s for r in bf), "freed": len(bf[0].freed), "objective": bf[0].objective,
+                "vs_best_fit": 1.0, "status": "feasible", "gap": ""})
+    for be in [b for b in EXACT if available()[b]]:
+        for limit in (0.05, 1.0):
+            rs = [repack(st, backend=be, time_limit_s=limit) for _ in range(reps)]
+            r = rs[-1]
+            out.append({"method": "program", "backend": be, "limit_ms": limit * 1e3,
+                        "median_ms": 1e3 * statistics.median(x.wall_s for x in rs), "max_ms": 1e3 * max(x.wall_s for x in rs),
+                        "freed": len(r.freed), "objective": r.objective,
+                        "vs_best_fit": r.objective / bf[0].objective if bf[0].objective else "",
+                        "status": r.status, "gap": "" if r.gap is None else r.gap})
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--sim-steps", type=int, default=10)
+    ap.add_argument("--skip-real", action="store_true")
+    ap.add_argument("--cases", nargs="*", default=None, help="subset of case names")
+    args = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+
+    # the 64-worker, 1,000-step case: how long the simulator takes
+    name, d = case("a100x64-1000steps", [{"name": "a100", "device": "A100-80GB", "count": 64}],
+                   [{"group": "a100", "bits": 16}], per_worker=4)
+    d["rollout"]["steps"] = 1000
+    job = load_rollout_spec(d)
+    r = simulate(job, "trajectory-async")
+    rows.append(row("simulated", name, "trajectory-async", r, r.sim_time_s))
+    print(f"{name}: trajectory-async, {job.rollout.workload.batch} trajectories/step, 1000 steps simulated in "
+          f"{r.wall_s:.1f} s wall")
+
+    for name, d in CASES:
+        if args.cases and name not in args.cases:
+            continue
+        d["rollout"]["steps"] = args.sim_steps
+        job = load_rollout_spec(d)
+        res = {}
+        for v in VARIANTS:
+            res[v] = simulate(job, v)
+            rows.append(row("simulated", name, v, res[v], res[v].sim_time_s))
+        sync = res["sync"].trajectories_per_s
+        best_other = max(("one-step-off", "stale", "partial-rollout"), key=lambda v: res[v].trajectories_per_s)
+        print(f"\n{name}: {job.rollout.workload.batch} trajectories/step, {args.sim_steps} steps")
+        for v in VARIANTS:
+            x = res[v]
+            print(f"  {v:17s} {x.trajectories_per_s:8.2f} traj/s  {x.trajectories_per_s / sync:5.2f}x sync  "
+                  f"idle {x.rollout_idle_frac:5.1%}  trainer idle {x.trainer_idle_frac:5.1%}  "
+                  f"stale {x.staleness_mean:.2f}/{x.staleness_max}  KV {x.kv_util_mean:5.1%}  "
+                  f"repacks {x.repacks} ({x.solver_wall_ms_mean:.1f} ms mean)  [{x.wall_s:.1f} s]")
+        for v in ("repack-best-fit", "repack-program"):
+            print(f"  {v}: {res[v].trajectories_per_s / sync:.2f}x sync, "
+                  f"{res[v].trajectories_per_s / res[best_other].trajectories_per_s:.2f}x {best_other}, "
+                  f"{res[v].trajectories_per_s / res['trajectory-async'].trajectories_per_s:.3f}x trajectory-async")
+
+    if not args.skip_real:
+        from qsync_opt.rollout.ray_run import calibrate, run
+
+        job = load_rollout_spec(Path(__file__).resolve().parents[1] / "examples" / "rollout_cpu_tiny.yaml")
+        real = run(job)
+        costs, sync_c, train_s, info = calibrate(job, real)
+        print(f"\nreal run ({job.name}: 4 rollout actors + trainer), calibration: {info}")
+        for v, r in real.items():
+            rows.append(row("real", job.name, v, r, r.wall_s))
+            p = simulate(job, v, costs=costs, sync=sync_c, train_s=train_s)
+            rows.append(row("predicted", job.name, v, p, p.sim_time_s))
+            print(f"  {v:17s} real {r.trajectories_per_s:7.2f} traj/s  predicted {p.trajectories_per_s:7.2f}  "
+                  f"({p.trajectories_per_s / r.trajectories_per_s - 1:+.0%})  rollout idle {r.rollout_idle_frac:.0%} / "
+                  f"{p.rollout_idle_frac:.0%}  staleness {r.staleness_mean:.2f} / {p.staleness_mean:.2f}")
+        ranked_real = sorted(real, key=lambda v: -real[v].trajectories_per_s)
+        ranked_pred = sorted(real, key=lambda v: -next(x for x in rows if x["mode"] == "predicted" and x["policy"] == v)
+                             ["trajectories_per_s"])
+        print(f"  ranking real:      {ranked_real}\n  ranking predicted: {ranked_pred}")
+
+    with open(out / "rollout.csv", "w", newline="") as f:
+        header(f, argv)
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: fmt(v) for k, v in r.items()})
+    timing = repack_timing()
+    print("\nrepack decision, 64 workers x 2,000 in-flight trajectories:")
+    for t in timing:
+        print(f"  {t['method']:8s} {t['backend']:6s} limit {t['limit_ms']!s:>6} ms: median {t['median_ms']:6.1f} ms, "
+              f"max {t['max_ms']:6.1f} ms, freed {t['freed']}, objective {t['objective']:.0f} "
+              f"({t['vs_best_fit'] if t['vs_best_fit'] == '' else format(t['vs_best_fit'], '.3f')}x best-fit), "
+              f"{t['status']}, gap {t['gap'] if t['gap'] == '' else format(t['gap'], '.1e')}")
+    with open(out / "rollout_repack.csv", "w", newline="") as f:
+        header(f, argv)
+        w = csv.DictWriter(f, fieldnames=list(timing[0]))
+        w.writeheader()
+        for t in timing:
+            w.writerow({k: fmt(v) for k, v in t.items()})
+    print(f"\nwrote {out / 'rollout.csv'} and {out / 'rollout_repack.csv'}")
+
+
+if __name__ == "__main__":
+    main()

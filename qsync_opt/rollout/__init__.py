@@ -1,0 +1,28 @@
+"""RL rollouts on a hybrid fleet (Laminar): spec, costs, repack program, simulator, plan, Ray run.
+
+Public surface (what the CLI calls):
+
+* ``load_rollout_spec(source) -> RolloutJob`` (SpecError naming the field on bad input)
+* ``solve(job, steps=None) -> RolloutPlan``: every policy simulated, one recommended (``plan.to_json()``)
+* ``print_plan(plan, console)``: rich tables
+* ``simulate(job, variant=None, ...) -> SimResult``
+* ``write_report(job, out_dir) -> {"timeline": png, "kv": png}``
+* ``run(job, out_dir, ...) -> RunResult``: the real run with Ray actors (needs ray; SpecError otherwise)
+* ``repack(state) -> RepackResult``: the per-tick library call
+"""
+
+from .plan import RolloutPlan, print_plan, solve, write_report
+from .repack import RepackState, RepackTraj, RepackWorker, repack
+from .simulate import VARIANTS, SimResult, simulate
+from .spec import RolloutJob, load_rollout_spec
+
+
+def run(job, out_dir, **kwargs):
+    """Real run with Ray actors (see rollout.ray_run.run)."""
+    from .ray_run import run as _run
+
+    return _run(job, out_dir, **kwargs)
+
+
+__all__ = ["VARIANTS", "RepackState", "RepackTraj", "RepackWorker", "RolloutJob", "RolloutPlan", "SimResult",
+           "load_rollout_spec", "print_plan", "repack", "run", "simulate", "solve", "write_report"]

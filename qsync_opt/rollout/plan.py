@@ -1,0 +1,213 @@
+"""The rollout plan: every policy simulated under the same costs, one recommended, and its report.
+
+`solve(job)` simulates each variant (sync, one-step-off, stale, partial-rollout, trajectory-async,
+and trajectory-async with best-fit and program repack) and recommends the one with the highest
+trajectories/s (ties: lower mean staleness). The figures are predictions of the simulator under
+the serving cost model (or calibrated costs), not measurements.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from .costs import all_worker_costs, sync_costs
+from .simulate import VARIANTS, SimResult, simulate
+
+PLAN_VERSION = 1
+
+
+class PolicyFigures(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    variant: str
+    trajectories_per_s: float
+    tokens_per_s: float
+    rollout_idle_frac: float
+    rollout_sync_frac: float
+    rollout_migrate_frac: float
+    trainer_idle_frac: float
+    staleness_mean: float
+    staleness_max: int
+    kv_util_mean: float
+    repacks: int
+    moves: int
+    repack_overhead_s: float
+    solver_wall_ms_mean: float
+    solver_wall_ms_max: float
+    sim_time_s: float
+    steps: int
+
+    @classmethod
+    def of(cls, r: SimResult) -> PolicyFigures:
+        return cls(**{k: v for k, v in r.row().items() if k in cls.model_fields})
+
+
+class WorkerSummary(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    group: str
+    device: str
+    bits: int
+    count: int
+    kv_capacity_tokens: float
+    decode_ms_at_cap: float
+    """One decode step at the batch cap, each sequence at the workload's mean context."""
+    prefill_ms: float
+    """Prefill of one prompt of the workload's mean length."""
+    pull_s: float
+
+
+class RolloutPlan(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    version: int = PLAN_VERSION
+    name: str
+    model: str
+    batch: int
+    """Trajectories per trainer step."""
+    recommended: str
+    reason: str
+    spec_policy: str
+    policies: list[PolicyFigures]
+    workers: list[WorkerSummary]
+    broadcast_s: float
+    push_s: float
+    steps: int
+    notes: list[str] = []
+
+    def figures(self, variant: str) -> PolicyFigures:
+        return next(p for p in self.policies if p.variant == variant)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.write_text(self.to_json())
+        return p
+
+
+def solve(job, steps: int | None = None, variants=VARIANTS, keep_results: dict | None = None) -> RolloutPlan:
+    """Simulate every policy variant of `job` and recommend one. `keep_results`, if a dict, receives
+    variant -> SimResult (with timelines for the first few trainer steps) for the report."""
+    from .simulate import _variant_of
+
+    r = job.rollout
+    results = {}
+    for v in variants:
+        res = simulate(job, v, steps=steps, timeline_until=None)
+        results[v] = res
+    best = max(results.values(), key=lambda x: (round(x.trajectories_per_s, 9), -x.staleness_mean))
+    others = [x for x in results.values() if x.variant != best.variant]
+    runner = max(others, key=lambda x: x.trajectories_per_s) if others else None
+    reason = f"{best.trajectories_per_s:.2f} trajectories/s"
+    if runner is not None:
+        reason += (f", {best.trajectories_per_s / runner.trajectories_per_s:.2f}x the next best ({runner.variant}); "
+                   f"mean staleness {best.staleness_mean:.2f} (max {best.staleness_max})")
+    w = r.workload
+    mean_prompt = w.prompt_len if isinstance(w.prompt_len, int) else w.prompt_len.mean(10**9)
+    mean_ctx = mean_prompt + w.response.mean(w.max_len) / 2
+    sc = sync_costs(job)
+    workers = [WorkerSummary(group=c.group, device=c.device, bits=c.bits, count=c.count,
+                             kv_capacity_tokens=c.kv_capacity_tokens,
+                             decode_ms_at_cap=c.decode_ms(r.repack.batch_cap, r.repack.batch_cap * mean_ctx),
+                             prefill_ms=c.prefill_ms(1, mean_prompt), pull_s=c.pull_s) for c in all_worker_costs(job)]
+    if keep_results is not None:
+        keep_results.update(results)
+    notes = ["figures are simulator predictions under the serving cost model (rollout.costs), "
+             "with a perfect length predictor for KV reservation and repack"]
+    return RolloutPlan(name=job.name, model=r.model.label, batch=w.batch, recommended=best.variant, reason=reason,
+                       spec_policy=_variant_of(job), policies=[PolicyFigures.of(x) for x in results.values()],
+                       workers=workers, broadcast_s=sc.broadcast_s, push_s=sc.push_s,
+                       steps=steps or r.steps, notes=notes)
+
+
+def print_plan(plan: RolloutPlan, console) -> None:
+    """The plan as two rich tables: the workers' costs, and every policy side by side."""
+    from rich.table import Table
+
+    t = Table(title=f"{plan.name}: {plan.model}, {plan.batch} trajectories per trainer step, {plan.steps} steps",
+              title_justify="left")
+    for col in ("group", "device", "bits", "count", "KV tokens", "decode ms @cap", "prefill ms", "pull s"):
+        t.add_column(col, justify="left" if col in ("group", "device") else "right")
+    for w in plan.workers:
+        t.add_row(w.group, w.device, str(w.bits), str(w.count), f"{w.kv_capacity_tokens:,.0f}",
+                  f"{w.decode_ms_at_cap:.1f}", f"{w.prefill_ms:.1f}", f"{w.pull_s:.2f}")
+    console.print(t)
+    console.print(f"weight sync: global broadcast {plan.broadcast_s:.2f} s (all stall), relay push {plan.push_s:.2f} s "
+                  "(trainer only)")
+    p = Table(title="policies (simulated, same costs)", title_justify="left")
+    for col in ("policy", "traj/s", "tokens/s", "× sync", "rollout idle", "trainer idle", "staleness mean/max",
+                "KV util", "repacks", "moves", "solver ms (mean/max)"):
+        p.add_column(col, justify="left" if col == "policy" else "right")
+    sync = next((x for x in plan.policies if x.variant == "sync"), None)
+    for x in plan.policies:
+        mark = " ◀" if x.variant == plan.recommended else ""
+        p.add_row(x.variant + mark, f"{x.trajectories_per_s:.2f}", f"{x.tokens_per_s:,.0f}",
+                  f"{x.trajectories_per_s / sync.trajectories_per_s:.2f}" if sync else "",
+                  f"{x.rollout_idle_frac:.1%}", f"{x.trainer_idle_frac:.1%}",
+                  f"{x.staleness_mean:.2f}/{x.staleness_max}", f"{x.kv_util_mean:.1%}", str(x.repacks), str(x.moves),
+                  f"{x.solver_wall_ms_mean:.1f}/{x.solver_wall_ms_max:.1f}" if x.repacks else "")
+    console.print(p)
+    console.print(f"recommended: {plan.recommended} — {plan.reason}")
+    for n in plan.notes:
+        console.print(f"note: {n}")
+
+
+COLORS = {"generating": "#2b8a3e", "idle": "#dee2e6", "syncing": "#1c7ed6", "migrating": "#e8590c"}
+
+
+def write_report(job, out_dir: str | Path, variants=("sync", "trajectory-async", "repack-program"),
+                 steps: int | None = None, timeline_steps: int = 4, max_workers: int = 32) -> dict[str, Path]:
+    """Timeline PNG (per worker: generating, idle, syncing, migrating) and KV-utilisation PNG for
+    `variants`, plus plan.json; returns the paths written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for v in variants:
+        probe = simulate(job, v, steps=min(timeline_steps, steps or job.rollout.steps))
+        results[v] = simulate(job, v, steps=steps, timeline_until=probe.sim_time_s)
+    fig, axes = plt.subplots(len(variants), 1, figsize=(12, 2.2 + 0.12 * min(max_workers, len(results[variants[0]].timeline)) * len(variants)),
+                             squeeze=False)
+    for ax, v in zip(axes[:, 0], variants):
+        res = results[v]
+        lanes = res.timeline[:max_workers]
+        for i, segs in enumerate(lanes):
+            by = {}
+            for a, b, s in segs:
+                by.setdefault(s, []).append((a, b - a))
+            for s, spans in by.items():
+                ax.broken_barh(spans, (i - 0.4, 0.8), facecolors=COLORS[s], linewidth=0)
+        end = max((b for segs in lanes for _, b, _ in segs), default=1.0)
+        ax.set_xlim(0, end)
+        ax.set_ylim(-0.6, len(lanes) - 0.4)
+        ax.set_yticks([])
+        ax.set_ylabel(f"{len(lanes)} of {len(res.timeline)}\nrollouts", fontsize=8)
+        ax.set_title(f"{v}: first {timeline_steps} trainer steps of {res.steps}; {res.trajectories_per_s:.2f} traj/s, "
+                     f"rollout idle {res.rollout_idle_frac:.0%}", fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("simulated seconds")
+    fig.legend(handles=[Patch(color=c, label=s) for s, c in COLORS.items()], loc="upper right", ncol=4, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    paths = {"timeline": out / "timeline.png"}
+    fig.savefig(paths["timeline"], dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(10, 3.5))
+    for v in variants:
+        xs = [t for t, _ in results[v].kv_series]
+        ys = [u * 100 for _, u in results[v].kv_series]
+        ax.plot(xs, ys, label=f"{v} (mean {results[v].kv_util_mean:.0%})", linewidth=1)
+    ax.set_xlabel("simulated seconds")
+    ax.set_ylabel("KV cache in use, % of capacity")
+    ax.set_title(f"{job.name}: KV utilisation over all rollouts", fontsize=10, loc="left")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    paths["kv"] = out / "kv_utilisation.png"
+    fig.savefig(paths["kv"], dpi=110)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,696 @@
+"""Deterministic discrete-event simulation of the RL loop: rollouts, trainer, weight sync, repack.
+
+Each rollout worker decodes its batch with continuous batching: one decode step of B sequences
+whose contexts sum to ΣL costs t(B, ΣL) (the serving cost model, rollout.costs), admission
+prefills the new prompts, and a trajectory stops at its drawn length. Between two changes of a
+worker's batch (a trajectory ends, one is admitted or moved, a sync) every step has the same B and
+ΣL grows by B per step, so the worker advances a whole chunk at once at the step time of the
+chunk's mean context (exact when t is affine in ΣL, as in the memory-bound regime); events are
+trajectory ends, admissions, syncs, trainer steps and repack ticks, so a run of 64 workers and
+1,000 trainer steps takes seconds. Admission reserves each trajectory's drawn final length in KV
+(a perfect length predictor: no preemption) under the decode-batch cap. Everything is seeded.
+
+Policies (Policy.kind):
+
+* sync: round r (one trainer batch) is generated with version r; the trainer trains it while the
+  rollouts wait; then a global broadcast (trainer and every rollout stall).
+* one-step-off: round r is generated with version r − 1 while the trainer trains round r − 1;
+  each round boundary waits for the round's last trajectory, then broadcasts.
+* stale (η): streaming; admissions bounded by AReaL's rule, admitted ≤ (η + version + 1)·batch;
+  a new version makes the rollouts stop admitting and drain every in-flight trajectory, then a
+  global broadcast (the trainer takes part when its step ends).
+* partial-rollout (η): streaming; a new version interrupts every rollout at once, broadcasts, and
+  resumes the in-flight trajectories by re-prefilling their contexts with the new weights.
+* trajectory-async (η, Laminar): streaming; the trainer pushes each version to the master relay
+  (its only stall) and relays fan it out; a rollout admits only while its weights are less than η
+  versions behind the relay; then it drains its own batch and pulls from its node's relay (only it
+  stalls). With repack, every `interval_s` the draining rollouts of each version are repacked
+  (rollout.repack): freed ones pull at once, receivers pause for the migration (re-prefill or KV
+  transfer, the cheaper, plus `decision_s`).
+
+Staleness of a trajectory = the trainer's version when it trains on it − the version its first
+token was generated with.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .costs import SyncCosts, all_worker_costs, migration_s, sync_costs, trainer_step_s
+from .repack import RepackState, RepackTraj, RepackWorker, repack
+
+GEN, IDLE, SYNC, MIGRATE = "generating", "idle", "syncing", "migrating"
+STATES = (GEN, IDLE, SYNC, MIGRATE)
+VARIANTS = ("sync", "one-step-off", "stale", "partial-rollout", "trajectory-async", "repack-best-fit", "repack-program")
+"""Policy variants compared side by side (the last two: trajectory-async with that repack)."""
+
+
+@dataclass
+class SimResult:
+    variant: str
+    steps: int
+    sim_time_s: float
+    trajectories_per_s: float
+    tokens_per_s: float
+    rollout_idle_frac: float
+    """1 − the rollouts' generating fraction (idle + syncing + migrating)."""
+    rollout_sync_frac: float
+    rollout_migrate_frac: float
+    trainer_idle_frac: float
+    staleness_mean: float
+    staleness_max: int
+    kv_util_mean: float
+    """Mean over time and workers of KV in use / KV capacity."""
+    repacks: int
+    moves: int
+    repack_overhead_s: float
+    """Rollout-seconds spent migrating (summed over receivers) plus decision latency."""
+    solver_wall_ms_mean: float
+    solver_wall_ms_max: float
+    wall_s: float
+    """Seconds this simulation took on this machine."""
+    kv_series: list[tuple[float, float]] = field(default_factory=list, repr=False)
+    timeline: list[list[tuple[float, float, str]]] = field(default_factory=list, repr=False)
+    """Per worker: (start, end, state) segments up to `timeline_until`."""
+    worker_labels: list[str] = field(default_factory=list, repr=False)
+
+    def row(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("kv_series", "timeline", "worker_labels")}
+
+
+class _Traj:
+    __slots__ = ("gen_base", "id", "prompt", "round", "start_step", "stint", "target", "version", "worker")
+
+    def __init__(self, tid, prompt, target, rnd):
+        self.id, self.prompt, self.target, self.round = tid, prompt, target, rnd
+        self.version = None
+        self.gen_base = 0
+        self.start_step = 0
+        self.worker = None
+        self.stint = 0
+
+
+class _Worker:
+    def __init__(self, idx, costs, label):
+        self.idx, self.c, self.label = idx, costs, label
+        self.version = 0
+        self.steps = 0
+        self.batch: dict[int, _Traj] = {}
+        self.heap: list = []
+        self.c0 = 0.0  # Σ (prompt + gen_base − start_step): ΣL at step k = c0 + B·k
+        self.reserved = 0.0
+        self.epoch = 0
+        self.chunk = None  # (t0, dt, n)
+        self.paused_until = -1.0
+        self.state, self.since = IDLE, 0.0
+        self.totals = {s: 0.0 for s in STATES}
+        self.segments: list = []
+        self.pulling = False
+        self.pull_to = 0
+
+    def total_ctx(self, k=None) -> float:
+        return self.c0 + len(self.batch) * (self.steps if k is None else k)
+
+
+class Simulator:
+    def __init__(self, job, variant: str | None = None, costs: list | None = None, sync: SyncCosts | None = None,
+                 steps: int | None = None, timeline_until: float | None = None, train_s=None, seed: int | None = None,
+                 backend: str | None = None):
+        r = job.rollout
+        self.job = job
+        self.variant = variant or _variant_of(job)
+        self.kind = {"repack-best-fit": "trajectory-async", "repack-program": "trajectory-async"}.get(self.variant,
+                                                                                                    self.variant)
+        self.repack_method = {"repack-best-fit": "best-fit", "repack-program": "program"}.get(self.variant, "none")
+        if variant is None and self.kind == "trajectory-async":
+            self.repack_method = r.repack.method
+        self.eta = r.policy.eta or 1
+        self.B = r.workload.batch
+        self.steps_target = steps or r.steps
+        self.cap = r.repack.batch_cap
+        self.theta = r.repack.kv_threshold
+        self.backend = backend or r.solver.backend
+        self.time_limit = r.solver.time_limit_s
+        self.sync = sync or sync_costs(job)
+        self.train_s = train_s or (lambda tokens: trainer_step_s(job, tokens))
+        kinds = costs or all_worker_costs(job)
+        self.shared_host = all(hasattr(c, "decode_ms_shared") for c in kinds)
+        self.n_gen = 0
+        self.workers: list[_Worker] = []
+        for wc in kinds:
+            for i in range(wc.count):
+                self.workers.append(_Worker(len(self.workers), wc, f"{wc.group}[{i}]"))
+        self.timeline_until = timeline_until
+        self._draw(seed if seed is not None else r.seed)
+        # state
+        self.now = 0.0
+        self.events: list = []
+        self.seq = 0
+        self.next_id = 0
+        self.queue: list[_Traj] = []  # interrupted / re-queued trajectories go first
+        self.buffer: list[_Traj] = []  # finished, waiting for the trainer
+        self.version = 0  # trainer's latest version
+        self.rollout_version = 0  # global (broadcast policies)
+        self.relay_version = 0
+        self.trainer_busy = False
+        self.trainer_stall_until = 0.0
+        self.trainer_time = 0.0
+        self.trained = 0
+        self.tokens_trained = 0
+        self.stale = []
+        self.sync_pending = False
+        self.in_broadcast = False
+        self.round = 0  # barrier policies: the round being generated
+        self.round_done = {}  # round -> finished count
+        self.repacks = self.moves = 0
+        self.repack_overhead = 0.0
+        self.solver_walls: list[float] = []
+        self.kv_series: list = []
+        self.t_end = 0.0
+
+    # ---------------------------------------------------------------- workload
+    def _draw(self, seed):
+        r = self.job.rollout
+        w = r.workload
+        n_max = (self.steps_target + self.eta + 2) * self.B
+        rng = np.random.RandomState(seed)
+        self.targets = _sample(w.response, n_max, rng, w.max_len)
+        groups = (n_max + w.group_size - 1) // w.group_size
+        if isinstance(w.prompt_len, int):
+            prompts = np.full(groups, w.prompt_len, dtype=np.int64)
+        else:
+            prompts = _sample(w.prompt_len, groups, rng, w.max_prompt())
+        self.prompts = np.repeat(prompts, w.group_size)[:n_max]
+        self.n_max = n_max
+
+    def _new_traj(self) -> _Traj:
+        i = self.next_id
+        self.next_id += 1
+        return _Traj(i, int(self.prompts[i]), int(self.targets[i]), i // self.B)
+
+    # ---------------------------------------------------------------- events
+    def _push(self, t, kind, *payload):
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, payload))
+
+    def _set_state(self, w: _Worker, state: str):
+        if state == w.state:
+            return
+        self.n_gen += (state == GEN) - (w.state == GEN)
+        now = self.now
+        w.totals[w.state] += now - w.since
+        if self.timeline_until is not None and w.since < self.timeline_until and now > w.since:
+            w.segments.append((w.since, min(now, self.timeline_until), w.state))
+        w.state, w.since = state, now
+
+    def _progress(self, w: _Worker):
+        """Advance w's steps to now and cancel its chunk event."""
+        if w.chunk is not None:
+            t0, dt, n = w.chunk
+            done = min(n, int((self.now - t0) / dt + 1e-9)) if dt > 0 else n
+            w.steps += done
+            w.chunk = None
+        w.epoch += 1
+
+    def _start_chunk(self, w: _Worker):
+        if w.chunk is not None or self.now < w.paused_until:
+            return
+        while w.heap and (w.heap[0][2] not in w.batch or w.batch[w.heap[0][2]].stint != w.heap[0][1]):
+            heapq.heappop(w.heap)
+        if not w.batch:
+            self._set_state(w, IDLE)
+            return
+        b = len(w.batch)
+        n = max(1, w.heap[0][0] - w.steps)
+        self._set_state(w, GEN)
+        if self.shared_host:  # costs measured on one machine whose cores the workers share
+            dt = w.c.decode_ms_shared(b, w.total_ctx() + b * (n - 1) / 2, self.n_gen) / 1e3
+        else:
+            dt = w.c.decode_ms(b, w.total_ctx() + b * (n - 1) / 2) / 1e3
+        w.chunk = (self.now, dt, n)
+        w.epoch += 1
+        self._set_state(w, GEN)
+        self._push(self.now + n * dt, "chunk", w.idx, w.epoch)
+
+    def _pause(self, w: _Worker, seconds: float, state: str):
+        self._progress(w)
+        w.paused_until = self.now + seconds
+        self._set_state(w, state)
+        self._push(w.paused_until, "resume", w.idx, w.epoch)
+
+    def _add(self, w: _Worker, t: _Traj):
+        t.worker, t.start_step = w.idx, w.steps
+        t.stint += 1
+        w.batch[t.id] = t
+        w.c0 += t.prompt + t.gen_base - w.steps
+        w.reserved += t.prompt + t.target
+        heapq.heappush(w.heap, (w.steps + t.target - t.gen_base, t.stint, t.id))
+
+    def _remove(self, w: _Worker, t: _Traj):
+        t.gen_base += w.steps - t.start_step
+        del w.batch[t.id]
+        w.c0 -= t.prompt + (t.gen_base - (w.steps - t.start_step)) - t.start_step
+        w.reserved -= t.prompt + t.target
+        t.worker = None
+
+    # ---------------------------------------------------------------- admission
+    def _gate(self) -> int:
+        """Highest trajectory id + 1 that may be admitted now."""
+        if self.kind in ("sync", "one-step-off"):
+            return (self.round + 1) * self.B if self._round_open() else self.round * self.B
+        return min(self.n_max, (self.eta + self.version + 1) * self.B)
+
+    def _round_open(self) -> bool:
+        lag = 0 if self.kind == "sync" else 1
+        return self.rollout_version >= self.round - lag and not self.in_broadcast
+
+    def _may_admit(self, w: _Worker) -> bool:
+        if self.now < w.paused_until or w.pulling:
+            return False
+        if self.kind == "stale" and (self.sync_pending or self.in_broadcast):
+            return False
+        if self.kind == "partial-rollout" and self.in_broadcast:
+            return False
+        if self.kind == "trajectory-async":
+            return self.relay_version - w.version < self.eta
+        return True
+
+    def _fits(self, w: _Worker, t: _Traj) -> bool:
+        return len(w.batch) < self.cap and w.reserved + t.prompt + t.target <= w.c.kv_capacity_tokens
+
+    def _peek(self) -> _Traj | None:
+        if self.queue:
+            return self.queue[0]
+        if self.next_id < self._gate():
+            t = self._new_traj()
+            self.queue.append(t)
+            return t
+        return None
+
+    def _dispatch(self, candidates=None):
+        """Admit queued / new trajectories, one at a time to the least-loaded eligible worker."""
+        if not self.queue and self.next_id >= self._gate():
+            return
+        ws = [w for w in (candidates if candidates is not None else self.workers) if self._may_admit(w)]
+        if not ws:
+            return
+        if len(ws) == 1:  # one worker at its chunk boundary: fill its free slots in order
+            w, ts = ws[0], []
+            while True:
+                t = self._peek()
+                if t is None or not self._fits(w, t):
+                    break
+                self.queue.pop(0)
+                if not ts:
+                    self._progress(w)
+                if t.version is None:
+                    t.version = w.version if self.kind == "trajectory-async" else self.rollout_version
+                self._add(w, t)
+                ts.append(t)
+            if ts:
+                ctx = sum(t.prompt + t.gen_base for t in ts) / len(ts)
+                self._pause(w, w.c.prefill_ms(len(ts), ctx) / 1e3, GEN)
+            return
+        heap = [(len(w.batch), w.idx) for w in ws]
+        heapq.heapify(heap)
+        got: dict[int, list[_Traj]] = {}
+        blocked = []
+        while heap:
+            t = self._peek()
+            if t is None:
+                break
+            b, i = heapq.heappop(heap)
+            w = self.workers[i]
+            if not self._fits(w, t):
+                blocked.append((b, i))
+                continue
+            self.queue.pop(0)
+            if not got.get(i):
+                self._progress(w)
+            got.setdefault(i, []).append(t)
+            if t.version is None:
+                t.version = w.version if self.kind == "trajectory-async" else self.rollout_version
+            self._add(w, t)
+            heapq.heappush(heap, (b + 1, i))
+            # a worker that could not take this one may take a smaller one later: keep order simple
+        for i, ts in got.items():
+            w = self.workers[i]
+            ctx = [t.prompt + t.gen_base for t in ts]
+            self._pause(w, w.c.prefill_ms(len(ts), sum(ctx) / len(ctx)) / 1e3, GEN)
+
+    # ---------------------------------------------------------------- handlers
+    def _on_chunk(self, w: _Worker):
+        t0, dt, n = w.chunk
+        w.steps += n
+        w.chunk = None
+        finished = []
+        while w.heap and w.heap[0][0] <= w.steps:
+            _, stint, tid = heapq.heappop(w.heap)
+            t = w.batch.get(tid)
+            if t is not None and t.stint == stint:
+                finished.append(t)
+        for t in finished:
+            self._remove(w, t)
+            self._finish(t)
+        self._after_batch_change(w)
+
+    def _after_batch_change(self, w: _Worker):
+        if self.kind == "trajectory-async" and not w.batch and self.relay_version > w.version and not w.pulling:
+            self._pull(w)
+            return
+        if self.kind == "stale" and self.sync_pending:
+            self._start_chunk(w)
+            self._maybe_broadcast()
+            return
+        self._dispatch([w])
+        self._start_chunk(w)
+        if self.kind in ("sync", "one-step-off"):
+            self._maybe_next_round()
+
+    def _finish(self, t: _Traj):
+        self.buffer.append(t)
+        if self.kind in ("sync", "one-step-off"):
+            self.round_done[t.round] = self.round_done.get(t.round, 0) + 1
+        self._maybe_train()
+
+    def _pull(self, w: _Worker):
+        w.pulling = True
+        self._pause(w, w.c.pull_s, SYNC)
+        w.pull_to = self.relay_version
+
+    def _on_resume(self, w: _Worker):
+        w.paused_until = -1.0
+        if w.pulling:
+            w.pulling = False
+            w.version = w.pull_to
+        self._after_batch_change(w)
+
+    # ---- trainer
+    def _maybe_train(self):
+        if self.trainer_busy or self.trained >= self.steps_target or self.now < self.trainer_stall_until:
+            return
+        if self.in_broadcast:
+            return
+        if self.kind in ("sync", "one-step-off"):
+            k = self.trained
+            if self.round_done.get(k, 0) < self.B:
+                return
+            if self.kind == "one-step-off" and self.rollout_version < k:
+                return  # version k goes to the rollouts (round boundary broadcast) before step k trains
+            batch = [t for t in self.buffer if t.round == k]
+            self.buffer = [t for t in self.buffer if t.round != k]
+        else:
+            if len(self.buffer) < self.B:
+                return
+            self.buffer.sort(key=lambda t: (t.version, t.id))
+            batch, self.buffer = self.buffer[:self.B], self.buffer[self.B:]
+        for t in batch:
+            self.stale.append(self.version - t.version)
+        tokens = sum(t.prompt + t.target for t in batch)
+        self.tokens_trained += sum(t.target for t in batch)
+        dur = self.train_s(tokens)
+        self.trainer_busy = True
+        self.trainer_time += dur
+        self._push(self.now + dur, "train_done")
+
+    def _on_train_done(self):
+        self.trainer_busy = False
+        self.trained += 1
+        self.version += 1
+        self.t_end = self.now
+        if self.trained >= self.steps_target:
+            return
+        k = self.kind
+        if k == "sync" or k == "one-step-off":
+            self._maybe_next_round()
+        elif k == "stale":
+            self.sync_pending = True
+            self._maybe_broadcast()
+        elif k == "partial-rollout":
+            self._interrupt_broadcast()
+        else:
+            self.trainer_stall_until = self.now + self.sync.push_s
+            self._push(self.trainer_stall_until, "trainer_free")
+            delay = self.sync.push_s + self.sync.relay_fanout_s
+            if delay > 0:  # until the relays hold it, rollouts know only the old version and admit on it
+                self._push(self.now + delay, "relay", self.version)
+                self._dispatch()
+            else:
+                self._on_relay(self.version)
+        self._maybe_train()
+
+    def _on_relay(self, version: int):
+        """A version reaches the relays: free rollouts pull it; the others drain first."""
+        self.relay_version = max(self.relay_version, version)
+        for wk in self.workers:
+            if not wk.batch and not wk.pulling and self.now >= wk.paused_until and self.relay_version > wk.version:
+                self._pull(wk)
+        self._dispatch()
+
+    # ---- global broadcast policies
+    def _broadcast(self, then):
+        self.in_broadcast = True
+        for w in self.workers:
+            self._pause(w, self.sync.broadcast_s, SYNC)
+        self._push(self.now + self.sync.broadcast_s, "bcast_done", then)
+
+    def _on_bcast_done(self, then):
+        self.in_broadcast = False
+        self.rollout_version = self.version
+        for w in self.workers:
+            w.version = self.version
+        if then == "partial":
+            for w in self.workers:
+                if w.batch:
+                    ctx = [t.prompt + t.gen_base + (w.steps - t.start_step) for t in w.batch.values()]
+                    self._pause(w, w.c.prefill_ms(len(ctx), sum(ctx) / len(ctx)) / 1e3, GEN)
+        if then == "stale":
+            self.sync_pending = False
+        if then == "round":
+            self.round += 1
+        self._dispatch()
+        for w in self.workers:
+            self._start_chunk(w)
+        self._maybe_train()
+        if self.kind in ("sync", "one-step-off"):
+            self._maybe_next_round()
+
+    def _maybe_broadcast(self):
+        """stale: once every rollout has drained and the trainer is between steps, broadcast."""
+        if not self.sync_pending or self.in_broadcast or self.trainer_busy:
+            return
+        if any(w.batch for w in self.workers):
+            return
+        self._broadcast("stale")
+
+    def _interrupt_broadcast(self):
+        self._broadcast("partial")
+
+    def _maybe_next_round(self):
+        """Barrier policies: open round r + 1 once round r has finished generating, broadcasting first
+        if the round needs a newer version than the rollouts hold."""
+        if self.in_broadcast:
+            return
+        r = self.round
+        if self.round_done.get(r, 0) < self.B:
+            return
+        if r + 1 >= self.steps_target:  # no round left to open; one-step-off still owes its last broadcast
+            if self.kind == "one-step-off" and self.rollout_version < self.version == r and not self.trainer_busy:
+                self._broadcast("final")
+            return
+        need = r + 1 if self.kind == "sync" else r  # version that round r + 1 is generated with
+        if self.rollout_version >= need:
+            self.round += 1
+            self._dispatch()
+            return
+        if self.version >= need and not self.trainer_busy:
+            self._broadcast("round")
+
+    # ---- repack
+    def _on_tick(self):
+        r = self.job.rollout.repack
+        self._push(self.now + r.interval_s, "tick")
+        by_version: dict[int, list[_Worker]] = {}
+        for w in self.workers:
+            if w.batch and not w.pulling and self.relay_version - w.version >= self.eta and self.now >= w.paused_until:
+                by_version.setdefault(w.version, []).append(w)
+        for v, ws in by_version.items():
+            if len(ws) < 2:
+                continue
+            self._repack(ws)
+
+    def _repack(self, ws: list[_Worker]):
+        # freeing pays only for workers the admissible work can fill (AReaL's bound caps what is queued)
+        waiting = len(self.queue) + max(0, self._gate() - self.next_id)
+        fresh_room = sum(self.cap - len(w.batch) for w in self.workers
+                         if self.relay_version - w.version < self.eta and not w.pulling)
+        useful = math.ceil(max(0, waiting - fresh_room) / self.cap)
+        if useful == 0:
+            return
+        for w in ws:
+            self._progress(w)
+        rws, trajs = [], []
+        for w in ws:
+            b = len(w.batch)
+            step_s = w.c.decode_ms(b, w.total_ctx()) / 1e3
+            rem = max(t.target - t.gen_base - (w.steps - t.start_step) for t in w.batch.values())
+            mean_ctx = self._mean_ctx
+            rate = w.c.full_rate(self.cap, mean_ctx)
+            mig, _ = migration_s(mean_ctx, w.c, self.sync)
+            rws.append(RepackWorker(str(w.idx), w.c.kv_capacity_tokens, self.cap, value=rem * step_s * rate,
+                                    move_cost_per_token=mig / mean_ctx * rate))
+            for t in w.batch.values():
+                g = t.gen_base + (w.steps - t.start_step)
+                trajs.append(RepackTraj(str(t.id), str(w.idx), t.prompt + g, t.target - g))
+        state = RepackState(rws, trajs, self.theta, max_freed=useful)
+        res = repack(state, method=self.repack_method, backend=self.backend, time_limit_s=self.time_limit)
+        self.solver_walls.append(res.wall_s)
+        self.repacks += 1
+        if not res.moves:
+            for w in ws:
+                self._start_chunk(w)
+            return
+        byid = {str(w.idx): w for w in ws}
+        incoming: dict[str, list] = {}
+        for m in res.moves:
+            src = byid[m.src]
+            t = src.batch[int(m.traj)]
+            self._remove(src, t)
+            incoming.setdefault(m.dst, []).append(t)
+        self.moves += len(res.moves)
+        for d, ts in incoming.items():
+            w = byid[d]
+            pause = self.job.rollout.repack.decision_s
+            for t in ts:
+                self._add(w, t)
+                pause += migration_s(t.prompt + t.gen_base, w.c, self.sync)[0]
+            self.repack_overhead += pause
+            self._pause(w, pause, MIGRATE)
+        for w in ws:
+            if not w.batch:
+                self._after_batch_change(w)
+            elif w.chunk is None and self.now >= w.paused_until:
+                self._start_chunk(w)
+
+    # ---------------------------------------------------------------- run
+    def _sample_kv(self):
+        used = cap = 0.0
+        for w in self.workers:
+            k = w.steps
+            if w.chunk is not None:
+                t0, dt, n = w.chunk
+                k += min(n, int((self.now - t0) / dt)) if dt > 0 else 0
+            used += w.total_ctx(k) if w.batch else 0.0
+            cap += w.c.kv_capacity_tokens
+        self.kv_series.append((self.now, used / cap))
+
+    def run(self) -> SimResult:
+        wall0 = time.perf_counter()
+        w = self.job.rollout.workload
+        self._mean_ctx = (w.max_prompt() if isinstance(w.prompt_len, int) else w.prompt_len.mean(10**9)) + \
+            w.response.mean(w.max_len) / 2
+        est = self._estimate_step_s()
+        self.sample_dt = max(est / 20, est * self.steps_target / 500, 1e-3)  # ≤ ~500 samples per ideal run
+        self._push(0.0, "sample")
+        if self.kind == "trajectory-async" and self.repack_method != "none":
+            self._push(self.job.rollout.repack.interval_s, "tick")
+        self._dispatch()
+        for wk in self.workers:
+            self._start_chunk(wk)
+        while self.events and self.trained < self.steps_target:
+            t, _, kind, payload = heapq.heappop(self.events)
+            self.now = t
+            if t - self.t_end > 200 * est + 1e3:  # only periodic events left: a rule never releases work
+                break
+            if kind == "chunk":
+                wk = self.workers[payload[0]]
+                if payload[1] == wk.epoch and wk.chunk is not None:
+                    self._on_chunk(wk)
+            elif kind == "resume":
+                wk = self.workers[payload[0]]
+                if payload[1] == wk.epoch:
+                    self._on_resume(wk)
+            elif kind == "train_done":
+                self._on_train_done()
+                if self.kind == "stale":
+                    self._maybe_broadcast()
+            elif kind == "trainer_free":
+                self._maybe_train()
+            elif kind == "bcast_done":
+                self._on_bcast_done(payload[0])
+            elif kind == "relay":
+                self._on_relay(payload[0])
+            elif kind == "tick":
+                self._on_tick()
+            elif kind == "sample":
+                self._sample_kv()
+                self._push(self.now + self.sample_dt, "sample")
+        if self.trained < self.steps_target:
+            raise RuntimeError(f"simulation of {self.variant} stalled after {self.trained} of {self.steps_target} "
+                               f"steps at t={self.now:.1f}s (no events left): a policy rule never releases work")
+        return self._result(time.perf_counter() - wall0)
+
+    def _estimate_step_s(self) -> float:
+        w = self.job.rollout.workload
+        rate = sum(wk.c.full_rate(min(self.cap, max(1, self.B // len(self.workers))), self._mean_ctx)
+                   for wk in self.workers)
+        return self.B * w.response.mean(w.max_len) / rate
+
+    def _result(self, wall) -> SimResult:
+        T = self.t_end
+        self.now = T
+        for w in self.workers:
+            self._set_state(w, "_end")
+            w.totals.pop("_end", None)
+        n = len(self.workers)
+        tot = {s: sum(w.totals.get(s, 0.0) for w in self.workers) for s in STATES}
+        gen = tot[GEN]
+        kv = [u for t, u in self.kv_series if t <= T]
+        walls = self.solver_walls or [0.0]
+        return SimResult(
+            variant=self.variant, steps=self.trained, sim_time_s=T,
+            trajectories_per_s=self.trained * self.B / T, tokens_per_s=self.tokens_trained / T,
+            rollout_idle_frac=1 - gen / (n * T), rollout_sync_frac=tot[SYNC] / (n * T),
+            rollout_migrate_frac=tot[MIGRATE] / (n * T), trainer_idle_frac=1 - self.trainer_time / T,
+            staleness_mean=float(np.mean(self.stale)), staleness_max=int(max(self.stale)),
+            kv_util_mean=float(np.mean(kv)) if kv else 0.0, repacks=self.repacks, moves=self.moves,
+            repack_overhead_s=self.repack_overhead, solver_wall_ms_mean=1e3 * float(np.mean(walls)),
+            solver_wall_ms_max=1e3 * max(walls), wall_s=wall,
+            kv_series=[(t, u) for t, u in self.kv_series if t <= T],
+            timeline=[w.segments for w in self.workers], worker_labels=[w.label for w in self.workers])
+
+
+def _sample(dist, n, rng, cap) -> np.ndarray:
+    if dist.file is not None:
+        xs = np.asarray(dist.observed(), dtype=np.int64)
+        out = xs[rng.randint(0, len(xs), size=n)]
+    elif dist.sigma == 0:
+        out = np.full(n, int(round(dist.median)), dtype=np.int64)
+    else:
+        out = np.rint(dist.median * np.exp(dist.sigma * rng.standard_normal(n))).astype(np.int64)
+    return np.clip(out, 1, cap)
+
+
+def _variant_of(job) -> str:
+    p = job.rollout.policy.kind
+    if p == "trajectory-async" and job.rollout.repack.method != "none":
+        return f"repack-{job.rollout.repack.method}"
+    return p
+
+
+def simulate(job, variant: str | None = None, *, costs: list | None = None, sync: SyncCosts | None = None,
+             steps: int | None = None, timeline_until: float | None = None, train_s=None,
+             backend: str | None = None) -> SimResult:
+    """Simulate `job` under `variant` (one of VARIANTS; default: the spec's policy and repack).
+
+    `costs` / `sync` / `train_s` replace the modelled costs (e.g. by ones calibrated from a real run);
+    `timeline_until` keeps per-worker state segments up to that simulated second (for the PNG).
+    """
+    if variant is not None and variant not in VARIANTS:
+        raise ValueError(f"variant {variant!r}: expected one of {', '.join(VARIANTS)}")
+    return Simulator(job, variant, costs, sync, steps, timeline_until, train_s, backend=backend).run()

@@ -1,0 +1,100 @@
+"""Repack program: optimal vs brute force on small states with every exact backend, never worse than
+best-fit, caps respected, status 'optimal' only when proven."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from qsync_opt.rollout.repack import (
+    RepackState,
+    RepackTraj,
+    RepackWorker,
+    best_fit,
+    brute_force,
+    evaluate,
+    repack,
+)
+from qsync_opt.solver.backends import EXACT, available
+
+
+def _state(seed: int, max_freed=False) -> RepackState:
+    rng = random.Random(seed)
+    w = rng.randint(2, 4)
+    j = rng.randint(1, 6)
+    ws = [RepackWorker(f"w{i}", rng.choice([4000, 8000]), rng.randint(1, 4), rng.uniform(10, 1000),
+                       rng.choice([0.0, 0.05, 0.2])) for i in range(w)]
+    ts = [RepackTraj(f"t{k}", f"w{rng.randrange(w)}", rng.randint(10, 2000), rng.randint(0, 3000)) for k in range(j)]
+    return RepackState(ws, ts, rng.choice([0.5, 0.9, 1.0]), max_freed=rng.randint(0, 2) if max_freed else None)
+
+
+BACKENDS = [b for b in EXACT if available()[b]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_full_form_optimal_vs_brute_force(backend):
+    for seed in range(25):
+        st = _state(seed, max_freed=seed % 3 == 0)
+        best = brute_force(st)
+        r = repack(st, backend=backend, form="full", time_limit_s=5.0)
+        assert r.objective == pytest.approx(best, rel=1e-6, abs=1e-6), seed
+        assert r.status == "optimal", seed
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_aggregate_form_sound(backend):
+    """Aggregate: never above the optimum, never below best-fit, and 'optimal' only when it is."""
+    for seed in range(25):
+        st = _state(seed)
+        best = brute_force(st)
+        r = repack(st, backend=backend, form="aggregate", time_limit_s=5.0)
+        bf = evaluate(st, best_fit(st))[0]
+        assert bf - 1e-9 <= r.objective <= best + 1e-6
+        if r.status == "optimal":
+            assert r.objective == pytest.approx(best, rel=1e-6, abs=1e-6)
+        if r.bound is not None:
+            assert r.bound >= best - 1e-6 * max(1, abs(best))  # a bound is a bound
+
+
+def test_caps_respected_and_moves_consistent():
+    rng = random.Random(3)
+    ws = [RepackWorker(f"w{i}", 50000, 16, rng.uniform(1e3, 2e3), 0.01) for i in range(16)]
+    ts = [RepackTraj(f"t{k}", f"w{rng.randrange(16)}", rng.randint(200, 2000), rng.randint(0, 2000)) for k in range(120)]
+    st = RepackState(ws, ts, 0.8)
+    for method in ("best-fit", "program"):
+        r = repack(st, method=method, time_limit_s=2.0)
+        placement = {t.id: t.worker for t in ts}
+        for m in r.moves:
+            assert placement[m.traj] == m.src
+            placement[m.traj] = m.dst
+        obj, freed, bad = evaluate(st, placement)
+        assert not bad and obj == pytest.approx(r.objective) and sorted(freed) == sorted(r.freed)
+        caps = st.caps()
+        for w in ws:
+            held = [t for t in ts if placement[t.id] == w.id]
+            assert sum(t.need for t in held) <= caps[w.id][0] + 1e-6 and len(held) <= caps[w.id][1]
+        assert r.freed, method  # 120 short tails on 16 workers: some workers must come free
+
+
+def test_program_never_worse_than_best_fit_large():
+    rng = random.Random(7)
+    ws = [RepackWorker(f"w{i}", 100000, 64, rng.uniform(1e4, 2e4), rng.choice([0.01, 0.02])) for i in range(64)]
+    ts = [RepackTraj(f"t{k}", f"w{rng.randrange(64)}", rng.randint(200, 2000), rng.randint(0, 1500))
+          for k in range(2000)]
+    st = RepackState(ws, ts, 0.9)
+    r = repack(st, time_limit_s=1.0)
+    assert r.form == "aggregate"
+    assert r.objective >= r.baseline_objective - 1e-9
+    assert r.gap is None or r.gap >= 0
+
+
+def test_docstring_example():
+    workers = [RepackWorker("w0", kv_capacity=8000, batch_cap=8, value=500.0, move_cost_per_token=0.01),
+               RepackWorker("w1", kv_capacity=8000, batch_cap=8, value=500.0, move_cost_per_token=0.01)]
+    trajs = [RepackTraj("t0", worker="w0", context=900, remaining=3000),
+             RepackTraj("t1", worker="w1", context=700, remaining=2500)]
+    r = repack(RepackState(workers, trajs, kv_threshold=0.9))
+    assert r.freed == ["w1"] and r.status == "optimal"
+    assert [(m.traj, m.src, m.dst) for m in r.moves] == [("t1", "w1", "w0")]
+    assert r.objective == pytest.approx(500 - 700 * 0.01)

@@ -1,0 +1,78 @@
+"""Bad rollout specs fail with a SpecError naming the field (and the CLI maps SpecError to exit 2)."""
+
+from __future__ import annotations
+
+import pytest
+from rollout_cases import job_dict
+
+from qsync_opt.errors import SpecError
+from qsync_opt.rollout.spec import load_rollout_spec
+
+
+def test_good_spec_loads():
+    job = load_rollout_spec(job_dict())
+    assert job.rollout.workload.batch == 32
+    assert job.rollout.policy.staleness_bound == 1
+
+
+def test_yaml_example_loads():
+    job = load_rollout_spec("examples/rollout_laminar.yaml")
+    assert job.rollout.workload.response.sigma == pytest.approx(0.9898, abs=1e-3)  # p99/median = 10
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("300\n-5\n200\n", r"entry 2 is '-5'"),
+    ("300\nlots\n", r"entry 2 is 'lots', not a number"),
+    ("12.5\n", r"positive integers"),
+], ids=["negative", "text", "fraction"])
+def test_lengths_file_bad(tmp_path, content, needle):
+    f = tmp_path / "lengths.txt"
+    f.write_text(content)
+    with pytest.raises(SpecError, match=r"rollout\.workload\.response") as e:
+        load_rollout_spec(job_dict(**{"rollout.workload.response": {"file": str(f)}}))
+    assert needle.replace("\\", "") in str(e.value).replace("\\", "") or pytest.fail(str(e.value))
+
+
+def test_lengths_file_good(tmp_path):
+    f = tmp_path / "lengths.txt"
+    f.write_text("100 200\n4000\n")
+    job = load_rollout_spec(job_dict(**{"rollout.workload.response": {"file": str(f)}}))
+    assert job.rollout.workload.response.observed() == [100, 200, 4000]
+
+
+def test_model_fits_no_worker():
+    d = job_dict(**{"rollout.model": {"preset": "llama-3-70b", "max_positions": 32768}})
+    with pytest.raises(SpecError, match=r"rollout\.workers\.0\.bits.*leaves KV room"):
+        load_rollout_spec(d)
+
+
+@pytest.mark.parametrize("value", [0, -0.1, 1.5])
+def test_kv_threshold_range(value):
+    with pytest.raises(SpecError, match=r"rollout\.repack\.kv_threshold"):
+        load_rollout_spec(job_dict(**{"rollout.repack.kv_threshold": value}))
+
+
+@pytest.mark.parametrize("kind", ["sync", "one-step-off"])
+def test_staleness_bound_refused_for_barrier_policies(kind):
+    with pytest.raises(SpecError, match=r"rollout\.policy.*eta: policy '" + kind + "' has a fixed staleness"):
+        load_rollout_spec(job_dict(**{"rollout.policy": {"kind": kind, "eta": 2}}))
+
+
+def test_unknown_field_and_group():
+    with pytest.raises(SpecError, match=r"rollout\.workload\.prompt_per_step.*did you mean 'prompts_per_step'"):
+        d = job_dict()
+        d["rollout"]["workload"]["prompt_per_step"] = 3
+        load_rollout_spec(d)
+    with pytest.raises(SpecError, match=r"rollout\.workers\.0\.group: 'h100' is not a cluster group"):
+        load_rollout_spec(job_dict(**{"rollout.workers": [{"group": "h100"}]}))
+
+
+def test_repack_needs_trajectory_async():
+    with pytest.raises(SpecError, match=r"rollout\.repack\.method: 'best-fit' needs policy kind trajectory-async"):
+        load_rollout_spec(job_dict(**{"rollout.policy": {"kind": "stale"}, "rollout.repack.method": "best-fit"}))
+
+
+def test_yaml_line_named(tmp_path):
+    text = open("examples/rollout_laminar.yaml").read().replace("kv_threshold: 0.9", "kv_threshold: 1.2")
+    with pytest.raises(SpecError, match=r"rollout\.repack\.kv_threshold \(line \d+\)"):
+        load_rollout_spec(text)
