@@ -12,19 +12,21 @@ from typing import TYPE_CHECKING, Any, Union
 from pydantic import BaseModel
 
 from qsync_opt.errors import SpecError
+from qsync_opt.rollout.spec import RolloutJob
 from qsync_opt.serving.spec import ServingJob
 from qsync_opt.spec.load import apply_overrides, kind_of, read_document, validate
 from qsync_opt.training.spec import JobSpec
 
 if TYPE_CHECKING:
+    from qsync_opt.rollout.plan import RolloutPlan
     from qsync_opt.serving.plan import ServingPlan
     from qsync_opt.training.plan import Plan
 
 #: kind -> the job model its specs validate against.
-JOB_MODELS: dict[str, type[BaseModel]] = {"training": JobSpec, "serving": ServingJob}
+JOB_MODELS: dict[str, type[BaseModel]] = {"training": JobSpec, "serving": ServingJob, "rollout": RolloutJob}
 KINDS = tuple(JOB_MODELS)
 
-AnyJob = Union[JobSpec, ServingJob]
+AnyJob = Union[JobSpec, ServingJob, RolloutJob]
 
 SOLVER_SHORTHANDS = ("backend", "time_limit_s", "rel_gap", "threads", "seed")
 
@@ -42,12 +44,13 @@ def load_spec(source: "str | Path | dict | BaseModel", **overrides: Any) -> AnyJ
 
 
 def solve(spec_or_path: "str | Path | dict | BaseModel", *, export_problem: "str | Path | None" = None,
-          **overrides: Any) -> "Plan | ServingPlan":
+          **overrides: Any) -> "Plan | ServingPlan | RolloutPlan":
     """Plan a job: the public entry point for users (a path) and schedulers (a job model or dict).
 
     `overrides` take dotted spec paths, e.g. `solve("job.yaml", **{"solver.backend": "cbc"})`;
     plain keywords `backend`, `time_limit_s`, `rel_gap`, `threads`, `seed` are shorthands for
-    the solver section. A training spec gives a `Plan`, a serving spec a `ServingPlan`.
+    the solver section. A training spec gives a `Plan`, a serving spec a `ServingPlan`, a rollout
+    spec a `RolloutPlan` (every policy simulated, one recommended).
     """
     for short in SOLVER_SHORTHANDS:
         if short in overrides:
@@ -60,6 +63,12 @@ def solve(spec_or_path: "str | Path | dict | BaseModel", *, export_problem: "str
             raise SpecError("--export-problem is for training specs; a serving plan solves one program per order "
                             "and micro-batch pair")
         return plan_serving(spec)
+    if isinstance(spec, RolloutJob):
+        from qsync_opt.rollout.plan import solve as solve_rollout
+
+        if export_problem is not None:
+            raise SpecError("--export-problem is for training specs; a rollout plan simulates every policy")
+        return solve_rollout(spec)
     from qsync_opt.training.pipeline import solve as solve_training
 
     return solve_training(spec, export_problem=export_problem)

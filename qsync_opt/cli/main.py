@@ -143,6 +143,17 @@ def _cmd_solve(args) -> int:
     # with --json, whatever a library prints from C goes to stderr: stdout carries the plan alone
     with fd1_redirected(2) if args.json else contextlib.nullcontext():
         plan = jobs.solve(args.spec, export_problem=args.export_problem, **overrides)
+    from qsync_opt.rollout.plan import RolloutPlan
+
+    if isinstance(plan, RolloutPlan):
+        from qsync_opt.rollout.plan import print_plan as print_rollout_plan
+
+        print_rollout_plan(plan, out)
+        if args.output:
+            out.print(f"plan written to {plan.save(args.output)}")
+        if args.json:
+            sys.stdout.write(plan.to_json() + "\n")
+        return EXIT_OK
     if getattr(plan, "kind", None) == "serving":
         from qsync_opt.serving.report import print_serving_plan
 

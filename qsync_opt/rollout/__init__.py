@@ -11,15 +11,15 @@ Public surface (what the CLI calls):
 * ``repack(state) -> RepackResult``: the per-tick library call
 """
 
-from .plan import RolloutPlan, print_plan, solve, write_report
-from .repack import RepackState, RepackTraj, RepackWorker, repack
-from .simulate import VARIANTS, SimResult, simulate
-from .spec import RolloutJob, load_rollout_spec
+from qsync_opt.rollout.plan import RolloutPlan, print_plan, solve, write_report
+from qsync_opt.rollout.repack import RepackState, RepackTraj, RepackWorker, repack
+from qsync_opt.rollout.simulate import VARIANTS, SimResult, simulate
+from qsync_opt.rollout.spec import RolloutJob, load_rollout_spec
 
 
 def run(job, out_dir, **kwargs):
     """Real run with Ray actors (see rollout.ray_run.run)."""
-    from .ray_run import run as _run
+    from qsync_opt.rollout.ray_run import run as _run
 
     return _run(job, out_dir, **kwargs)
 

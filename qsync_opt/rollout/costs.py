@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..predictor import serving_costs as sc
-from ..serving_spec import TransformerConfig
+from qsync_opt.serving import costs as sc
+from qsync_opt.serving.spec import TransformerConfig
 
 LINE_SPAN = 4096.0
 """Tokens between the two points that fix each line of t(ΣL) at fixed B."""

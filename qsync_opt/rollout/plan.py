@@ -12,8 +12,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from .costs import all_worker_costs, sync_costs
-from .simulate import VARIANTS, SimResult, simulate
+from qsync_opt.rollout.costs import all_worker_costs, sync_costs
+from qsync_opt.rollout.simulate import VARIANTS, SimResult, simulate
 
 PLAN_VERSION = 1
 
@@ -89,7 +89,7 @@ class RolloutPlan(BaseModel):
 def solve(job, steps: int | None = None, variants=VARIANTS, keep_results: dict | None = None) -> RolloutPlan:
     """Simulate every policy variant of `job` and recommend one. `keep_results`, if a dict, receives
     variant -> SimResult (with timelines for the first few trainer steps) for the report."""
-    from .simulate import _variant_of
+    from qsync_opt.rollout.simulate import _variant_of
 
     r = job.rollout
     results = {}

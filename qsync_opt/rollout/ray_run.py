@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import SpecError
+from qsync_opt.errors import SpecError
 
 REPROFILL_STEPS_PER_TOKEN = 0.01
 """Repack price of moving one context token (re-prefill), in decode steps of the destination."""
@@ -279,7 +279,7 @@ class Driver:
     """Applies one policy variant with real actors (the simulator's rules, wall-clock time)."""
 
     def __init__(self, job, variant: str, actors, trainer, kill_after_steps: int | None = None, seed: int = 0):
-        from .simulate import Simulator
+        from qsync_opt.rollout.simulate import Simulator
 
         self.job, self.variant = job, variant
         plan = Simulator(job, variant)  # the same rules' parameters and the same drawn lengths
@@ -466,7 +466,7 @@ class Driver:
         self._dispatch()
 
     def _repack_tick(self):
-        from .repack import RepackState, RepackTraj, RepackWorker, repack
+        from qsync_opt.rollout.repack import RepackState, RepackTraj, RepackWorker, repack
 
         stale = [i for i in sorted(self.alive) if self.w[i]["inflight"] and not self.w[i]["loading"]
                  and self.relay_version - self.w[i]["version"] >= self.eta]
@@ -699,7 +699,7 @@ def make_actors(job, seed: int = 0):
 def run(job, out_dir=None, variants=None, kill_after_steps: int | None = None, seed: int = 0) -> dict:
     """Run each variant for real (fresh actors per variant); returns variant -> RunResult with the
     actors' timing logs (for `calibrate`)."""
-    from .simulate import VARIANTS
+    from qsync_opt.rollout.simulate import VARIANTS
 
     ray = start_ray()
     out = {}
@@ -767,7 +767,7 @@ class CalibratedCosts:
 
 def calibrate(job, results: dict):
     """(costs, sync, train_s) fitted to the rollouts', trainer's and loads' timings of `results`."""
-    from .costs import SyncCosts
+    from qsync_opt.rollout.costs import SyncCosts
 
     steps, pre, loads, train, calls, pulls = [], [], [], [], [], []
     for r in results.values():

@@ -50,10 +50,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..errors import SolverError
-from ..solver.backends import EXACT, get_backend
-from ..solver.backends.base import SolveOptions
-from ..solver.problem import Problem
+from qsync_opt.errors import SolverError
+from qsync_opt.solver.backends import EXACT, get_backend
+from qsync_opt.solver.backends.base import SolveOptions
+from qsync_opt.solver.problem import Problem
 
 FULL_LIMIT = 1500
 """Largest trajectories × workers count solved in the full form (beyond it: the aggregate form)."""

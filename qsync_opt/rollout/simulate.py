@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .costs import SyncCosts, all_worker_costs, migration_s, sync_costs, trainer_step_s
-from .repack import RepackState, RepackTraj, RepackWorker, repack
+from qsync_opt.rollout.costs import SyncCosts, all_worker_costs, migration_s, sync_costs, trainer_step_s
+from qsync_opt.rollout.repack import RepackState, RepackTraj, RepackWorker, repack
 
 GEN, IDLE, SYNC, MIGRATE = "generating", "idle", "syncing", "migrating"
 STATES = (GEN, IDLE, SYNC, MIGRATE)

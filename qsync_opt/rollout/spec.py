@@ -19,12 +19,12 @@ from typing import Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from ..errors import SpecError
-from ..serving_spec import BitWidth, TransformerConfig
-from ..spec_base import SpecModel as _Model
-from ..spec_cluster import INTERCONNECTS, Cluster, Interconnect
-from ..spec_errors import format_errors
-from ..spec_yaml import DuplicateKey, UniqueKeyLoader
+from qsync_opt.errors import SpecError
+from qsync_opt.serving.spec import BitWidth, TransformerConfig
+from qsync_opt.spec.base import SpecModel as _Model
+from qsync_opt.hardware.cluster import INTERCONNECTS, Cluster, Interconnect
+from qsync_opt.spec.errors import format_errors
+from qsync_opt.spec.yaml_loader import DuplicateKey, UniqueKeyLoader
 
 POLICIES = ("sync", "one-step-off", "stale", "partial-rollout", "trajectory-async")
 STREAMING = ("stale", "partial-rollout", "trajectory-async")
@@ -249,7 +249,7 @@ class RolloutJob(_Model):
         if ctx > r.model.get("max_positions"):
             raise ValueError(f"rollout.workload.max_len: prompt + max_len = {ctx} exceeds the model's "
                              f"max_positions {r.model.get('max_positions')}; lower max_len or raise max_positions")
-        from .costs import (
+        from qsync_opt.rollout.costs import (
             worker_costs,  # the fit check prices memory with the serving cost model
         )
 
