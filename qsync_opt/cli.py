@@ -18,6 +18,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from .console import make_console, styled
 from .errors import InfeasibleError, ModelError, QSyncError, RuntimeSetupError, SpecError
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_STOPPED, EXIT_MISSES_BOUNDS = 0, 1, 2, 3, 4, 5
@@ -33,13 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or EXIT_OK
     except InfeasibleError as e:
-        err.print(f"[bold red]infeasible:[/bold red] {e}", highlight=False)
+        err.print(styled("infeasible:", "bold red", str(e)))
         return EXIT_INFEASIBLE
     except (SpecError, ModelError, RuntimeSetupError) as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        err.print(styled("error:", "bold red", str(e)))
         return EXIT_BAD_INPUT
     except QSyncError as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        err.print(styled("error:", "bold red", str(e)))
         return EXIT_FAIL
     except KeyboardInterrupt:
         return 130
@@ -48,9 +49,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _console(stderr: bool = False) -> Console:
-    """A console that stays readable when piped (rich would shrink tables to 80 columns)."""
-    probe = Console(stderr=stderr)
-    return probe if probe.is_terminal else Console(stderr=stderr, width=160)
+    """No markup read from messages; tables full width when piped (qsync_opt/console.py)."""
+    return make_console(stderr)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -158,8 +158,8 @@ def _cmd_solve(args) -> int:
     if args.json:
         sys.stdout.write(plan.to_json() + "\n")
     if not plan.meets_bounds:
-        _console(stderr=True).print("[bold yellow]warning:[/bold yellow] the plan misses a bound (meets_bounds: false); "
-                                    "see the solver notes", highlight=False)
+        _console(stderr=True).print(styled("warning:", "bold yellow", "the plan misses a bound (meets_bounds: false); "
+                                           "see the solver notes"))
         if args.strict:
             return EXIT_MISSES_BOUNDS
     return EXIT_OK

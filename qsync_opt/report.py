@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from .plan import Plan
 from .precision import PRECISIONS
@@ -42,7 +43,7 @@ def baseline_table(plan: Plan) -> Table:
         and g.peak_memory_bytes <= g.memory_capacity_bytes
         for g in plan.groups.values()
     )
-    t.add_row("[bold]this plan[/bold]", f"{plan.iteration_ms:.1f}", f"{plan.indicator:.4g}", "yes" if meets else "no (see notes)")
+    t.add_row(Text("this plan", style="bold"), f"{plan.iteration_ms:.1f}", f"{plan.indicator:.4g}", "yes" if meets else "no (see notes)")
     for name, b in plan.baselines.items():
         t.add_row(name, f"{b.iteration_ms:.1f}", f"{b.indicator:.4g}", "yes" if b.feasible else "no")
     return t
