@@ -93,6 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--force", action="store_true", help="apply a plan solved for another model graph")
     t.add_argument("--threads", type=int, metavar="N", help="CPU threads per rank (default: CPUs / ranks)")
     t.add_argument("--json", action="store_true", help="print the JSON result alone on stdout")
+    t.add_argument("--emulate", action="store_true", help="train groups whose device is not here on this CPU even when "
+                   "that is expected >10x slower (runtime.emulate: true in the spec does the same)")
     t.set_defaults(func=_cmd_train)
 
     r = sub.add_parser("run", help="profile -> indicate -> solve -> predict -> train -> report; each stage's artefact cached in the output folder")
@@ -100,6 +102,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("-o", "--output", required=True, help="folder for the stages' artefacts, train/, report.md and PNGs")
     r.add_argument("--from", dest="start", help="rerun from this stage: profile | indicate | solve | predict | train | report")
     r.add_argument("--steps", type=int, help="training steps (default: training.steps)")
+    r.add_argument("--emulate", action="store_true", help="as for train: emulate absent devices even when >10x slower")
     r.set_defaults(func=_cmd_run)
 
     b = sub.add_parser("bench", help="benchmarks")
@@ -319,13 +322,14 @@ def _cmd_train(args) -> int:
 
     return launch(args.spec, args.plan, steps=args.steps, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                   checkpoint_every=args.checkpoint_every, metrics_dir=args.metrics_dir,
-                  start_timeout_s=args.start_timeout, force=args.force, as_json=args.json, threads=args.threads)
+                  start_timeout_s=args.start_timeout, force=args.force, as_json=args.json, threads=args.threads,
+                  emulate=args.emulate)
 
 
 def _cmd_run(args) -> int:
     from .run import run
 
-    stages = run(args.spec, args.output, start=args.start, steps=args.steps)
+    stages = run(args.spec, args.output, start=args.start, steps=args.steps, emulate=args.emulate)
     print(f"report: {stages['report']}")
     return EXIT_OK
 

@@ -129,12 +129,21 @@ def _prediction_lines(out: Path, metrics: Path) -> list[str]:
     lines = ["## Iteration time: predicted against measured", "",
              "| | ms per iteration | machine load (1-min) |", "|---|---|---|",
              f"| predicted (replayer; costs {', '.join(costs)}) | {pred['iteration_ms']:.2f} | {pred_load} |"]
+    emu_path = metrics / "emulation.json"
+    emulated = json.loads(emu_path.read_text()) if emu_path.exists() else []
     if measured:
         ms, n = measured
-        lines.append(f"| measured (train: median of {n} steps, slowest rank) | {ms:.2f} | "
+        where = "emulated on this CPU" if emulated else "train"
+        lines.append(f"| measured ({where}: median of {n} steps, slowest rank) | {ms:.2f} | "
                      f"{_load(load.get('before'))} -> {_load(load.get('after'))} |")
-        lines += ["", f"Measured / predicted: {ms / pred['iteration_ms']:.2f}x. Training shares this machine's cores "
-                  "with every rank (and anything else running), so the measured time moves with the load."]
+        if emulated:  # two machines: a ratio of the two would read as the predictor's error
+            groups = ", ".join(f"{e['group']} ({e['device']})" for e in emulated)
+            lines += ["", f"Not comparable: the prediction is for the spec's devices, but {groups} ran emulated "
+                      "on this machine's CPU, so the measured time is the CPU's. Run on the devices to check "
+                      "the prediction."]
+        else:
+            lines += ["", f"Measured / predicted: {ms / pred['iteration_ms']:.2f}x. Training shares this machine's "
+                      "cores with every rank (and anything else running), so the measured time moves with the load."]
     lines += ["", "![predicted timeline](timeline.png)", "",
               f"Chrome trace of the prediction: [{pred['trace']}]({pred['trace']}) (opens in https://ui.perfetto.dev).", ""]
     return lines

@@ -158,20 +158,26 @@ def rank_envs(spec: JobSpec, threads: int, port: int) -> list[dict[str, str]]:
 def run_job(spec, plan=None, *, nproc: int | None = None, steps: int | None = None,
             checkpoint_dir: str | None = None, checkpoint_every: int = 10, resume: bool = False,
             threads: int | None = None, metrics_dir: str | None = None, timeout_s: float | None = None,
-            start_timeout_s: float | None = None, force: bool = False, logs_to_stderr: bool = False) -> JobResult:
+            start_timeout_s: float | None = None, force: bool = False, logs_to_stderr: bool = False,
+            emulate: bool = False) -> JobResult:
     """Validate, spawn one process per rank, watch them, and read back the metrics.
 
     `spec` is a path or a JobSpec; `plan` a path, a Plan, or None (every group in fp32).
     `threads` per rank defaults to the CPU count divided by the world size. `start_timeout_s`
     (default START_TIMEOUT_S) bounds process start-up and the rendezvous; `force` applies a
     plan whose graph fingerprint differs from the model's; `logs_to_stderr` sends the ranks'
-    log lines to stderr (for `train --json`, whose stdout carries the result alone).
+    log lines to stderr (for `train --json`, whose stdout carries the result alone). Groups whose
+    device is not here are announced on stderr and, where emulation would be more than 10x
+    slower, refused unless `emulate` (runtime/emulation.py).
     """
     paths = import_paths(None if isinstance(spec, JobSpec) else spec)  # user code beside the spec, or in the cwd
     add_to_sys_path(paths)
     spec = spec if isinstance(spec, JobSpec) else load_spec(spec)
     plan = plan if (plan is None or isinstance(plan, Plan)) else Plan.load(plan)
     validate(spec, plan, nproc, force=force)
+    from .emulation import check_emulation
+
+    emulated = check_emulation(spec, plan, emulate=emulate, log=lambda s: print(s, file=sys.stderr, flush=True))
     world = spec.cluster.world_size
     steps = steps if steps is not None else spec.training.steps
     threads = threads or max(1, (os.cpu_count() or 1) // world)
@@ -182,6 +188,10 @@ def run_job(spec, plan=None, *, nproc: int | None = None, steps: int | None = No
         print(choice.describe(), file=sys.stderr)
     run_dir = Path(metrics_dir or (Path(checkpoint_dir) / "metrics" if checkpoint_dir else tempfile.mkdtemp(prefix="qsync-run-")))
     run_dir.mkdir(parents=True, exist_ok=True)
+    if emulated:  # reports read this: measured times here are the CPU's, not the devices'
+        atomic_write_text(run_dir / "emulation.json", json.dumps([e.to_json() for e in emulated], indent=1) + "\n")
+    else:
+        (run_dir / "emulation.json").unlink(missing_ok=True)
     spec_file = atomic_write_text(run_dir / "spec.json", json.dumps(spec.model_dump(mode="json", by_alias=True)))
     argv = [sys.executable, "-m", "qsync_opt.runtime.worker", str(spec_file), "--steps", str(steps),
             "--metrics-dir", str(run_dir), "--threads", str(threads)]
@@ -259,7 +269,7 @@ def _records(data: bytes) -> list[dict]:
 def launch(spec_path, plan_path=None, *, nproc: int | None = None, steps: int | None = None,
            checkpoint_dir: str | None = None, resume: bool = False, checkpoint_every: int = 10,
            threads: int | None = None, metrics_dir: str | None = None, start_timeout_s: float | None = None,
-           force: bool = False, as_json: bool = False) -> int:
+           force: bool = False, as_json: bool = False, emulate: bool = False) -> int:
     """`qsync-opt train`: run the job and print a summary; returns the exit code.
 
     0 completed, EXIT_STOPPED (4) stopped by a signal after checkpointing, 2 a rank refused
@@ -267,7 +277,7 @@ def launch(spec_path, plan_path=None, *, nproc: int | None = None, steps: int | 
     """
     result = run_job(spec_path, plan_path, nproc=nproc, steps=steps, checkpoint_dir=checkpoint_dir,
                      checkpoint_every=checkpoint_every, resume=resume, threads=threads, metrics_dir=metrics_dir,
-                     start_timeout_s=start_timeout_s, force=force, logs_to_stderr=as_json)
+                     start_timeout_s=start_timeout_s, force=force, logs_to_stderr=as_json, emulate=emulate)
     out = sys.stderr if as_json else sys.stdout
     if result.failure is None and result.losses:
         print(f"trained {result.steps_done} steps: loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}, "

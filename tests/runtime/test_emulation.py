@@ -1,0 +1,108 @@
+"""A spec whose devices are not here is emulated only when announced, and only when asked where
+it would be more than 10x slower; reports never set the CPU's time against the devices' prediction."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qsync_opt import cli
+from qsync_opt.errors import RuntimeSetupError
+from qsync_opt.runtime import emulation, launch
+from qsync_opt.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def gpu_job(tmp: Path, devices=("V100-32GB", "T4"), emulate: bool | None = None) -> Path:
+    """A small job (tiny-cnn) on two GPU groups: on this CPU-only machine both are emulated."""
+    groups = [{"name": d.split("-")[0].lower(), "device": d, "count": 1, "local_batch": 8} for d in devices]
+    data = {"name": "gpu-job", "cluster": {"groups": groups, "interconnect": "loopback"}, "model": {"name": "tiny-cnn"},
+            "training": {"global_batch": 16, "steps": 2}}
+    if emulate is not None:
+        data["runtime"] = {"emulate": emulate}
+    path = tmp / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture
+def no_cuda(monkeypatch):
+    monkeypatch.setattr(emulation, "cuda_here", lambda: False)
+
+    def spawned(*a, **k):
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(launch, "spawn_ranks", spawned)
+
+
+def test_gpu_groups_on_a_cpu_are_emulated_with_their_slowdown():
+    found = emulation.emulated_groups(load_spec(str(ROOT / "examples/hybrid_v100_t4_resnet50.yaml")), cuda=False)
+    assert [e.group for e in found] == ["v100", "t4"]
+    assert all(e.slowdown > emulation.EMULATION_LIMIT for e in found)
+    assert "emulated on this CPU" in found[0].describe() and "slower than on V100-32GB" in found[0].describe()
+    assert emulation.emulated_groups(load_spec(str(ROOT / "examples/cpu_tiny.yaml")), cuda=False) == []
+    assert emulation.emulated_groups(load_spec(str(ROOT / "examples/hybrid_v100_t4_resnet50.yaml")), cuda=True) == []
+
+
+def test_fp16_on_a_cpu_has_no_bound():
+    from qsync_opt.plan import Plan
+
+    spec = load_spec(str(ROOT / "examples/hybrid_v100_t4_resnet50.yaml"))
+
+    class _G:  # the one thing emulated_groups reads of a plan group
+        precisions = {"layer1.0.conv1": "fp16"}
+
+    plan = Plan.model_construct(groups={"t4": _G()})
+    t4 = [e for e in emulation.emulated_groups(spec, plan, cuda=False) if e.group == "t4"][0]
+    assert math.isinf(t4.slowdown) and "fp16" in t4.worst
+
+
+def test_train_refuses_a_slow_emulation_before_any_rank_starts(tmp_path, no_cuda, capsys):
+    with pytest.raises(RuntimeSetupError, match=r"--emulate"):
+        launch.run_job(str(gpu_job(tmp_path)), None, metrics_dir=str(tmp_path / "m"))
+    err = capsys.readouterr().err
+    assert "group 'v100' (V100-32GB) emulated on this CPU" in err and "group 't4' (T4)" in err
+
+
+def test_run_refuses_before_profiling(tmp_path, no_cuda, capsys):
+    assert cli.main(["run", str(gpu_job(tmp_path)), "-o", str(tmp_path / "out")]) == 2
+    assert "--emulate" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("how", ["flag", "spec"])
+def test_asked_for_emulation_is_announced_and_recorded(tmp_path, monkeypatch, how, capsys):
+    monkeypatch.setattr(emulation, "cuda_here", lambda: False)
+
+    class Stop(Exception):
+        pass
+
+    def spawned(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(launch, "spawn_ranks", spawned)
+    spec = gpu_job(tmp_path, emulate=True if how == "spec" else None)
+    with pytest.raises(Stop):  # got as far as starting ranks
+        launch.run_job(str(spec), None, metrics_dir=str(tmp_path / "m"), emulate=how == "flag")
+    assert "emulated on this CPU" in capsys.readouterr().err
+    recorded = json.loads((tmp_path / "m" / "emulation.json").read_text())
+    assert [e["group"] for e in recorded] == ["v100", "t4"] and recorded[0]["expected_slowdown"] > 10
+
+
+def test_report_never_divides_an_emulated_measurement_by_a_device_prediction(tmp_path):
+    from qsync_opt.run_report import _prediction_lines
+
+    metrics = tmp_path / "train"
+    metrics.mkdir()
+    for r in (0, 1):
+        (metrics / f"rank{r}.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0, "step_ms": 3000.0}) + "\n"
+                                                        for s in (1, 2, 3)))
+    (tmp_path / "predict.json").write_text(json.dumps({"iteration_ms": 100.0, "trace": "t.json",
+                                                       "groups": {"a100": {"costs": "roofline"}}}))
+    plain = "\n".join(_prediction_lines(tmp_path, metrics))
+    assert "Measured / predicted: 30.00x" in plain
+    (metrics / "emulation.json").write_text(json.dumps([{"group": "a100", "device": "A100-40GB"}]))
+    text = "\n".join(_prediction_lines(tmp_path, metrics))
+    assert "Measured / predicted" not in text and "Not comparable" in text and "a100 (A100-40GB)" in text
