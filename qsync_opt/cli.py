@@ -66,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the plan JSON alone on stdout")
     s.add_argument("--export-problem", metavar="FILE", help="also save the integer program (.json, .mps or .lp)")
     s.add_argument("--problem", metavar="FILE", help="solve a saved problem (.json, or .mps/.lp with its JSON twin) instead of a spec")
+    s.add_argument("--verbose", action="store_true", help="also print the solver's internal notes (backend messages, timings)")
     s.add_argument("--strict", action="store_true",
                    help=f"exit {EXIT_MISSES_BOUNDS} when the plan misses a bound (meets_bounds: false) instead of 0")
     s.set_defaults(func=_cmd_solve)
@@ -154,7 +155,7 @@ def _cmd_solve(args) -> int:
 
         print_serving_plan(plan, out)
     else:
-        print_plan(plan, out)
+        print_plan(plan, out, verbose=args.verbose)
     if args.output:
         path = plan.save(args.output)
         out.print(f"plan written to {path}")

@@ -78,7 +78,7 @@ def write_report(spec: JobSpec, plan: Plan, metrics: Path, out: Path) -> Path:
     lines = [f"# {spec.name}: {plan.model}", "",
              f"Cluster: {', '.join(f'{g.name} = {g.count}x {g.device_spec.name}' for g in spec.cluster.groups)}; "
              f"objective {plan.objective}; solver {plan.solver.backend} ({plan.solver.status}).", "",
-             "## Plan", "", "| group | device | batch | ops per precision | iter ms | bound ms | indicator |",
+             "## Plan", "", "| group | device | batch | ops per precision | iter ms | bound ms | Σω (group, unweighted) |",
              "|---|---|---|---|---|---|---|"]
     for n, g in plan.groups.items():
         mix = " ".join(f"{p}:{c}" for p, c in g.counts().items())
@@ -86,7 +86,9 @@ def write_report(spec: JobSpec, plan: Plan, metrics: Path, out: Path) -> Path:
         lines.append(f"| {n} | {g.count}x {g.device} | {g.local_batch} | {mix} | {g.iteration_ms:.3f} | {bound} | {g.indicator:.4g} |")
     lines += ["", "![precision per operator and group](precisions.png)", "",
               *_prediction_lines(out, metrics),
-              "## Policies (predicted for the cluster)", "", "| policy | iteration ms | indicator | meets bounds |",
+              "## Policies (predicted for the cluster)", "",
+              "Σ share·ω: each group's Σω weighted by its share of the global batch (what the solver minimises).", "",
+              "| policy | iteration ms | Σ share·ω | meets bounds |",
               "|---|---|---|---|", f"| **this plan** | {plan.iteration_ms:.3f} | {plan.indicator:.4g} | - |"]
     for name, b in plan.baselines.items():
         lines.append(f"| {name} | {b.iteration_ms:.3f} | {b.indicator:.4g} | {'yes' if b.feasible else 'no'} |")
@@ -98,8 +100,12 @@ def write_report(spec: JobSpec, plan: Plan, metrics: Path, out: Path) -> Path:
         lines.append(f"Test set after step {e['step']}: accuracy {100 * e['test_accuracy']:.2f}%, loss {e['test_loss']:.4f} "
                      f"({e['test_samples']} samples).")
     lines += ["", "![training and test curves](curves.png)", ""]
-    for note in plan.solver.notes:
-        lines.append(f"- note: {note}")
+    from .report import user_notes
+
+    shown, internal = user_notes(plan.solver.notes)
+    lines += [f"- note: {note}" for note in shown]
+    if internal:
+        lines += ["", "<details><summary>solver details</summary>", "", *(f"- {n}" for n in internal), "", "</details>"]
     return atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
 
 
