@@ -243,11 +243,16 @@ def _cmd_devices(args) -> int:
 def _cmd_models(args) -> int:
     from .models.zoo import ZOO
 
-    t = Table(title="model zoo (random weights, no downloads)", title_justify="left")
-    t.add_column("name")
-    t.add_column("task")
-    for name, entry in ZOO.items():
-        t.add_row(name, getattr(entry, "task", ""))
+    from .models.zoo_summary import summary
+
+    t = Table(title="model zoo (random weights, no downloads)", title_justify="left",
+              caption="operators: the Linear/Conv/Embedding modules a plan gives a precision (functional matmuls "
+                      "the tracer finds, e.g. attention, come on top; `solve` counts them all)", caption_justify="left")
+    for col in ("name", "task", "input (B = batch)", "operators", "description"):
+        t.add_column(col, justify="right" if col == "operators" else "left")
+    for name in ZOO:
+        row = summary(name)
+        t.add_row(name, row.task, row.input, str(row.operators), row.description)
     _console().print(t)
     return EXIT_OK
 
@@ -257,6 +262,7 @@ def _cmd_spec(args) -> int:
 
     from .spec import JobSpec
     from .spec_errors import model_in
+    from .spec_forms import accepted_forms
 
     def walk(model: type[BaseModel], prefix: str, seen: set) -> None:
         for name, field in model.model_fields.items():
@@ -264,6 +270,8 @@ def _cmd_spec(args) -> int:
             default = "" if field.is_required() else f" (default: {field.get_default(call_default_factory=True)!r})"
             print(f"{key}{default}\n    {field.description or ''}".rstrip())
             values = _allowed_values(key, field.annotation)
+            if "{inline device}" not in values:  # a preset list is complete as it is
+                values += [f for f in accepted_forms(field, key) if f not in values]
             if values:
                 print(f"    allowed: {' | '.join(values)}")
             nested = model_in(field.annotation)

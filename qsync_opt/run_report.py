@@ -9,62 +9,9 @@ from pathlib import Path
 from .data.evaluation import read_eval
 from .io import atomic_write_text
 from .plan import Plan
-from .precision import PRECISIONS
 from .spec import JobSpec
 
-COLOURS = {"fp32": "#1f4e79", "tf32": "#2e75b6", "bf16": "#70ad47", "fp16": "#a9d18e", "fp8_e4m3": "#ffc000",
-           "fp8_e5m2": "#ffd966", "int8": "#ed7d31", "int4": "#c00000"}
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def precision_strip(plan: Plan, path: Path) -> Path:
-    """One row per group, one cell per selectable operator in network order, coloured by precision."""
-    plt = _plt()
-    groups = list(plan.groups)
-    n = max(len(g.precisions) for g in plan.groups.values())
-    fig, ax = plt.subplots(figsize=(max(6, n * 0.25), 0.6 * len(groups) + 1.2))
-    for row, name in enumerate(groups):
-        for col, p in enumerate(plan.groups[name].precisions.values()):
-            ax.add_patch(plt.Rectangle((col, row), 1, 0.9, color=COLOURS[p]))
-    ax.set_xlim(0, n)
-    ax.set_ylim(0, len(groups))
-    ax.set_yticks([r + 0.45 for r in range(len(groups))], groups)
-    ax.set_xlabel("selectable operators, input to output")
-    used = [p for p in PRECISIONS if any(p in g.precisions.values() for g in plan.groups.values())]
-    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=COLOURS[p]) for p in used], labels=used,
-              loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=len(used), frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def curves(steps: list[dict], evals: list[dict], path: Path) -> Path:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], label="train loss (global batch)", color="#2e75b6")
-    if evals:
-        ax.plot([e["step"] for e in evals], [e["test_loss"] for e in evals], "o-", label="test loss", color="#ed7d31")
-        ax2 = ax.twinx()
-        ax2.plot([e["step"] for e in evals], [100 * e["test_accuracy"] for e in evals], "s--", color="#70ad47",
-                 label="test accuracy %")
-        ax2.set_ylabel("test accuracy %")
-        ax2.legend(loc="center right", fontsize=8)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+from .run_pictures import COLOURS, curves, precision_strip  # noqa: F401  (the report's pictures)
 
 
 def write_report(spec: JobSpec, plan: Plan, metrics: Path, out: Path) -> Path:
@@ -73,8 +20,8 @@ def write_report(spec: JobSpec, plan: Plan, metrics: Path, out: Path) -> Path:
     steps = {r["step"]: r for r in records if "loss" in r}
     steps = [steps[s] for s in sorted(steps)]
     evals = read_eval(metrics)
-    precision_strip(plan, out / "precisions.png")
-    curves(steps, evals, out / "curves.png")
+    precision_strip(plan, out / "precisions.png", [g.name for g in spec.cluster.groups])
+    curves(steps, evals, out / "curves.png", f"{spec.name}: training loss and test accuracy ({plan.model})")
     lines = [f"# {spec.name}: {plan.model}", "",
              f"Cluster: {', '.join(f'{g.name} = {g.count}x {g.device_spec.name}' for g in spec.cluster.groups)}; "
              f"objective {plan.objective}; solver {plan.solver.backend} ({plan.solver.status}).", "",
