@@ -48,3 +48,20 @@ def test_tables_are_not_cut_when_stdout_is_a_file(capsys):
     _table([row], make_console())  # capsys is not a terminal, like `qsync-opt bench solvers > f.txt`
     out = capsys.readouterr().out
     assert case in out and "optimal" in out and "1.200x" in out
+
+
+@pytest.mark.slow  # builds every zoo model on the meta device (transformers import included)
+def test_models_lists_input_shapes_and_operator_counts(capsys):
+    assert cli.main(["models"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "resnet50 " in x)
+    assert "(B, 3, 224, 224) float32" in line and " 54 " in line  # 53 convolutions + fc
+    assert "(B, 128) int64 token ids, vocab 30522" in next(x for x in out.splitlines() if "bert-base " in x)
+
+
+def test_spec_shows_every_accepted_form(capsys):
+    assert cli.main(["spec"]) == 0
+    out = capsys.readouterr().out
+    assert "allowed: auto | a number of ms > 0" in out  # max_iteration_time took numbers, but said "auto"
+    assert "allowed: a number ≥ 0 (absolute) | a percentage such as '5%' | null" in out
+    assert "allowed: an integer ≥ 1" in out and "allowed: a number > 0" in out

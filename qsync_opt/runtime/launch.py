@@ -230,6 +230,29 @@ START_TIMEOUT_S = float(os.environ.get("QSYNC_START_TIMEOUT_S", 120))
 """Default bound on process start-up plus rendezvous (torch import is slow on a loaded machine)."""
 
 
+RUNS_DIR = "qsync-runs"
+"""Where `train` keeps metrics when given neither --metrics-dir nor --checkpoint-dir (in the cwd)."""
+
+
+def default_metrics_dir(spec, metrics_dir: str | None, checkpoint_dir: str | None) -> str:
+    """--metrics-dir; else beside the checkpoints (CKPT/metrics); else a named run folder
+    ./qsync-runs/<spec name>-<UTC time>/ (before: a random /tmp/qsync-run-* nobody could find)."""
+    if metrics_dir:
+        return str(metrics_dir)
+    if checkpoint_dir:
+        return str(Path(checkpoint_dir) / "metrics")
+    import time
+
+    name = (spec if isinstance(spec, JobSpec) else load_spec(spec)).name
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    run = Path(RUNS_DIR) / f"{name}-{stamp}"
+    k = 1
+    while run.exists():
+        k += 1
+        run = Path(RUNS_DIR) / f"{name}-{stamp}-{k}"
+    return str(run)
+
+
 class _Stopped(Exception):
     """SIGTERM/SIGINT to `train` before its ranks were started (spawn_ranks then forwards them)."""
 
@@ -305,6 +328,8 @@ def launch(spec_path, plan_path=None, *, nproc: int | None = None, steps: int | 
     its input, 1 any other failure. With `as_json` the result alone goes to stdout.
     """
     out = sys.stderr if as_json else sys.stdout
+    metrics_dir = default_metrics_dir(spec_path, metrics_dir, checkpoint_dir)
+    print(f"metrics: {metrics_dir} (rank<r>.jsonl, result.json)", file=out, flush=True)
     try:
         with _stop_before_spawn():
             result = run_job(spec_path, plan_path, nproc=nproc, steps=steps, checkpoint_dir=checkpoint_dir,
