@@ -243,7 +243,7 @@ def _cmd_devices(args) -> int:
 def _cmd_models(args) -> int:
     from .models.zoo import ZOO
 
-    from .models.zoo_summary import summary
+    from .cli_models import summary
 
     t = Table(title="model zoo (random weights, no downloads)", title_justify="left",
               caption="operators: the Linear/Conv/Embedding modules a plan gives a precision (functional matmuls "

@@ -1,4 +1,5 @@
-"""One line per zoo model for `qsync-opt models`: task, input shape, operator count.
+"""One line per zoo model for `qsync-opt models`: task, input shape, operator count (CLI layer:
+it reads the runtime's swappable types, which models/ may not import).
 
 The input is what `example_inputs` feeds (batch dimension written B), drawn on the meta device;
 the operator count is the model's precision-selectable modules (runtime/apply.py's swappable
@@ -11,7 +12,7 @@ from functools import lru_cache
 
 import torch
 
-from .zoo import get_entry
+from .models.zoo import get_entry
 
 _DTYPE = {torch.float32: "float32", torch.int64: "int64 token ids"}
 
@@ -26,7 +27,7 @@ class ZooSummary:
 
 @lru_cache(maxsize=None)
 def summary(name: str) -> ZooSummary:
-    from ..runtime.apply import selectable_modules
+    from .runtime.apply import selectable_modules
 
     entry = get_entry(name)
     inputs = entry.example_inputs(2, device="meta")
