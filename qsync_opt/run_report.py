@@ -44,8 +44,13 @@ def write_report(spec: JobSpec, plan: Plan, metrics: Path, out: Path) -> Path:
         lines.append(f"{len(steps)} steps: loss {steps[0]['loss']:.4f} -> {steps[-1]['loss']:.4f}.")
     if evals:
         e = evals[-1]
+        from .data.majority import majority_rate
+        from .data.task import build_task
+
+        rate, classes = majority_rate(build_task(spec))
         lines.append(f"Test set after step {e['step']}: accuracy {100 * e['test_accuracy']:.2f}%, loss {e['test_loss']:.4f} "
-                     f"({e['test_samples']} samples).")
+                     f"({e['test_samples']} samples); always answering the most frequent of its {classes} labels "
+                     f"would score {100 * rate:.2f}%.")
     lines += ["", "![training and test curves](curves.png)", ""]
     from .report import user_notes
 
