@@ -8,7 +8,7 @@ types: Linear, Conv, Embedding), counted on a meta-device build, so no weights a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import torch
 
@@ -25,7 +25,7 @@ class ZooSummary:
     description: str
 
 
-@lru_cache(maxsize=None)
+@cache
 def summary(name: str) -> ZooSummary:
     from .runtime.apply import selectable_modules
 

@@ -9,9 +9,8 @@ from pathlib import Path
 from .data.evaluation import read_eval
 from .io import atomic_write_text
 from .plan import Plan
+from .run_pictures import curves, precision_strip
 from .spec import JobSpec
-
-from .run_pictures import COLOURS, curves, precision_strip  # noqa: F401  (the report's pictures)
 
 
 def write_report(spec: JobSpec, plan: Plan, metrics: Path, out: Path) -> Path:
@@ -96,12 +95,12 @@ def _prediction_lines(out: Path, metrics: Path) -> list[str]:
                      f"{_load(load.get('before'))} -> {_load(load.get('after'))} |")
         if emulated:  # two machines: a ratio of the two would read as the predictor's error
             groups = ", ".join(f"{e['group']} ({e['device']})" for e in emulated)
-            lines += ["", f"Not comparable: the prediction is for the spec's devices, but {groups} ran emulated "
-                      "on this machine's CPU, so the measured time is the CPU's. Run on the devices to check "
-                      "the prediction."]
+            lines += ["", (f"Not comparable: the prediction is for the spec's devices, but {groups} ran emulated "
+                           "on this machine's CPU, so the measured time is the CPU's. Run on the devices to check "
+                           "the prediction.")]
         else:
-            lines += ["", f"Measured / predicted: {ms / pred['iteration_ms']:.2f}x. Training shares this machine's "
-                      "cores with every rank (and anything else running), so the measured time moves with the load."]
+            lines += ["", (f"Measured / predicted: {ms / pred['iteration_ms']:.2f}x. Training shares this machine's "
+                           "cores with every rank (and anything else running), so the measured time moves with the load.")]
     lines += ["", "![predicted timeline](timeline.png)", "",
               f"Chrome trace of the prediction: [{pred['trace']}]({pred['trace']}) (opens in https://ui.perfetto.dev).", ""]
     return lines

@@ -44,7 +44,7 @@ def test_the_report_states_accuracy_against_the_majority_rate(tmp_path):
     from qsync_opt.plan import Plan
     from qsync_opt.run_report import write_report
 
-    spec = load_spec(CPU_TINY, **{"data": {"name": "synthetic", "kwargs": {"test_samples": 256}}})
+    spec = load_spec(CPU_TINY, data={"name": "synthetic", "kwargs": {"test_samples": 256}})
     from qsync_opt.plan import GroupPlan, Provenance, SolverReport
 
     groups = {g.name: GroupPlan(device=g.device_spec.name, count=1, local_batch=32, precisions={"fc": "fp32"},

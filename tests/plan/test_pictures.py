@@ -9,10 +9,10 @@ import matplotlib
 import pytest
 
 matplotlib.use("Agg")
-from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.figure import Figure
 
-from qsync_opt.plan import GroupPlan, Plan, Provenance, SolverReport  # noqa: E402
-from qsync_opt.run_report import curves, precision_strip  # noqa: E402
+from qsync_opt.plan import GroupPlan, Plan, Provenance, SolverReport
+from qsync_opt.run_report import curves, precision_strip
 
 OPS = ["conv1", "layer1.0.conv1", "layer1.0.conv2", "fc"]
 

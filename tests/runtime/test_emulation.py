@@ -52,11 +52,11 @@ def test_fp16_on_a_cpu_has_no_bound():
 
     spec = load_spec(str(ROOT / "examples/hybrid_v100_t4_resnet50.yaml"))
 
-    class _G:  # the one thing emulated_groups reads of a plan group
-        precisions = {"layer1.0.conv1": "fp16"}
+    from types import SimpleNamespace
 
-    plan = Plan.model_construct(groups={"t4": _G()})
-    t4 = [e for e in emulation.emulated_groups(spec, plan, cuda=False) if e.group == "t4"][0]
+    # the one thing emulated_groups reads of a plan group
+    plan = Plan.model_construct(groups={"t4": SimpleNamespace(precisions={"layer1.0.conv1": "fp16"})})
+    t4 = next(e for e in emulation.emulated_groups(spec, plan, cuda=False) if e.group == "t4")
     assert math.isinf(t4.slowdown) and "fp16" in t4.worst
 
 
