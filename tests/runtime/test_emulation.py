@@ -106,3 +106,19 @@ def test_report_never_divides_an_emulated_measurement_by_a_device_prediction(tmp
     (metrics / "emulation.json").write_text(json.dumps([{"group": "a100", "device": "A100-40GB"}]))
     text = "\n".join(_prediction_lines(tmp_path, metrics))
     assert "Measured / predicted" not in text and "Not comparable" in text and "a100 (A100-40GB)" in text
+
+
+def test_a_rank_under_torchrun_refuses_alike(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    from qsync_opt.torchrun import train_rank
+
+    monkeypatch.setattr(emulation, "cuda_here", lambda: False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for key in ("QSYNC_GROUP", "OMP_NUM_THREADS"):  # train_rank sets them: restored after the test
+        monkeypatch.setenv(key, "1")
+    args = argparse.Namespace(spec=str(gpu_job(tmp_path)), plan=None, threads=1, force=False, resume=False,
+                              checkpoint_dir=None, checkpoint_every=10, metrics_dir=None, steps=None, emulate=False)
+    assert train_rank(args) == 2  # bad input, one line, before the rank joins any rendezvous
+    assert "--emulate" in capsys.readouterr().err
