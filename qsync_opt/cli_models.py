@@ -12,7 +12,7 @@ from functools import cache
 
 import torch
 
-from .models.zoo import get_entry
+from qsync_opt.models.zoo import get_entry
 
 _DTYPE = {torch.float32: "float32", torch.int64: "int64 token ids"}
 
@@ -27,7 +27,7 @@ class ZooSummary:
 
 @cache
 def summary(name: str) -> ZooSummary:
-    from .runtime.apply import selectable_modules
+    from qsync_opt.runtime.apply import selectable_modules
 
     entry = get_entry(name)
     inputs = entry.example_inputs(2, device="meta")

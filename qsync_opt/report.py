@@ -6,8 +6,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .plan import Plan
-from .precision import PRECISIONS
+from qsync_opt.plan import Plan
+from qsync_opt.precision import PRECISIONS
 
 GiB = 1024**3
 

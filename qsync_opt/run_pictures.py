@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .plan import Plan
-from .precision import PRECISIONS
+from qsync_opt.plan import Plan
+from qsync_opt.precision import PRECISIONS
 
 COLOURS = {"fp32": "#1f4e79", "tf32": "#2e75b6", "bf16": "#70ad47", "fp16": "#a9d18e", "fp8_e4m3": "#ffc000",
            "fp8_e5m2": "#ffd966", "int8": "#ed7d31", "int4": "#c00000"}

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .data.evaluation import read_eval
-from .io import atomic_write_text
-from .plan import Plan
-from .run_pictures import curves, precision_strip
-from .spec import JobSpec
+from qsync_opt.data.evaluation import read_eval
+from qsync_opt.io import atomic_write_text
+from qsync_opt.plan import Plan
+from qsync_opt.run_pictures import curves, precision_strip
+from qsync_opt.spec import JobSpec
 
 
 def write_report(spec: JobSpec, plan: Plan, metrics: Path, out: Path) -> Path:
@@ -43,15 +43,15 @@ def write_report(spec: JobSpec, plan: Plan, metrics: Path, out: Path) -> Path:
         lines.append(f"{len(steps)} steps: loss {steps[0]['loss']:.4f} -> {steps[-1]['loss']:.4f}.")
     if evals:
         e = evals[-1]
-        from .data.majority import majority_rate
-        from .data.task import build_task
+        from qsync_opt.data.majority import majority_rate
+        from qsync_opt.data.task import build_task
 
         rate, classes = majority_rate(build_task(spec))
         lines.append(f"Test set after step {e['step']}: accuracy {100 * e['test_accuracy']:.2f}%, loss {e['test_loss']:.4f} "
                      f"({e['test_samples']} samples); always answering the most frequent of its {classes} labels "
                      f"would score {100 * rate:.2f}%.")
     lines += ["", "![training and test curves](curves.png)", ""]
-    from .report import user_notes
+    from qsync_opt.report import user_notes
 
     shown, internal = user_notes(plan.solver.notes)
     lines += [f"- note: {note}" for note in shown]
@@ -66,7 +66,7 @@ def _load(x) -> str:
 
 def _prediction_lines(out: Path, metrics: Path) -> list[str]:
     """Predicted (replayer) against measured (train) iteration time, each with the load it was made under."""
-    from .run_stages import measured_iteration_ms
+    from qsync_opt.run_stages import measured_iteration_ms
 
     pred_path = out / "predict.json"
     if not pred_path.exists():

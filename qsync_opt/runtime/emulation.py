@@ -17,9 +17,9 @@ import math
 import os
 from dataclasses import dataclass
 
-from ..errors import RuntimeSetupError
-from ..hardware.device import DeviceSpec, catalog
-from ..kernels.dispatch import implementation
+from qsync_opt.errors import RuntimeSetupError
+from qsync_opt.hardware.device import DeviceSpec, catalog
+from qsync_opt.kernels.dispatch import implementation
 
 EMULATION_LIMIT = 10.0
 """Refuse (unless asked) an emulation expected to run more than this many times slower."""
