@@ -28,7 +28,8 @@ class InfeasibleError(QSyncError):
 
     def __init__(self, message: str, diagnosis: list[str] | None = None):
         super().__init__(message)
-        self.diagnosis = list(diagnosis or [])
+        # a list subclass (solver.diagnose.Diagnosis) keeps what it carries beyond the lines
+        self.diagnosis = diagnosis if isinstance(diagnosis, list) else list(diagnosis or [])
 
     def __str__(self) -> str:
         lines = [super().__str__(), *("  - " + d for d in self.diagnosis)]

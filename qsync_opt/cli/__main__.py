@@ -2,6 +2,6 @@
 
 import sys
 
-from qsync_opt.cli.main import main
+from qsync_opt.cli.commands import main
 
 sys.exit(main())

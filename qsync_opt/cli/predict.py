@@ -37,7 +37,7 @@ def register(sub) -> None:
 
 
 def _console():
-    from qsync_opt.cli.console import console as make
+    from qsync_opt.console import make_console as make
 
     return make()
 

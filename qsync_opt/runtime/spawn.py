@@ -32,6 +32,8 @@ class Spawned:
     wall_s: float = 0.0
     signalled: bool = False
     """The launcher was asked to stop (SIGTERM/SIGINT) and passed it on to the ranks."""
+    killed_after_grace: bool = False
+    """After a stop, some rank had not ended within grace_s and was killed (its step not saved)."""
 
 
 def spawn_ranks(argv: list[str], envs: list[dict[str, str]], *, timeout_s: float | None = None,
@@ -53,7 +55,7 @@ def spawn_ranks(argv: list[str], envs: list[dict[str, str]], *, timeout_s: float
     pumps = [threading.Thread(target=_pump, args=(p.stderr, t), daemon=True) for p, t in zip(procs, tails)]
     for t in pumps:
         t.start()
-    forwarded = []
+    forwarded, killed = [], []
 
     def forward(signum, frame):
         forwarded.append(time.monotonic())
@@ -87,6 +89,7 @@ def spawn_ranks(argv: list[str], envs: list[dict[str, str]], *, timeout_s: float
                 _terminate(procs, kill_after_s)
                 break
             if forwarded and time.monotonic() - forwarded[0] > grace_s:
+                killed.append(time.monotonic())
                 _terminate(procs, 0.0)  # they had grace_s to finish the step and checkpoint
                 break
             time.sleep(0.05)
@@ -105,7 +108,8 @@ def spawn_ranks(argv: list[str], envs: list[dict[str, str]], *, timeout_s: float
                     if tail else "; stopped the other ranks (its stderr was empty)")
     elif failure is not None:
         failure += "; stopped every rank"
-    return Spawned(codes, failure, failed_code, time.monotonic() - t0, signalled=bool(forwarded))
+    return Spawned(codes, failure, failed_code, time.monotonic() - t0, signalled=bool(forwarded),
+                   killed_after_grace=bool(killed))
 
 
 STDERR_TAIL = 15

@@ -60,6 +60,9 @@ class Outcome:
     status: str
     key: tuple[float, float] | None = None
     reason: str = ""
+    time_ratio: float | None = None
+    """Infeasible splits: the slowest group's proven least time over its bound (solver/diagnose.py)."""
+    fixes: list[str] = field(default_factory=list)
 
 
 def candidate_splits(spec: JobSpec, granularity: int | None = None) -> list[dict[str, int]]:
@@ -133,7 +136,9 @@ def choose_split(spec: JobSpec, prepared, budget=None) -> Split:
         try:
             r = run_backend(fixed, inst, budget)
         except InfeasibleError as e:
-            outcomes.append(Outcome(split, "infeasible", reason="; ".join(e.diagnosis[:1]) or str(e).splitlines()[0]))
+            outcomes.append(Outcome(split, "infeasible", reason="; ".join(e.diagnosis[:1]) or str(e).splitlines()[0],
+                                    time_ratio=getattr(e.diagnosis, "worst_time_ratio", None),
+                                    fixes=list(getattr(e.diagnosis, "fixes", []))))
             continue
         except SolverError as e:
             outcomes.append(Outcome(split, "unknown", reason=str(e).splitlines()[0]))
@@ -174,6 +179,12 @@ def _raise_none_feasible(splits, outcomes, untried, unknown, even) -> None:
         diag = [f"all {len(splits)} splits on the grid proven infeasible"]
         if first is not None and first.reason:
             diag.append(f"e.g. the even split {even}: {first.reason}")
+        rated = [o for o in outcomes if o.time_ratio is not None]
+        if rated:
+            best = min(rated, key=lambda o: o.time_ratio)
+            diag.append(f"best split seen: {best.split}, where the slowest group's least time is "
+                        f"{best.time_ratio:.3g}x its bound")
+            diag.extend(f"{fix}, at the split {best.split}" for fix in best.fixes)
         raise InfeasibleError("batch_split: auto: no split of the global batch has a plan within the bounds", diag)
     proven = len(outcomes) - len(unknown)
     raise SolverError(

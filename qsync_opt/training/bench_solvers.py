@@ -19,6 +19,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from qsync_opt.console import make_console
 from qsync_opt.errors import InfeasibleError, QSyncError
 from qsync_opt.solver.backends import EXACT, available
 from qsync_opt.solver.backends.base import SolveOptions
@@ -152,7 +153,7 @@ def run_benchmark(out_dir: Path, instances_dir: str | None = None, quick: bool =
                   formulations: list[str] | None = None, kinds: list[str] | None = None,
                   command: str | None = None, name: str = "solvers", limit_check: float | None = None) -> list[dict]:
     """Every case x formulation x backend; each CSV row is written (and flushed) as soon as it is measured."""
-    console = Console()
+    console = make_console()
     ok = available()
     backends = [b for b in (backends or [*EXACT, "greedy"]) if ok.get(split_backend(b)[0])]
     formulations = formulations or ["mccormick"]

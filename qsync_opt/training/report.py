@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from qsync_opt.training.plan import Plan
 from qsync_opt.precision import PRECISIONS
@@ -12,8 +13,9 @@ GiB = 1024**3
 
 
 def plan_table(plan: Plan) -> Table:
-    t = Table(title=f"{plan.job}: {plan.model}  (objective: {plan.objective})", title_justify="left")
-    for col in ("group", "device", "batch", "ops per precision", "compute ms", "comm ms", "iter ms", "bound ms", "memory GiB", "indicator"):
+    t = Table(title=f"{plan.job}: {plan.model}  (objective: {plan.objective})", title_justify="left",
+              caption="Σω (group): the indicator sum of the group's operators (unweighted)", caption_justify="left")
+    for col in ("group", "device", "batch", "ops per precision", "compute ms", "comm ms", "iter ms", "bound ms", "memory GiB", "Σω (group)"):
         t.add_column(col, justify="left" if col in ("group", "device", "ops per precision") else "right")
     for name, g in plan.groups.items():
         counts = g.counts()
@@ -34,18 +36,31 @@ def plan_table(plan: Plan) -> Table:
 
 
 def baseline_table(plan: Plan) -> Table:
-    t = Table(title="plan vs baselines", title_justify="left")
-    for col in ("policy", "iteration ms", "indicator", "meets bounds"):
+    t = Table(title="plan vs baselines", title_justify="left",
+              caption="Σ share·ω: groups' Σω weighted by batch share (minimised)", caption_justify="left")
+    for col in ("policy", "iteration ms", "Σ share·ω", "meets bounds"):
         t.add_column(col, justify="left" if col == "policy" else "right")
     meets = plan.meets_bounds and all(  # the replayer's lockstep verdict (refine.judge), and memory
         g.peak_memory_bytes <= g.memory_capacity_bytes for g in plan.groups.values())
-    t.add_row("[bold]this plan[/bold]", f"{plan.iteration_ms:.1f}", f"{plan.indicator:.4g}", "yes" if meets else "no (see notes)")
+    t.add_row(Text("this plan", style="bold"), f"{plan.iteration_ms:.1f}", f"{plan.indicator:.4g}", "yes" if meets else "no (see notes)")
     for name, b in plan.baselines.items():
         t.add_row(name, f"{b.iteration_ms:.1f}", f"{b.indicator:.4g}", "yes" if b.feasible else "no")
     return t
 
 
-def print_plan(plan: Plan, console: Console) -> None:
+INTERNAL_NOTES = ("warm-started from", "cpsat integer scaling", "build ", "highs:", "cbc:", "scip:", "cpsat:",
+                  "greedy:")
+"""Prefixes of solver notes that are detail for whoever tunes the solver, not for the plan's user:
+a backend's own message (tie-break details included), warm starts, scaling, timings."""
+
+
+def user_notes(notes: list[str]) -> tuple[list[str], list[str]]:
+    """(notes for every reader, internal detail shown under --verbose)."""
+    internal = [n for n in notes if n.startswith(INTERNAL_NOTES)]
+    return [n for n in notes if n not in internal], internal
+
+
+def print_plan(plan: Plan, console: Console, verbose: bool = False) -> None:
     console.print(plan_table(plan))
     if plan.baselines:
         console.print(baseline_table(plan))
@@ -55,5 +70,8 @@ def print_plan(plan: Plan, console: Console) -> None:
         f"solver: {s.backend} -> {s.status}{gap}, objective {s.objective:.6g}, "
         f"{s.wall_s * 1000:.0f} ms, refine rounds {s.refine_rounds}"
     )
-    for note in s.notes:
+    shown, internal = user_notes(s.notes)
+    for note in shown + (internal if verbose else []):
         console.print(f"  note: {note}")
+    if internal and not verbose:
+        console.print(f"  ({len(internal)} solver detail note(s): --verbose shows them)")

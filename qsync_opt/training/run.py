@@ -33,6 +33,7 @@ class RunContext:
     out: Path
     steps: int | None = None
     log: Callable[[str], None] = print
+    emulate: bool = False
     artefacts: dict[str, str] = field(default_factory=dict)
 
 
@@ -60,7 +61,8 @@ def _train(ctx: RunContext) -> str:
 
     metrics = ctx.out / "train"
     before = os.getloadavg()
-    result = run_job(ctx.spec_path, Plan.load(ctx.out / "plan.json"), steps=ctx.steps, metrics_dir=str(metrics))
+    result = run_job(ctx.spec_path, Plan.load(ctx.out / "plan.json"), steps=ctx.steps, metrics_dir=str(metrics),
+                     emulate=ctx.emulate)
     if not result.ok:
         raise QSyncError(f"training failed: exit codes by rank {result.returncodes}; logs in {metrics}")
     # the report sets measured step times beside the machine load they were taken under
@@ -85,7 +87,7 @@ STAGES: dict[str, Callable[[RunContext], str]] = {"profile": _profile, "indicate
 
 
 def run(spec_path: str, out: "str | Path", *, start: str | None = None, steps: int | None = None,
-        log: Callable[[str], None] = print) -> dict[str, str]:
+        log: Callable[[str], None] = print, emulate: bool = False) -> dict[str, str]:
     """Run the stages from the first one without a cached artefact (or from `start`); returns stage -> artefact."""
     if start is not None and start not in STAGES:
         raise SpecError(f"--from {start!r}: not a stage; stages are {', '.join(STAGES)}")
@@ -94,6 +96,9 @@ def run(spec_path: str, out: "str | Path", *, start: str | None = None, steps: i
         raise SpecError(f"kind: {kind}: `qsync-opt run` profiles, plans and trains a training job; "
                         f"plan a {kind} spec with `qsync-opt solve`")
     spec = load_spec(spec_path)
+    from qsync_opt.runtime.emulation import check_emulation
+
+    check_emulation(spec, None, emulate=emulate, log=log)  # refuse a >10x emulation before profiling and solving
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / "run.json"
@@ -103,7 +108,7 @@ def run(spec_path: str, out: "str | Path", *, start: str | None = None, steps: i
     from qsync_opt.data.imported import add_to_sys_path, import_paths
 
     add_to_sys_path(import_paths(spec_path))  # user models, for every stage that builds the model
-    ctx = RunContext(spec_path, spec, out, steps, log)
+    ctx = RunContext(spec_path, spec, out, steps, log, emulate)
     rerun = False
     for name, fn in STAGES.items():
         rerun = rerun or name == start or name not in manifest["stages"] or not Path(manifest["stages"][name]).exists()

@@ -88,6 +88,11 @@ class RuntimeSpec(_Model):
     casts its input in and returns fp32. 'edge': activations flow at low precision and a cast happens
     only where adjacent operators differ (QSync's runtime); plans costed for it are for comparison,
     and `train` refuses them."""
+    emulate: bool = False
+    """Train groups whose device is not on this machine (a GPU spec on a CPU) by emulation on what
+    is here, even where that is expected to run more than 10x slower than the device (the same as
+    `train --emulate`). Without it, such a run is refused before any rank starts; emulation is
+    announced either way."""
 
 
 class Calibration(_Model):

@@ -27,12 +27,14 @@ MIXED = {"fast": {"conv1": "bf16", "conv2": "int8", "conv3": "fp32", "fc": "fp8_
 
 def test_mixed_plan_trains_20_steps_on_two_ranks_with_their_own_environments(tmp_path):
     env1 = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16", "OMP_NUM_THREADS": "2"}
-    spec = write_spec(tmp_path / "spec.yaml", batches=(20, 12), env1=env1)
+    spec = write_spec(tmp_path / "spec.yaml", batches=(20, 12), env1=env1, lr=0.01)
     result = run_job(spec, make_plan(spec, MIXED), threads=1, metrics_dir=str(tmp_path / "m"), timeout_s=180)
     assert result.ok, result.returncodes
     assert result.steps_done == 20 and len(result.losses) == 20
     first, last5 = result.losses[0], sum(result.losses[-5:]) / 5
-    assert last5 < 0.7 * first, f"loss did not decrease: {result.losses}"
+    # ten balanced classes start at ln 10 = 2.30; 20 steps of 32 samples take off about a tenth
+    # (the old teacher's one-class labels made this 0.7x: learning the majority class)
+    assert last5 < first - 0.08, f"loss did not decrease: {result.losses}"
     # both ranks log the same global-batch loss; each ran its own group's plan, batch and environment
     assert [r["loss"] for r in result.per_rank[1]] == result.losses
     starts = {r: next(x for x in _events(result, r) if x["event"] == "start") for r in (0, 1)}

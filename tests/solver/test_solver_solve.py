@@ -52,14 +52,16 @@ def test_time_diagnosis_counts_casts_exactly():
     casts = {("a", "b"): {("int8", "fp16"): 2.0, ("fp16", "int8"): 2.0}}
     inst = _one_group({"a": {"fp16": 1.0, "int8": 0.5}, "b": {"fp16": 0.5, "int8": 1.0}}, casts=casts, bound=1.2)
     assert diagnose(inst) == [
-        "t4: time needs ≥ 1.5 ms even at the fastest plan (casts included), bound 1.2 ms (over by 0.3 ms)"
+        "t4: time needs ≥ 1.5 ms even at the fastest plan (casts included), bound 1.2 ms (over by 0.3 ms)",
+        "fix: objective.max_iteration_time: 1.5 (ms, on every group) has a plan (checked by an exact solve); it is the least time the slowest group can reach",
     ]
 
 
 def test_time_and_memory_that_cannot_hold_together_are_named():
     inst = _one_group({"a": {"fp16": 1.0, "int8": 2.0}}, mem={"a": {"fp16": 2.0 * GIB, "int8": 1.0 * GIB}}, bound=1.5, cap=1.5 * GIB)
     lines = diagnose(inst)
-    assert lines == ["t4: time and memory cannot both hold: within memory capacity 1.5 GiB the least time is 2 ms, bound 1.5 ms"]
+    assert lines == ["t4: time and memory cannot both hold: within memory capacity 1.5 GiB the least time is 2 ms, bound 1.5 ms",
+                     "fix: objective.max_iteration_time: 2 (ms, on every group) has a plan (checked by an exact solve); it is the least time the slowest group can reach"]
 
 
 def test_an_impossible_indicator_budget_is_named():
@@ -67,7 +69,9 @@ def test_an_impossible_indicator_budget_is_named():
     with pytest.raises(InfeasibleError) as e:
         solve_instance(inst)
     assert e.value.diagnosis == [
-        "indicator budget: the least share-weighted indicator within the time and memory bounds is 1, budget 0.5 (over by 0.5)"
+        "indicator budget: the least share-weighted indicator within the time and memory bounds is 1, budget 0.5 (over by 0.5)",
+        "fix: objective.max_accuracy_degradation: 1 (an absolute indicator budget) is the least with a plan "
+        "(proven optimum of the indicator within the bounds)",
     ]
 
 

@@ -82,9 +82,11 @@ def write_png(tl: Timeline, path: "str | Path", title: str = "") -> Path:
                     ax.broken_barh(sel, (y, 0.8), facecolors=COLORS[cat], edgecolor="none")
     ax.set_yticks(ticks, labels)
     ax.set_xlabel("ms from the start of the iteration")
-    ax.axvline(tl.sync_iteration_ms, color="k", lw=0.8)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    ax.legend(handles, list(COLORS), ncol=len(COLORS), loc="upper center", bbox_to_anchor=(0.5, -0.25), fontsize=8)
+    end = ax.axvline(tl.sync_iteration_ms, color="k", lw=0.8, ls="--")
+    occurs = [c for c in COLORS if any(e["ph"] == "X" and e["cat"] == c and e["dur"] > 0 for e in trace)]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[c]) for c in occurs] + [end]
+    labels = occurs + [f"iteration end (lockstep), {tl.sync_iteration_ms:.2f} ms"]
+    ax.legend(handles, labels, ncol=len(labels), loc="upper center", bbox_to_anchor=(0.5, -0.3), fontsize=8)
     ax.set_title(title or f"lockstep iteration {tl.sync_iteration_ms:.2f} ms")
     fig.tight_layout()
     path = Path(path)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+from qsync_opt.errors import InfeasibleError
 from qsync_opt.solver.backends.base import OPTIMALITY_TOL, SolveOptions, proven_within
 from qsync_opt.solver.budget import Budget
 from qsync_opt.training.program.instance import TrainingInstance, evaluate
@@ -37,12 +38,19 @@ def solve_by_group(instance: TrainingInstance, backend: str, options: SolveOptio
         left = len(instance.groups) - k
         share = Budget(budget.remaining() / left)  # an equal share of what remains
         sub = TrainingInstance(groups=(g,), omega=instance.omega, objective=instance.objective)
+        failed = None
         try:
             part = solve_group(sub, backend, options, share) if lagrangian and warm_start else None
             parts.append(part or solve_problem(compiled(sub, share), backend, options, warm_start=warm_start, budget=share))
+        except InfeasibleError as e:
+            failed = e
         finally:  # charged whether the group found a plan or not
             budget.charge(share.spent_s + share.build_s, share.build_s)
             budget.grants.extend((f"group {g.name}: {label}", given, left_s) for label, given, left_s in share.grants)
+        if failed is not None:  # the diagnosis covers every group, as the undivided solve's would
+            from qsync_opt.training.program.diagnose import diagnose
+
+            raise InfeasibleError(str(failed).splitlines()[0], diagnose(instance, budget=budget) or failed.diagnosis)
     t0 = time.perf_counter()
     assignment = {g: ops for r in parts for g, ops in r.assignment.items()}
     ev = evaluate(instance, assignment)

@@ -16,6 +16,7 @@ worker runs without this launcher (`qsync_opt/torchrun.py`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,11 +65,16 @@ class JobResult:
     """Which rank failed first, how, and the tail of its stderr."""
     failed_code: int | None = None
     wall_s: float = 0.0
+    killed_after_grace: bool = False
+    """Stopped, but a rank still in its step at the end of the grace period was killed (the step is lost)."""
 
     @property
     def ok(self) -> bool:
-        """Every rank ended normally: completed, or stopped cleanly on a signal."""
+        """Every rank ended normally: completed, or stopped on a signal (killed at the end of the
+        launcher's grace period counts as stopped: the last published checkpoint stands)."""
         fine = (0, EXIT_STOPPED, -signal.SIGTERM) if self.stopped else (0, EXIT_STOPPED)
+        if self.stopped and self.killed_after_grace:
+            fine = (*fine, -signal.SIGKILL)
         return self.failure is None and all(rc in fine for rc in self.returncodes)
 
     @property
@@ -87,7 +94,7 @@ class JobResult:
                 "loss_first": self.losses[0] if self.losses else None,
                 "loss_last": self.losses[-1] if self.losses else None, "samples_per_s": self.samples_per_s,
                 "step_ms": {str(r): ms for r, ms in self.step_ms.items()}, "returncodes": self.returncodes,
-                "failure": self.failure, "wall_s": round(self.wall_s, 3), "metrics_dir": self.metrics_dir,
+                "failure": self.failure, "killed_after_grace": self.killed_after_grace, "wall_s": round(self.wall_s, 3), "metrics_dir": self.metrics_dir,
                 "checkpoint_dir": self.checkpoint_dir}
 
 
@@ -158,20 +165,26 @@ def rank_envs(spec: JobSpec, threads: int, port: int) -> list[dict[str, str]]:
 def run_job(spec, plan=None, *, nproc: int | None = None, steps: int | None = None,
             checkpoint_dir: str | None = None, checkpoint_every: int = 10, resume: bool = False,
             threads: int | None = None, metrics_dir: str | None = None, timeout_s: float | None = None,
-            start_timeout_s: float | None = None, force: bool = False, logs_to_stderr: bool = False) -> JobResult:
+            start_timeout_s: float | None = None, force: bool = False, logs_to_stderr: bool = False,
+            emulate: bool = False) -> JobResult:
     """Validate, spawn one process per rank, watch them, and read back the metrics.
 
     `spec` is a path or a JobSpec; `plan` a path, a Plan, or None (every group in fp32).
     `threads` per rank defaults to the CPU count divided by the world size. `start_timeout_s`
     (default START_TIMEOUT_S) bounds process start-up and the rendezvous; `force` applies a
     plan whose graph fingerprint differs from the model's; `logs_to_stderr` sends the ranks'
-    log lines to stderr (for `train --json`, whose stdout carries the result alone).
+    log lines to stderr (for `train --json`, whose stdout carries the result alone). Groups whose
+    device is not here are announced on stderr and, where emulation would be more than 10x
+    slower, refused unless `emulate` (runtime/emulation.py).
     """
     paths = import_paths(None if isinstance(spec, JobSpec) else spec)  # user code beside the spec, or in the cwd
     add_to_sys_path(paths)
     spec = spec if isinstance(spec, JobSpec) else load_spec(spec)
     plan = plan if (plan is None or isinstance(plan, Plan)) else Plan.load(plan)
     validate(spec, plan, nproc, force=force)
+    from qsync_opt.runtime.emulation import check_emulation
+
+    emulated = check_emulation(spec, plan, emulate=emulate, log=lambda s: print(s, file=sys.stderr, flush=True))
     world = spec.cluster.world_size
     steps = steps if steps is not None else spec.training.steps
     threads = threads or max(1, (os.cpu_count() or 1) // world)
@@ -182,6 +195,10 @@ def run_job(spec, plan=None, *, nproc: int | None = None, steps: int | None = No
         print(choice.describe(), file=sys.stderr)
     run_dir = Path(metrics_dir or (Path(checkpoint_dir) / "metrics" if checkpoint_dir else tempfile.mkdtemp(prefix="qsync-run-")))
     run_dir.mkdir(parents=True, exist_ok=True)
+    if emulated:  # reports read this: measured times here are the CPU's, not the devices'
+        atomic_write_text(run_dir / "emulation.json", json.dumps([e.to_json() for e in emulated], indent=1) + "\n")
+    else:
+        (run_dir / "emulation.json").unlink(missing_ok=True)
     spec_file = atomic_write_text(run_dir / "spec.json", json.dumps(spec.model_dump(mode="json", by_alias=True)))
     argv = [sys.executable, "-m", "qsync_opt.training.runtime.worker", str(spec_file), "--steps", str(steps),
             "--metrics-dir", str(run_dir), "--threads", str(threads)]
@@ -211,6 +228,50 @@ def run_job(spec, plan=None, *, nproc: int | None = None, steps: int | None = No
 
 START_TIMEOUT_S = float(os.environ.get("QSYNC_START_TIMEOUT_S", 120))
 """Default bound on process start-up plus rendezvous (torch import is slow on a loaded machine)."""
+
+
+RUNS_DIR = "qsync-runs"
+"""Where `train` keeps metrics when given neither --metrics-dir nor --checkpoint-dir (in the cwd)."""
+
+
+def default_metrics_dir(spec, metrics_dir: str | None, checkpoint_dir: str | None) -> str:
+    """--metrics-dir; else beside the checkpoints (CKPT/metrics); else a named run folder
+    ./qsync-runs/<spec name>-<UTC time>/ (before: a random /tmp/qsync-run-* nobody could find)."""
+    if metrics_dir:
+        return str(metrics_dir)
+    if checkpoint_dir:
+        return str(Path(checkpoint_dir) / "metrics")
+    import time
+
+    name = (spec if isinstance(spec, JobSpec) else load_spec(spec)).name
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    run = Path(RUNS_DIR) / f"{name}-{stamp}"
+    k = 1
+    while run.exists():
+        k += 1
+        run = Path(RUNS_DIR) / f"{name}-{stamp}-{k}"
+    return str(run)
+
+
+class _Stopped(Exception):
+    """SIGTERM/SIGINT to `train` before its ranks were started (spawn_ranks then forwards them)."""
+
+
+@contextlib.contextmanager
+def _stop_before_spawn():
+    """Until spawn_ranks installs its forwarding handlers, a stop ends `train` cleanly (exit 4)."""
+    def stop(signum, frame):
+        raise _Stopped(signal.Signals(signum).name)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def _size(path: Path) -> int:
@@ -243,6 +304,7 @@ def _collect(spawned: Spawned, run_dir: Path, global_batch: int, checkpoint_dir,
         failure=spawned.failure,
         failed_code=spawned.failed_code,
         wall_s=spawned.wall_s,
+        killed_after_grace=spawned.killed_after_grace,
     )
 
 
@@ -259,16 +321,26 @@ def _records(data: bytes) -> list[dict]:
 def launch(spec_path, plan_path=None, *, nproc: int | None = None, steps: int | None = None,
            checkpoint_dir: str | None = None, resume: bool = False, checkpoint_every: int = 10,
            threads: int | None = None, metrics_dir: str | None = None, start_timeout_s: float | None = None,
-           force: bool = False, as_json: bool = False) -> int:
+           force: bool = False, as_json: bool = False, emulate: bool = False) -> int:
     """`qsync-opt train`: run the job and print a summary; returns the exit code.
 
     0 completed, EXIT_STOPPED (4) stopped by a signal after checkpointing, 2 a rank refused
     its input, 1 any other failure. With `as_json` the result alone goes to stdout.
     """
-    result = run_job(spec_path, plan_path, nproc=nproc, steps=steps, checkpoint_dir=checkpoint_dir,
-                     checkpoint_every=checkpoint_every, resume=resume, threads=threads, metrics_dir=metrics_dir,
-                     start_timeout_s=start_timeout_s, force=force, logs_to_stderr=as_json)
     out = sys.stderr if as_json else sys.stdout
+    metrics_dir = default_metrics_dir(spec_path, metrics_dir, checkpoint_dir)
+    print(f"metrics: {metrics_dir} (rank<r>.jsonl, result.json)", file=out, flush=True)
+    try:
+        with _stop_before_spawn():
+            result = run_job(spec_path, plan_path, nproc=nproc, steps=steps, checkpoint_dir=checkpoint_dir,
+                             checkpoint_every=checkpoint_every, resume=resume, threads=threads, metrics_dir=metrics_dir,
+                             start_timeout_s=start_timeout_s, force=force, logs_to_stderr=as_json, emulate=emulate)
+    except _Stopped as e:
+        print(f"stopped by {e} before any rank started (exit code {EXIT_STOPPED})", file=out)
+        if as_json:
+            sys.stdout.write(json.dumps({"status": "stopped", "exit_code": EXIT_STOPPED, "steps_done": 0,
+                                         "failure": None}, indent=1) + "\n")
+        return EXIT_STOPPED
     if result.failure is None and result.losses:
         print(f"trained {result.steps_done} steps: loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}, "
               f"{result.samples_per_s:.0f} samples/s; per-rank mean step ms "
@@ -281,7 +353,11 @@ def launch(spec_path, plan_path=None, *, nproc: int | None = None, steps: int | 
             print(f"test set after step {last['step']}: accuracy {last['test_accuracy']:.4f}, loss {last['test_loss']:.4f} "
                   f"({last['test_samples']} samples); eval.csv in {result.metrics_dir}", file=out)
     if result.status == "stopped":
-        print(f"stopped on a signal after step {result.steps_done} (exit code {EXIT_STOPPED})"
+        if result.killed_after_grace:
+            print("the ranks had not finished their step when the stop's grace period ended and were killed; "
+                  "that step is lost", file=out)
+        when = f"after step {result.steps_done}" if result.steps_done else "before the first step ended"
+        print(f"stopped on a signal {when} (exit code {EXIT_STOPPED})"
               + (f"; continue with --resume --checkpoint-dir {checkpoint_dir}" if checkpoint_dir else ""), file=out)
     if result.status == "failed":
         print(f"training failed: {result.failure}\nmetrics in {result.metrics_dir}", file=sys.stderr)

@@ -59,6 +59,11 @@ def train_rank(args) -> int:
         from qsync_opt.training.runtime.trainer import WorkerConfig, run_worker
 
         validate(spec, plan, force=args.force)
+        from qsync_opt.runtime.emulation import check_emulation
+
+        # every rank refuses alike; rank 0 alone announces
+        check_emulation(spec, plan, emulate=getattr(args, "emulate", False),
+                        log=(lambda s: print(s, file=sys.stderr, flush=True)) if rank == 0 else (lambda s: None))
         if args.resume and not args.checkpoint_dir:
             raise SpecError("--resume needs --checkpoint-dir (where the run saved its checkpoints)")
         metrics = args.metrics_dir or (os.path.join(args.checkpoint_dir, "metrics") if args.checkpoint_dir else None)

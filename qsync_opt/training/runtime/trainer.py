@@ -114,15 +114,26 @@ def env_threads(default: int) -> int:
 
 
 class _StopFlag:
-    """Set by SIGTERM/SIGINT; the step in progress finishes, then every rank stops together."""
+    """Set by SIGTERM/SIGINT; the step in progress finishes, then every rank stops together.
+
+    Until this attempt's first step has ended (`stepped` false: start-up, rendezvous, kernel
+    build, the first step) there is nothing new to save, so a stop ends the rank at once with
+    EXIT_STOPPED: waiting for a first step that may take minutes would only get the rank killed
+    at the end of the launcher's grace period."""
 
     def __init__(self):
         self.set = False
+        self.stepped = False
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
         self.set = True
+        if not self.stepped:
+            sys.stderr.write(f"rank {os.environ.get('RANK', '?')}: stopped by {signal.Signals(signum).name} "
+                             "before its first step ended (nothing new to checkpoint)\n")
+            sys.stderr.flush()
+            os._exit(EXIT_STOPPED)
 
 
 def run_worker(cfg: WorkerConfig) -> int:
@@ -139,8 +150,15 @@ def run_worker(cfg: WorkerConfig) -> int:
         ready = os.environ.get("QSYNC_READY_FILE")
         if ready:  # the launcher's start-up watchdog: this rank is past the rendezvous
             Path(ready).touch()
-        code = _train(cfg, rank, world, stop, use_cuda)
-        dist.barrier()  # nobody tears down its connections while another rank still uses them
+        try:
+            code = _train(cfg, rank, world, stop, use_cuda)
+            dist.barrier()  # nobody tears down its connections while another rank still uses them
+        except (RuntimeError, dist.DistBackendError) as e:
+            if not stop.set:
+                raise
+            # a peer stopped at once (before its first step ended) while this rank was in a collective
+            sys.stderr.write(f"rank {rank}: stopped (a peer ended on the same stop: {str(e).splitlines()[0][:200]})\n")
+            return EXIT_STOPPED
         return code
     finally:
         if dist.is_initialized():
@@ -207,6 +225,7 @@ def _train(cfg: WorkerConfig, rank: int, world: int, stop: _StopFlag, use_cuda: 
         if use_cuda:
             torch.cuda.synchronize()
         step_s = time.perf_counter() - t0
+        stop.stepped = True  # from here a stop finishes the step and checkpoints
         step += 1
         metrics.step(step, summary[0].item() / global_batch, local_loss.item(), step_s, local)
         stopping = summary[1].item() > 0

@@ -15,7 +15,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from qsync_opt.cli.console import console
+from rich.console import Console
+
+from qsync_opt.console import make_console, styled
 from rich.table import Table
 
 from qsync_opt.errors import InfeasibleError, ModelError, QSyncError, RuntimeSetupError, SpecError
@@ -33,13 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or EXIT_OK
     except InfeasibleError as e:
-        err.print(f"[bold red]infeasible:[/bold red] {e}", highlight=False)
+        err.print(styled("infeasible:", "bold red", str(e)))
         return EXIT_INFEASIBLE
     except (SpecError, ModelError, RuntimeSetupError) as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        err.print(styled("error:", "bold red", str(e)))
         return EXIT_BAD_INPUT
     except QSyncError as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        err.print(styled("error:", "bold red", str(e)))
         return EXIT_FAIL
     except KeyboardInterrupt:
         return 130
@@ -47,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
 
 
-_console = console  # the CLI's one way to make a console
+def _console(stderr: bool = False) -> Console:
+    """No markup read from messages; tables full width when piped (qsync_opt/console.py)."""
+    return make_console(stderr)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the plan JSON alone on stdout")
     s.add_argument("--export-problem", metavar="FILE", help="also save the integer program (.json, .mps or .lp)")
     s.add_argument("--problem", metavar="FILE", help="solve a saved problem (.json, or .mps/.lp with its JSON twin) instead of a spec")
+    s.add_argument("--verbose", action="store_true", help="also print the solver's internal notes (backend messages, timings)")
     s.add_argument("--strict", action="store_true",
                    help=f"exit {EXIT_MISSES_BOUNDS} when the plan misses a bound (meets_bounds: false) instead of 0")
     s.set_defaults(func=_cmd_solve)
@@ -90,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--force", action="store_true", help="apply a plan solved for another model graph")
     t.add_argument("--threads", type=int, metavar="N", help="CPU threads per rank (default: CPUs / ranks)")
     t.add_argument("--json", action="store_true", help="print the JSON result alone on stdout")
+    t.add_argument("--emulate", action="store_true", help="train groups whose device is not here on this CPU even when "
+                   "that is expected >10x slower (runtime.emulate: true in the spec does the same)")
     t.set_defaults(func=_cmd_train)
 
     r = sub.add_parser("run", help="profile -> indicate -> solve -> predict -> train -> report; each stage's artefact cached in the output folder")
@@ -97,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("-o", "--output", required=True, help="folder for the stages' artefacts, train/, report.md and PNGs")
     r.add_argument("--from", dest="start", help="rerun from this stage: profile | indicate | solve | predict | train | report")
     r.add_argument("--steps", type=int, help="training steps (default: training.steps)")
+    r.add_argument("--emulate", action="store_true", help="as for train: emulate absent devices even when >10x slower")
     r.set_defaults(func=_cmd_run)
 
     b = sub.add_parser("bench", help="benchmarks")
@@ -159,15 +167,15 @@ def _cmd_solve(args) -> int:
 
         print_serving_plan(plan, out)
     else:
-        print_plan(plan, out)
+        print_plan(plan, out, verbose=args.verbose)
     if args.output:
         path = plan.save(args.output)
         out.print(f"plan written to {path}")
     if args.json:
         sys.stdout.write(plan.to_json() + "\n")
     if not plan.meets_bounds:
-        _console(stderr=True).print("[bold yellow]warning:[/bold yellow] the plan misses a bound (meets_bounds: false); "
-                                    "see the solver notes", highlight=False)
+        _console(stderr=True).print(styled("warning:", "bold yellow", "the plan misses a bound (meets_bounds: false); "
+                                           "see the solver notes"))
         if args.strict:
             return EXIT_MISSES_BOUNDS
     return EXIT_OK
@@ -247,11 +255,16 @@ def _cmd_devices(args) -> int:
 def _cmd_models(args) -> int:
     from qsync_opt.models.zoo import ZOO
 
-    t = Table(title="model zoo (random weights, no downloads)", title_justify="left")
-    t.add_column("name")
-    t.add_column("task")
-    for name, entry in ZOO.items():
-        t.add_row(name, getattr(entry, "task", ""))
+    from qsync_opt.cli.models import summary
+
+    t = Table(title="model zoo (random weights, no downloads)", title_justify="left",
+              caption="operators: the Linear/Conv/Embedding modules a plan gives a precision (functional matmuls "
+                      "the tracer finds, e.g. attention, come on top; `solve` counts them all)", caption_justify="left")
+    for col in ("name", "task", "input (B = batch)", "operators", "description"):
+        t.add_column(col, justify="right" if col == "operators" else "left")
+    for name in ZOO:
+        row = summary(name)
+        t.add_row(name, row.task, row.input, str(row.operators), row.description)
     _console().print(t)
     return EXIT_OK
 
@@ -260,6 +273,7 @@ def _cmd_spec(args) -> int:
     from pydantic import BaseModel
 
     from qsync_opt.training.spec import JobSpec
+    from qsync_opt.cli.spec_forms import accepted_forms
     from qsync_opt.spec.errors import model_in
 
     def walk(model: type[BaseModel], prefix: str, seen: set) -> None:
@@ -268,6 +282,8 @@ def _cmd_spec(args) -> int:
             default = "" if field.is_required() else f" (default: {field.get_default(call_default_factory=True)!r})"
             print(f"{key}{default}\n    {field.description or ''}".rstrip())
             values = _allowed_values(key, field.annotation)
+            if "{inline device}" not in values:  # a preset list is complete as it is
+                values += [f for f in accepted_forms(field, key) if f not in values]
             if values:
                 print(f"    allowed: {' | '.join(values)}")
             nested = model_in(field.annotation)
@@ -327,13 +343,14 @@ def _cmd_train(args) -> int:
 
     return launch(args.spec, args.plan, steps=args.steps, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                   checkpoint_every=args.checkpoint_every, metrics_dir=args.metrics_dir,
-                  start_timeout_s=args.start_timeout, force=args.force, as_json=args.json, threads=args.threads)
+                  start_timeout_s=args.start_timeout, force=args.force, as_json=args.json, threads=args.threads,
+                  emulate=args.emulate)
 
 
 def _cmd_run(args) -> int:
     from qsync_opt.training.run import run
 
-    stages = run(args.spec, args.output, start=args.start, steps=args.steps)
+    stages = run(args.spec, args.output, start=args.start, steps=args.steps, emulate=args.emulate)
     print(f"report: {stages['report']}")
     return EXIT_OK
 
