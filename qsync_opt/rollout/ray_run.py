@@ -697,8 +697,8 @@ def make_actors(job, seed: int = 0):
 
 
 def run(job, out_dir=None, variants=None, kill_after_steps: int | None = None, seed: int = 0) -> dict:
-    """Run each variant for real (fresh actors per variant); returns variant -> RunResult with the
-    actors' timing logs (for `calibrate`)."""
+    """Run each variant for real (the same actors, reset between variants); returns variant -> RunResult
+    with the timing logs (for `calibrate`), and writes out_dir/run.csv when out_dir is given."""
     from qsync_opt.rollout.simulate import VARIANTS
 
     ray = start_ray()
@@ -724,7 +724,25 @@ def run(job, out_dir=None, variants=None, kill_after_steps: int | None = None, s
     for a in actors:
         ray.kill(a)
     ray.kill(trainer)
+    if out_dir is not None:
+        _write_results(out, out_dir)
     return out
+
+
+def _write_results(results: dict, out_dir) -> None:
+    """out_dir/run.csv: one row per variant (the measured columns of RunResult)."""
+    import csv
+    from pathlib import Path
+
+    p = Path(out_dir)
+    p.mkdir(parents=True, exist_ok=True)
+    cols = ["variant", "steps", "wall_s", "trajectories_per_s", "tokens_per_s", "rollout_idle_frac",
+            "trainer_idle_frac", "staleness_mean", "staleness_max", "repacks", "moves", "lost_actors"]
+    with open(p / "run.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for r in results.values():
+            w.writerow([getattr(r, c) for c in cols])
 
 
 # --------------------------------------------------------------------------- calibration
