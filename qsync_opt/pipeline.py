@@ -104,8 +104,14 @@ def plan_training(spec: JobSpec, prepared: Prepared, *, export_problem: "str | P
     if prepared.indicator_note:
         notes.append(prepared.indicator_note)
     greedy_result = _greedy_result(instance) if spec.solver.refine_rounds > 0 else None
-    result, rounds, meets = solve_and_refine(spec, instance, ctx, lambda inst: run_backend(spec, inst, budget),
-                                             budget, greedy_result)
+    try:
+        result, rounds, meets = solve_and_refine(spec, instance, ctx, lambda inst: run_backend(spec, inst, budget),
+                                                 budget, greedy_result)
+    except InfeasibleError as e:  # formats the spec left out that would give a plan (infeasible_fixes.py)
+        from .infeasible_fixes import precision_fixes
+
+        e.diagnosis.extend(precision_fixes(spec, prepared, budget, local_batches))
+        raise
     notes.extend(result["notes"])
     if rounds and result["backend"] != "greedy":
         notes.append(f"status {result['status']!r} and the gap are those of the model tightened by {rounds} "
