@@ -14,17 +14,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from qsync_opt.errors import InfeasibleError
 from qsync_opt.models.from_spec import build_from_spec, input_maker
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.models.trace import TRACE_BATCH, trace
 from qsync_opt.training.plan import GroupPlan, Plan, Provenance, SolverReport, graph_fingerprint
-from qsync_opt.training.predictor.context import Context
 from qsync_opt.training.predictor.indicators import compute_indicator
-from qsync_opt.training.predictor.instance_builder import build_instance
 from qsync_opt.training.predictor.replayer import replay
 from qsync_opt.training.predictor.sensitivity import Sensitivity
-from qsync_opt.training.program.instance import TrainingInstance, evaluate
-from qsync_opt.training.solving import baselines_of, greedy_result, resolve_budget, run_backend  # noqa: F401 (resolve_budget, run_backend re-exported)
+from qsync_opt.training.program.instance import evaluate
+from qsync_opt.training.solving import (  # noqa: F401 (build_training_instance, resolve_budget, run_backend re-exported)
+    baselines_of, build_training_instance, greedy_result, resolve_budget, run_backend)
 from qsync_opt.training.spec import JobSpec, load_spec
 
 """Graphs are traced at batch 1 and rescaled per group (OpGraph.for_batch): cheap and exact for FLOPs."""
@@ -99,8 +99,14 @@ def plan_training(spec: JobSpec, prepared: Prepared, *, export_problem: "str | P
     if prepared.indicator_note:
         notes.append(prepared.indicator_note)
     warm = greedy_result(instance) if spec.solver.refine_rounds > 0 else None
-    result, rounds, meets = solve_and_refine(spec, instance, ctx, lambda inst: run_backend(spec, inst, budget),
-                                             budget, warm)
+    try:
+        result, rounds, meets = solve_and_refine(spec, instance, ctx, lambda inst: run_backend(spec, inst, budget),
+                                                 budget, warm)
+    except InfeasibleError as e:  # formats the spec left out that would give a plan (infeasible_fixes.py)
+        from qsync_opt.training.infeasible_fixes import precision_fixes
+
+        e.diagnosis.extend(precision_fixes(spec, prepared, budget, local_batches))
+        raise
     notes.extend(result["notes"])
     if rounds and result["backend"] != "greedy":
         notes.append(f"status {result['status']!r} and the gap are measured against the bound of the original, untightened "
@@ -109,14 +115,6 @@ def plan_training(spec: JobSpec, prepared: Prepared, *, export_problem: "str | P
     timing = {"build_s": budget.build_s, "solve_s": budget.spent_s}
     return _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, time.perf_counter() - t0,
                       meets, timing)
-
-
-def build_training_instance(spec: JobSpec, prepared: Prepared, local_batches=None) -> tuple[TrainingInstance, Context]:
-    """The predictor's instance, with a percentage indicator budget ("5%") made absolute."""
-    instance, ctx = build_instance(
-        spec, prepared.graph, prepared.sensitivity, local_batches=local_batches, boundary=spec.runtime.boundary
-    )
-    return resolve_budget(spec, instance), ctx
 
 
 def _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, wall_s, meets=True, timing=None) -> Plan:

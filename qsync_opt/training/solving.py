@@ -10,7 +10,7 @@ from dataclasses import replace
 from qsync_opt.errors import InfeasibleError
 from qsync_opt.training.plan import Baseline
 from qsync_opt.training.predictor.context import Context
-from qsync_opt.training.predictor.instance_builder import baseline
+from qsync_opt.training.predictor.instance_builder import baseline, build_instance
 from qsync_opt.training.predictor.replayer import replay
 from qsync_opt.training.program.instance import Assignment, TrainingInstance, evaluate
 from qsync_opt.training.spec import JobSpec
@@ -101,3 +101,11 @@ def as_baseline(instance: TrainingInstance, ctx: Context, a: Assignment) -> Base
         group_indicator={g.name: sum(instance.omega[op][a[g.name][op]] for op in g.allowed) for g in instance.groups},
         local_batches={gc.name: gc.local_batch for gc in ctx.groups},
     )
+
+
+def build_training_instance(spec: JobSpec, prepared, local_batches=None) -> tuple[TrainingInstance, Context]:
+    """The predictor's instance, with a percentage indicator budget ("5%") made absolute."""
+    instance, ctx = build_instance(
+        spec, prepared.graph, prepared.sensitivity, local_batches=local_batches, boundary=spec.runtime.boundary
+    )
+    return resolve_budget(spec, instance), ctx

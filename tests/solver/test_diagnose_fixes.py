@@ -61,3 +61,24 @@ def test_batch_split_auto_names_the_best_split_it_saw_and_a_bound_that_works_the
     bound = _proposed_bound(text)
     plan = plan_training(load_spec(SPEC, **{**tight, "objective.max_iteration_time": bound}), prepared)
     assert plan.iteration_ms > 0
+
+
+def _resnet18(t4_precisions=None):
+    """QSync's case (tests/test_pipeline.py): resnet18 on 2 V100 + 2 T4 at the edge boundary, where the
+    T4s keep pace only with lowered operators."""
+    t4 = {"name": "t4", "device": "T4", "count": 2, **({"precisions": t4_precisions} if t4_precisions else {})}
+    return load_spec({**SPEC, "model": {"name": "resnet18"}, "runtime": {"boundary": "edge"},
+                      "cluster": {"groups": [{"name": "v100", "device": "V100-16GB", "count": 2, "role": "training"}, t4],
+                                  "interconnect": "ethernet-100g"}})
+
+
+def test_a_format_the_spec_left_out_is_proposed_when_it_gives_a_plan():
+    spec = _resnet18(["fp32"])
+    prepared = prepare(spec)
+    with pytest.raises(InfeasibleError) as e:
+        plan_training(spec, prepared)
+    fix = next(x for x in e.value.diagnosis if "precisions (t4): add" in x)
+    added = fix.split("add ")[1].split(" (checked")[0].split(", ")
+    assert len(added) == 1  # one format suffices, so one is proposed
+    plan = plan_training(_resnet18(["fp32", *added]), prepared)  # and it really has a plan
+    assert set(plan.groups["t4"].precisions.values()) <= {"fp32", *added}

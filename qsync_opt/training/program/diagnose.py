@@ -104,7 +104,7 @@ def _propose_bound(instance: TrainingInstance, least_ms: dict[str, float], bound
     bound = math.ceil(max(least_ms.values()) * 1000 - 1e-6) / 1000  # the exact solve below checks it
     # a numeric max_iteration_time bounds every group, the pace-setters too
     trial = replace(instance, groups=tuple(replace(g, time_bound_ms=bound) for g in instance.groups))
-    if _exact(trial, budget).status not in ("optimal", "feasible"):
+    if not _has_plan(trial, budget):
         return
     fix = (f"fix: objective.max_iteration_time: {bound:g} (ms, on every group) has a plan (checked by an exact "
            f"solve); it is the least time the slowest group can reach")
@@ -112,6 +112,25 @@ def _propose_bound(instance: TrainingInstance, least_ms: dict[str, float], bound
         fix += ", within the indicator budget"
     lines.fixes.append(fix)
     lines.append(fix)
+
+
+def _has_plan(instance: TrainingInstance, budget: Budget) -> bool:
+    """Whether an exact solve finds a plan (through solve_problem, which also settles programs
+    that presolve empties, e.g. every group but one fixed to its only format)."""
+    from qsync_opt.errors import QSyncError
+    from qsync_opt.solver.solve import solve_problem
+
+    if budget.exhausted:
+        return False
+    name = DEFAULT_EXACT if get_backend(DEFAULT_EXACT).available() else next(n for n, ok in available().items() if ok and n in EXACT)
+    t0 = time.perf_counter()
+    problem = compile_training(instance)
+    budget.charge(time.perf_counter() - t0, build_s=time.perf_counter() - t0)
+    try:
+        r = solve_problem(problem, name, SolveOptions(time_limit_s=budget.remaining(), rel_gap=0.0), budget=budget)
+    except QSyncError:  # infeasible (its own diagnosis finds nothing to propose: every group meets the bound alone)
+        return False
+    return r.status in ("optimal", "feasible")
 
 
 def _least_time(instance: TrainingInstance, g, budget: Budget) -> float | None:
