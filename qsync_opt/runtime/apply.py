@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import RuntimeSetupError
+from ..models.hf_types import is_hf_conv1d
 from ..plan import GroupPlan, Plan, fingerprint_mismatch, op_signature
 from ..precision import PRECISIONS
 from .qfunctions import BOUNDARY
@@ -95,9 +96,13 @@ def module_fingerprint_ops(module: nn.Module) -> dict[str, str]:
     out = {}
     for fqn, m in selectable_modules(module).items():
         cls = base_type(m)
-        kind = next(k for t, k in MODULE_KINDS if issubclass(cls, t))
         w = getattr(m, "weight", None)
-        out[fqn] = op_signature(kind, tuple(w.shape) if isinstance(w, nn.Parameter | torch.Tensor) else None)
+        shape = tuple(w.shape) if isinstance(w, nn.Parameter | torch.Tensor) else None
+        if is_hf_conv1d(cls):  # transformers' Conv1D: a linear layer, weight stored (in, out)
+            kind, shape = "linear", shape[::-1] if shape else shape
+        else:
+            kind = next(k for t, k in MODULE_KINDS if issubclass(cls, t))
+        out[fqn] = op_signature(kind, shape)
     return out
 
 
