@@ -67,6 +67,13 @@ def solve(spec_or_path: "str | Path | dict | JobSpec", *, export_problem: "str |
     for short in ("backend", "time_limit_s", "rel_gap", "threads", "seed"):
         if short in overrides:
             overrides[f"solver.{short}"] = overrides.pop(short)
+    if isinstance(spec_or_path, (str, Path)):  # a factory beside the spec imports without PYTHONPATH, as in train/run
+        from .data.imported import add_to_sys_path, import_paths
+
+        try:
+            add_to_sys_path(import_paths(spec_or_path))
+        except OSError:  # a YAML string, not a path
+            pass
     spec = load_spec(spec_or_path, **overrides)
     if spec.kind == "serving":
         from .serving_planner import plan_serving

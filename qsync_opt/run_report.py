@@ -95,8 +95,9 @@ def write_report(spec: JobSpec, plan: Plan, metrics: Path, out: Path) -> Path:
         lines.append(f"{len(steps)} steps: loss {steps[0]['loss']:.4f} -> {steps[-1]['loss']:.4f}.")
     if evals:
         e = evals[-1]
-        lines.append(f"Test set after step {e['step']}: accuracy {100 * e['test_accuracy']:.2f}%, loss {e['test_loss']:.4f} "
-                     f"({e['test_samples']} samples).")
+        ppl = f", perplexity {e['test_perplexity']:.3f}" if e.get("test_perplexity") is not None else ""
+        lines.append(f"Test set after step {e['step']}: accuracy {100 * e['test_accuracy']:.2f}%, loss {e['test_loss']:.4f}{ppl} "
+                     f"({e['test_samples']} samples{', tokens' if ppl else ''}).")
     lines += ["", "![training and test curves](curves.png)", ""]
     for note in plan.solver.notes:
         lines.append(f"- note: {note}")

@@ -20,6 +20,7 @@ error names the innermost module whose forward was running.
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
 from collections.abc import Callable, Sequence
@@ -73,9 +74,78 @@ class _Culprit:
         return where
 
 
-def export_program(module: nn.Module, inputs: Sequence, model_name: str):
+class _OpaqueLeaves:
+    """User leaf modules as stand-ins during export: torch.export runs every forward it meets, so a
+    leaf's own (possibly data-dependent) code is replaced, for the capture only, by a forward that
+    returns zeros of the shapes an eager run recorded, anchored on its inputs (so the data-flow into
+    the leaf and out of it is kept). The graph walk then makes the whole call one opaque op."""
+
+    def __init__(self, module: nn.Module, inputs: Sequence, is_user_leaf):
+        self.patched: list[nn.Module] = []
+        leaves = {}
+        for fqn, m in module.named_modules():
+            if fqn and is_user_leaf(m, fqn) and not any(fqn.startswith(p + ".") for p in leaves):
+                leaves[fqn] = m
+        if not leaves:
+            return
+        outs: dict[str, list] = {fqn: [] for fqn in leaves}
+        hooks = [m.register_forward_hook(lambda mod, a, o, f=fqn: outs[f].append(_shapes_of(o)))
+                 for fqn, m in leaves.items()]
+        modes = {m: m.training for m in module.modules()}
+        try:
+            module.eval()
+            with torch.no_grad():
+                module(*inputs)
+        except Exception as e:
+            raise ModelError(f"running the example inputs through the model (to size its leaf_modules) failed: "
+                             f"{type(e).__name__}: {e}") from e
+        finally:
+            for h in hooks:
+                h.remove()
+            for m, t in modes.items():
+                m.train(t)
+        for fqn, m in leaves.items():
+            calls = iter(outs[fqn])
+            m.forward = functools.partial(_stand_in, calls, fqn)
+            self.patched.append(m)
+
+    def close(self):
+        for m in self.patched:
+            m.__dict__.pop("forward", None)
+
+
+def _shapes_of(o):
+    if isinstance(o, torch.Tensor):
+        return (tuple(o.shape), o.dtype)
+    if isinstance(o, (tuple, list)):
+        return type(o)(_shapes_of(x) for x in o)
+    raise ModelError(f"a leaf module returned a {type(o).__name__}; torch.export capture handles tensor or tuple outputs")
+
+
+def _stand_in(calls, fqn, *args, **kwargs):
+    try:
+        shape = next(calls)
+    except StopIteration:
+        raise ModelError(f"leaf module {fqn!r} ran more often under torch.export than eagerly") from None
+    anchor = None
+    for a in [*args, *kwargs.values()]:
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            t = (a * 0).sum()
+            anchor = t if anchor is None else anchor + t
+
+    def build(s):
+        if isinstance(s, list | tuple) and not (len(s) == 2 and isinstance(s[1], torch.dtype)):
+            return type(s)(build(x) for x in s)
+        z = torch.zeros(s[0], dtype=s[1])
+        return z + anchor if anchor is not None and z.is_floating_point() else z
+
+    return build(shape)
+
+
+def export_program(module: nn.Module, inputs: Sequence, model_name: str, is_user_leaf=None):
     """torch.export (non-strict) of `module` on `inputs`; a failure is a ModelError naming the module."""
     modes = {m: m.training for m in module.modules()}
+    opaque = _OpaqueLeaves(module, inputs, is_user_leaf) if is_user_leaf is not None else None
     culprit = _Culprit(module)
     try:
         with torch.no_grad():
@@ -95,6 +165,8 @@ def export_program(module: nn.Module, inputs: Sequence, model_name: str):
     finally:
         if culprit is not None:
             culprit.close()
+        if opaque is not None:
+            opaque.close()
         for m, t in modes.items():
             m.train(t)
 
@@ -129,7 +201,7 @@ def _stack_paths(n: fx.Node) -> list[tuple[str, str]]:
 def export_graph(module: nn.Module, inputs: Sequence, is_user_leaf: Callable[[nn.Module, str], bool],
                  model_name: str = "custom") -> tuple[ExportedView, dict[str, tuple]]:
     """(graph view, node values) in the shape `trace._build` consumes, from torch.export."""
-    ep = export_program(module, inputs, model_name)
+    ep = export_program(module, inputs, model_name, is_user_leaf)
     out_spec = ep.call_spec.out_spec
     if out_spec is not None and out_spec.type is not None:
         keys = out_spec.context if isinstance(out_spec.context, list) else None
