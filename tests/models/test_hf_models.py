@@ -215,3 +215,24 @@ def test_model_output_container_error_names_the_spec_field():
                                                        num_attention_heads=2, intermediate_size=32))
     with pytest.raises(ModelError, match=r"returns a SequenceClassifierOutput \(keys 'logits'\).*model\.output: logits"):
         trace(net, torch.randint(0, 50, (1, 8)), model_name="bert")
+
+
+@pytest.mark.slow
+def test_train_two_ranks_on_pysource_reports_test_perplexity(solved, tmp_path, monkeypatch):
+    """The launcher end to end: a transformers Llama from beside the spec, both groups' plans applied
+    in their own rank processes, three synchronous steps on real text, the test set evaluated."""
+    import csv
+
+    from qsync_opt.runtime.launch import run_job
+
+    spec = write_spec(tmp_path / "job", "llama", "hf_factories_run",
+                      data={"name": "pysource", "kwargs": {"train_bytes": 20_000, "test_bytes": 2_000}})
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    plan = solved["llama"][1]  # the same model and cluster; the data section does not change the plan
+    result = run_job(str(spec), plan, metrics_dir=str(tmp_path / "m"), timeout_s=300)
+    assert result.ok and result.steps_done == 3
+    row = list(csv.DictReader(open(tmp_path / "m" / "eval.csv")))[-1]
+    assert int(row["test_samples"]) == (2_000 // (SEQ + 1)) * SEQ
+    loss, ppl = float(row["test_loss"]), float(row["test_perplexity"])
+    assert 0 < loss < 10 and ppl == pytest.approx(torch.exp(torch.tensor(loss)).item(), rel=1e-4)
