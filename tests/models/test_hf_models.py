@@ -236,3 +236,20 @@ def test_train_two_ranks_on_pysource_reports_test_perplexity(solved, tmp_path, m
     assert int(row["test_samples"]) == (2_000 // (SEQ + 1)) * SEQ
     loss, ppl = float(row["test_loss"]), float(row["test_perplexity"])
     assert 0 < loss < 10 and ppl == pytest.approx(torch.exp(torch.tensor(loss)).item(), rel=1e-4)
+
+
+def test_run_does_not_profile_an_exported_model_and_says_why(solved, tmp_path, monkeypatch):
+    import json
+
+    from qsync_opt.errors import QSyncError
+    from qsync_opt.predictor.profiler import profile_group
+    from qsync_opt.run_stages import profile_stage
+    from qsync_opt.spec import load_spec
+
+    monkeypatch.setenv("QSYNC_OPT_PROFILE_DIR", str(tmp_path / "profiles"))
+    spec = load_spec(solved["gpt2"][0])
+    record = json.loads(open(profile_stage(spec, tmp_path, log=lambda s: None)).read())
+    assert record["profiled"] == {} and set(record["skipped"]) == {"fast", "low"}
+    assert all("captured with torch.export" in why and "roofline" in why for why in record["skipped"].values())
+    with pytest.raises(QSyncError, match=r"cannot be profiled per operator.*use costs: roofline"):
+        profile_group(spec, "fast", tmp_path / "p.json")
