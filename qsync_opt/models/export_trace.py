@@ -272,7 +272,7 @@ def export_graph(module: nn.Module, inputs: Sequence, is_user_leaf: Callable[[nn
         grp = group_of.get(n)
         if grp is None:
             value = _describe_val(n.meta.get("val"))
-            if value[0] == "tensor" and not _float_like(n) and flops.function_name(n.target) not in flops.DROPPED_NAMES:
+            if value[0] == "tensor" and not _float_like(n) and not flops.is_dropped(n.target):
                 value = ("other", (), None)  # index and mask arithmetic (position ids, attention masks): no data
             args = fx.map_arg(n.args, lambda u: env.get(u))
             kwargs = fx.map_arg(n.kwargs, lambda u: env.get(u))

@@ -68,10 +68,20 @@ DROPPED_NAMES = frozenset(
     """getitem getattr size dim numel view view_as reshape reshape_as permute transpose t
     contiguous flatten unflatten squeeze unsqueeze expand expand_as split chunk unbind narrow
     select type type_as to float half bfloat16 double long int bool detach clone movedim
-    arange zeros ones full empty zeros_like ones_like full_like empty_like tensor as_tensor
-    to_copy alias slice unsafe_view lift_fresh_copy scalar_tensor new_ones new_zeros new_empty
+    arange zeros ones full empty zeros_like ones_like full_like empty_like tensor as_tensor""".split()
+)
+#: The same for ATen ops of a torch.export capture only (so fx graphs of today's models do not change).
+ATEN_DROPPED_NAMES = frozenset(
+    """to_copy alias slice unsafe_view lift_fresh_copy scalar_tensor new_ones new_zeros new_empty
     assert_tensor_metadata sym_size as_strided""".split()
 )
+
+
+def is_dropped(target) -> bool:
+    """A call that moves no data worth costing: DROPPED_NAMES, and ATEN_DROPPED_NAMES for ATen ops."""
+    name = function_name(target)
+    return name in DROPPED_NAMES or (
+        isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) and name in ATEN_DROPPED_NAMES)
 
 #: Function/method name -> kind, where the bare name is not already the kind we want.
 FUNCTION_KINDS: dict[str, str] = {

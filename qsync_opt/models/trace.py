@@ -326,7 +326,7 @@ def _classify(gm, n: fx.Node, values, act, data_in):
         return flops.module_kind(m), m, ins
     if values[n.name][0] not in ("tensor", "tensors"):
         return None
-    if flops.function_name(n.target) in flops.DROPPED_NAMES:
+    if flops.is_dropped(n.target):
         return None
     ins = [u for u in data_in if act[u.name]]
     has_param = any(values[u.name][0] == "param" for u in n.all_input_nodes)
