@@ -150,6 +150,9 @@ def test_gpt2_conv1d_runs_the_planned_precision_with_its_weight_transposed():
     net = T.GPT2LMHeadModel(cfg).eval()
     ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
     ref = net(ids).logits
+    ref.sum().backward()
+    ref_grad = net.transformer.h[0].attn.c_attn.weight.grad.clone()
+    net.zero_grad()
     for p, tol in (("fp16", 2e-3), ("int8", 5e-2)):
         q = apply_plan(copy.deepcopy(net), {"transformer.h.0.attn.c_attn": p, "transformer.h.0.mlp.c_fc": p})
         layer = q.transformer.h[0].attn.c_attn
@@ -158,6 +161,8 @@ def test_gpt2_conv1d_runs_the_planned_precision_with_its_weight_transposed():
         assert (out - ref).abs().max().item() < tol * ref.abs().max().item()
         out.sum().backward()
         assert layer.weight.grad.shape == layer.weight.shape == (32, 96)
+        # the gradient of the stored (in, out) weight, not of a reshaped one
+        assert (layer.weight.grad - ref_grad).norm() < 0.05 * ref_grad.norm()
 
 
 def test_graph_keeps_module_fqns_shapes_and_costs():
