@@ -41,10 +41,18 @@ class OutputNotATensor(ModelError):
     """The captured model returns a container, not the logits tensor (the fix is model.output)."""
 
 
+#: GEMM/embedding module types the runtime swaps: leaves by exact type only. A subclass with its own
+#: forward (Falcon's FalconLinear, Gemma's scaled word embedding, OPT's offset positions) is captured
+#: op by op instead: its GEMM or lookup becomes a functional op, kept at fp32 and named in the plan's notes.
+_SWAPPED_EXACTLY = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding)
+
+
 def _is_leaf_type(m: nn.Module) -> bool:
     if isinstance(m, (MatMul, *FUNCTIONAL_LAYERS, *flops.VIEW_MODULES)) or is_hf_conv1d(m):
         return True
-    return any(isinstance(m, cls) for cls, _ in flops.MODULE_KINDS)
+    if type(m) in _SWAPPED_EXACTLY:
+        return True
+    return any(isinstance(m, cls) for cls, kind in flops.MODULE_KINDS if not flops.is_selectable(kind))
 
 
 class _Culprit:
@@ -313,10 +321,10 @@ def pinned_notes(graph) -> list[str]:
                   if n.kind in SELECTABLE_KINDS and not n.selectable and "@" not in n.name]
     if functional:
         notes.append(
-            f"{len(functional)} functional GEMM(s) kept at fp32 ({', '.join(functional[:3])}"
-            f"{' ...' if len(functional) > 3 else ''}): the model was captured with torch.export, so the call "
-            "cannot be rewritten into a swappable module; route it through an nn.Module (e.g. "
-            "qsync_opt.models.layers.MatMul) to plan it")
+            f"{len(functional)} functional GEMM/embedding call(s) kept at fp32 ({', '.join(functional[:3])}"
+            f"{' ...' if len(functional) > 3 else ''}): the model was captured with torch.export, so a call "
+            "outside a plain nn.Linear/nn.Embedding (torch.matmul, or a subclass with its own forward) cannot be "
+            "rewritten into a swappable module; route it through one (e.g. qsync_opt.models.layers.MatMul) to plan it")
     sdpa = [n.name for n in graph.nodes if n.kind == "sdpa"]
     if sdpa:
         notes.append(

@@ -258,3 +258,35 @@ def test_run_does_not_profile_an_exported_model_and_says_why(solved, tmp_path, m
     assert all("captured with torch.export" in why and "roofline" in why for why in record["skipped"].values())
     with pytest.raises(QSyncError, match=r"cannot be profiled per operator.*use costs: roofline"):
         profile_group(spec, "fast", tmp_path / "p.json")
+
+
+class _ScaledLinear(nn.Linear):
+    """A Linear subclass with its own forward (as Falcon's FalconLinear): the runtime cannot swap it."""
+
+    def forward(self, x):
+        return (x @ self.weight.T) * 2.0
+
+
+class _Mixed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.plain = nn.Linear(8, 8)
+        self.custom = _ScaledLinear(8, 8, bias=False)
+
+    def forward(self, x):
+        y = self.plain(x)
+        return self.custom(y) if x.shape[0] > 1 else y  # a shape test: fx cannot follow it, torch.export can
+
+
+def test_exported_subclass_with_its_own_forward_is_pinned_and_the_plan_says_why():
+    from qsync_opt.models.export_trace import pinned_notes
+    from qsync_opt.plan import fingerprint_mismatch, graph_fingerprint
+    from qsync_opt.runtime.apply import module_fingerprint_ops
+
+    net = _Mixed()
+    g = trace(net, torch.randn(2, 8))
+    assert [n.name for n in g.selectable] == ["plain"]
+    mm = g.node("custom.matmul_0")
+    assert mm.kind == "matmul" and not mm.selectable and mm.fwd_flops == 2 * 2 * 8 * 8
+    assert fingerprint_mismatch(graph_fingerprint(g), module_fingerprint_ops(net)) is None
+    assert any("custom.matmul_0" in n and "subclass with its own forward" in n for n in pinned_notes(g))
