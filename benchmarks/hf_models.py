@@ -95,7 +95,7 @@ def _formats(plan: dict) -> str:
 
 
 def part1(folder: Path) -> list[dict]:
-    rows = []
+    rows, zoo_lowered = [], set()
     base = yaml.safe_load(EXAMPLE.read_text())
     for label, name, extra in (("bert-base", "bert-base", {}), ("hf-bert-base", "hf-bert-base", {}),
                                ("hf-bert-base eager", "hf-bert-base", {"attn_implementation": "eager"})):
@@ -110,6 +110,8 @@ def part1(folder: Path) -> list[dict]:
         if r.returncode != 0:
             raise SystemExit(f"{label}: solve failed ({r.returncode}): {r.stderr[-2000:]}")
         plan = json.loads(r.stdout)
+        lowered = {(grp, op) for grp, gp in plan["groups"].items() for op, p in gp["precisions"].items() if p != "fp32"}
+        zoo_lowered = zoo_lowered if rows else lowered  # the first row is the zoo's hand-written model
         g = _graph_counts(path)
         kinds = Counter(n.kind for n in g.nodes)
         sel = Counter(n.kind for n in g.selectable)
@@ -121,6 +123,7 @@ def part1(folder: Path) -> list[dict]:
             "groups_ms": "; ".join(f"{k}: {v['iteration_ms']:.2f}" for k, v in plan["groups"].items()),
             "formats": _formats(plan), "status": plan["solver"]["status"],
             "gflops_fwd": round(sum(n.fwd_flops for n in g.nodes) / 1e9, 3),
+            "lowered_same_fqn_as_zoo": f"{len(lowered & zoo_lowered)} of {len(lowered)} (zoo {len(zoo_lowered)})",
         })
     return rows
 
@@ -158,7 +161,7 @@ def part2(folder: Path) -> list[dict]:
             "indicator": plan["indicator"] if plan else "", "iteration_ms": plan["iteration_ms"] if plan else "",
             "groups_ms": "; ".join(f"{k}: {v['iteration_ms']:.2f}" for k, v in plan["groups"].items()) if plan else "",
             "formats": _formats(plan) if plan else err, "status": plan["solver"]["status"] if plan else "error",
-            "gflops_fwd": round(sum(n.fwd_flops for n in g.nodes) / 1e9, 3) if g else "",
+            "gflops_fwd": round(sum(n.fwd_flops for n in g.nodes) / 1e9, 3) if g else "", "lowered_same_fqn_as_zoo": "",
         })
         print(f"  {label}: {rows[-1]['status']} in {wall:.1f}s, {rows[-1]['selectable']} selectable, {rows[-1]['formats']}")
     return rows
@@ -180,7 +183,7 @@ def main(argv=None) -> int:
         for r in rows:
             print(f"{r['model']:18s} {r['wall_s']:6.2f} s wall ({r['cpu_s']:.2f} s CPU)  ops {r['ops']}  selectable {r['selectable']} ({r['selectable_by_kind']})"
                   f"  indicator {r['indicator']:.5g}  iteration {r['iteration_ms']:.2f} ms [{r['groups_ms']}]  {r['formats']}")
-            print(f"{'':18s} all ops by kind: {r['ops_by_kind']}")
+            print(f"{'':18s} all ops by kind: {r['ops_by_kind']}; lowered ops with the zoo's FQNs: {r['lowered_same_fqn_as_zoo']}")
         if not a.quick:
             rows += part2(folder)
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="hf_models-"))
