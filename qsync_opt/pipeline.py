@@ -14,18 +14,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import InfeasibleError, SpecError
-from .models.from_spec import build_from_spec, input_maker
-from .models.graph import OpGraph
-from .models.trace import trace
-from .plan import Baseline, GroupPlan, Plan, Provenance, SolverReport, graph_fingerprint
-from .predictor.context import Context
-from .predictor.indicators import compute_indicator
-from .predictor.instance_builder import baseline, build_instance
-from .predictor.replayer import replay
-from .predictor.sensitivity import Sensitivity
-from .solver.instance import Assignment, TrainingInstance, evaluate
-from .spec import JobSpec, load_spec
+from qsync_opt.errors import InfeasibleError, SpecError
+from qsync_opt.models.from_spec import build_from_spec, input_maker
+from qsync_opt.models.graph import OpGraph
+from qsync_opt.models.trace import trace
+from qsync_opt.plan import Baseline, GroupPlan, Plan, Provenance, SolverReport, graph_fingerprint
+from qsync_opt.predictor.context import Context
+from qsync_opt.predictor.indicators import compute_indicator
+from qsync_opt.predictor.instance_builder import baseline, build_instance
+from qsync_opt.predictor.replayer import replay
+from qsync_opt.predictor.sensitivity import Sensitivity
+from qsync_opt.solver.instance import Assignment, TrainingInstance, evaluate
+from qsync_opt.spec import JobSpec, load_spec
 
 TRACE_BATCH = 1
 """Graphs are traced at batch 1 and rescaled per group (OpGraph.for_batch): cheap and exact for FLOPs."""
@@ -68,7 +68,7 @@ def solve(spec_or_path: "str | Path | dict | JobSpec", *, export_problem: "str |
         if short in overrides:
             overrides[f"solver.{short}"] = overrides.pop(short)
     if isinstance(spec_or_path, (str, Path)):  # a factory beside the spec imports without PYTHONPATH, as in train/run
-        from .data.imported import add_to_sys_path, import_paths
+        from qsync_opt.data.imported import add_to_sys_path, import_paths
 
         try:
             add_to_sys_path(import_paths(spec_or_path))
@@ -76,7 +76,7 @@ def solve(spec_or_path: "str | Path | dict | JobSpec", *, export_problem: "str |
             pass
     spec = load_spec(spec_or_path, **overrides)
     if spec.kind == "serving":
-        from .serving_planner import plan_serving
+        from qsync_opt.serving_planner import plan_serving
 
         if export_problem is not None:
             raise SpecError("--export-problem is for training specs; a serving plan solves one program per order and micro-batch pair")
@@ -88,9 +88,9 @@ def solve(spec_or_path: "str | Path | dict | JobSpec", *, export_problem: "str |
 def plan_training(spec: JobSpec, prepared: Prepared, *, export_problem: "str | Path | None" = None) -> Plan:
     """One budget of `solver.time_limit_s` for everything below: split search, solve, tie-break,
     refine rounds and diagnosis; model building is timed apart and reported beside it."""
-    from .batch_split import choose_split
-    from .refine import solve_and_refine
-    from .solver.budget import Budget
+    from qsync_opt.batch_split import choose_split
+    from qsync_opt.refine import solve_and_refine
+    from qsync_opt.solver.budget import Budget
 
     t0 = time.perf_counter()
     budget = Budget(spec.solver.time_limit_s)
@@ -103,14 +103,14 @@ def plan_training(spec: JobSpec, prepared: Prepared, *, export_problem: "str | P
         local_batches, extra = None, {}
     instance, ctx = build_training_instance(spec, prepared, local_batches)
     if export_problem:
-        from .solver.export import save_problem
-        from .solver.training import compile_training
+        from qsync_opt.solver.export import save_problem
+        from qsync_opt.solver.training import compile_training
 
         save_problem(compile_training(instance), str(export_problem))
         notes.append(f"problem exported to {export_problem}")
     if prepared.indicator_note:
         notes.append(prepared.indicator_note)
-    from .models.export_trace import pinned_notes
+    from qsync_opt.models.export_trace import pinned_notes
 
     notes.extend(pinned_notes(prepared.graph))  # GEMMs and attention kept at fp32, and why
     greedy_result = _greedy_result(instance) if spec.solver.refine_rounds > 0 else None
@@ -145,7 +145,7 @@ def resolve_budget(spec: JobSpec, instance: TrainingInstance) -> TrainingInstanc
 
 
 def _greedy_result(instance: TrainingInstance) -> dict | None:
-    from .solver.greedy import greedy
+    from qsync_opt.solver.greedy import greedy
 
     g = greedy(instance)
     if not g.feasible:
@@ -156,9 +156,9 @@ def _greedy_result(instance: TrainingInstance) -> dict | None:
 
 def run_backend(spec: JobSpec, instance: TrainingInstance, budget=None) -> dict:
     """One solve with the spec's backend on `budget` (the spec's time limit if None)."""
-    from .solver.budget import Budget
-    from .solver.solve import DEFAULT_BACKEND, diagnose, solve_instance
-    from .solver.uniform import uniform_policy
+    from qsync_opt.solver.budget import Budget
+    from qsync_opt.solver.solve import DEFAULT_BACKEND, diagnose, solve_instance
+    from qsync_opt.solver.uniform import uniform_policy
 
     budget = budget or Budget(spec.solver.time_limit_s)
     backend = DEFAULT_BACKEND if spec.solver.backend == "default" else spec.solver.backend
@@ -192,12 +192,12 @@ def _baselines(instance: TrainingInstance, ctx: Context) -> dict[str, Baseline]:
     for label, kind in (("all highest (fp32)", "highest"), ("uniform lowest", "lowest")):
         a = baseline(instance, kind)
         out[label] = _as_baseline(instance, ctx, a)
-    from .solver.greedy import greedy
+    from qsync_opt.solver.greedy import greedy
 
     g = greedy(instance)
     if g.feasible:
         out["greedy (gain per ms)"] = _as_baseline(instance, ctx, g.assignment)
-    from .solver.qsync_greedy import qsync_greedy
+    from qsync_opt.solver.qsync_greedy import qsync_greedy
 
     q = qsync_greedy(instance, lambda a: replay(ctx, a).iteration_ms)  # QSync's rule, judged by the replayer
     out["qsync greedy (QSync allocator)"] = _as_baseline(instance, ctx, q)

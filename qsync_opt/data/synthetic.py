@@ -17,9 +17,9 @@ from collections import OrderedDict
 import torch
 import torch.nn.functional as F
 
-from ..models.from_spec import build_from_spec as build_model
-from ..models.from_spec import input_maker
-from ..spec import JobSpec
+from qsync_opt.models.from_spec import build_from_spec as build_model
+from qsync_opt.models.from_spec import input_maker
+from qsync_opt.spec import JobSpec
 
 CHUNK = 64
 _TEACHER_SEED_OFFSET = 1_000_003
@@ -95,6 +95,6 @@ class SyntheticTask:
 
 
 def _zoo_entry(spec: JobSpec):
-    from ..models.zoo import get_entry
+    from qsync_opt.models.zoo import get_entry
 
     return get_entry(spec.model.name)

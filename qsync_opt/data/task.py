@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
-from ..errors import SpecError
-from ..spec import JobSpec
-from . import builtin
-from .imported import load_datasets
+from qsync_opt.errors import SpecError
+from qsync_opt.spec import JobSpec
+from qsync_opt.data import builtin
+from qsync_opt.data.imported import load_datasets
 
 
 class DatasetTask:
@@ -85,7 +85,7 @@ def build_task(spec: JobSpec):
     data = getattr(spec, "data", None)
     seed = spec.training.seed if spec.training else 0
     if data is None or data.source == "synthetic":
-        from .synthetic import SyntheticTask
+        from qsync_opt.data.synthetic import SyntheticTask
 
         kw = dict(data.kwargs) if data is not None else {}
         bad = sorted(set(kw) - {"test_samples"})
@@ -96,7 +96,7 @@ def build_task(spec: JobSpec):
         train, test = load_datasets(data.import_, dict(data.kwargs))
         return DatasetTask(train, test, seed=seed, input_shape=data.input_shape, source=data.import_)
     if data.name == "pysource":
-        from .text import pysource
+        from qsync_opt.data.text import pysource
 
         kw = dict(data.kwargs)
         bad = sorted(set(kw) - {"seq_len", "train_bytes", "test_bytes"})
@@ -123,7 +123,7 @@ def _sequence_length(spec: JobSpec) -> int:
     if spec.model.input_shape:
         return int(spec.model.input_shape[-1])
     if spec.model.name is not None:
-        from ..models.zoo import get_entry
+        from qsync_opt.models.zoo import get_entry
 
         seq = get_entry(spec.model.name).defaults.get("seq_len")
         if seq:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import SpecError
+from qsync_opt.errors import SpecError
 
 VOCAB = 256
 TEST_CUT = 26  # SHA-256 first byte < 26: ~10% of files

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from torch import nn
 
-from ..errors import ModelError
+from qsync_opt.errors import ModelError
 
 OutputKey = "str | int"
 

@@ -31,11 +31,11 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from ..errors import ModelError, SpecError
-from ..models.graph import OpGraph
-from ..spec import JobSpec, load_spec
-from . import estimator as est
-from .profile import Profile, ProfileError, Section, load_profile, op_signature, section_key, step_key
+from qsync_opt.errors import ModelError, SpecError
+from qsync_opt.models.graph import OpGraph
+from qsync_opt.spec import JobSpec, load_spec
+from qsync_opt.predictor import estimator as est
+from qsync_opt.predictor.profile import Profile, ProfileError, Section, load_profile, op_signature, section_key, step_key
 
 tr = importlib.import_module("qsync_opt.models.trace")  # the module (models/__init__ exports a function of that name)
 
@@ -181,9 +181,9 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
 
     Runs in the current process: the caller sets the group's env (see `profile_spec`).
     """
-    from ..models.from_spec import build_from_spec, input_maker
-    from ..runtime.qmodules import SWAPPABLE
-    from ..runtime.recipe import Recipe
+    from qsync_opt.models.from_spec import build_from_spec, input_maker
+    from qsync_opt.runtime.qmodules import SWAPPABLE
+    from qsync_opt.runtime.recipe import Recipe
 
     g = next((x for x in spec.cluster.groups if x.name == group), None)
     if g is None:
@@ -237,7 +237,7 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
         sec.ops[op_signature(node, p)] = {"fwd_ms": fwd, "bwd_ms": bwd}
         prof.save(path)
         bar.advance()
-    from .step_profile import measure_casts, measure_step, measure_steps, steps_key
+    from qsync_opt.predictor.step_profile import measure_casts, measure_step, measure_steps, steps_key
 
     if not sec.casts:
         sec.casts = measure_casts(spec, robust_ms)
@@ -291,7 +291,7 @@ def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None =
             profile.append(g)
     here = [g for g in spec.cluster.groups if is_local(g.device_spec)]
     world = spec.cluster.world_size
-    from .allreduce_profile import ddp_key, measure_allreduce, measure_ddp_step
+    from qsync_opt.predictor.allreduce_profile import ddp_key, measure_allreduce, measure_ddp_step
 
     before = load_profile(path) if Path(path).exists() else None
     every_rank_here = world > 1 and local_ranks(spec) == world
@@ -299,7 +299,7 @@ def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None =
     want_ddp = allreduce and every_rank_here and (before is None or ddp_key(spec) not in before.allreduce)
     ar_fit = None
     if local_ranks(spec) > 1:  # ranks train at once here: time them so (colocate.py)
-        from .colocate import rank_jobs, run_colocated
+        from qsync_opt.predictor.colocate import rank_jobs, run_colocated
 
         for g in profile:
             log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
@@ -359,13 +359,13 @@ def main(argv: list[str] | None = None) -> int:
         if "--busy-only" not in argv:
             profile_group(spec, group, path, progress="--quiet" not in argv)
         if busy is not None:
-            from .colocate import keep_busy
-            from .step_profile import fp32_step
+            from qsync_opt.predictor.colocate import keep_busy
+            from qsync_opt.predictor.step_profile import fp32_step
 
             keep_busy(fp32_step(spec, group), busy, int(argv[argv.index("--peers") + 1]),
                       done_name=None if "--busy-only" in argv else group)
             if "--allreduce" in argv:  # every rank, together (the DDP step is taken in fresh ranks)
-                from .allreduce_profile import collectives
+                from qsync_opt.predictor.allreduce_profile import collectives
 
                 collectives(spec, int(argv[argv.index("--rank") + 1]), int(argv[argv.index("--world") + 1]),
                             f"file://{busy / 'store'}", busy, ar=True, ddp=False)

@@ -13,14 +13,14 @@ import functools
 
 import torch
 
-from .qfunctions import LinearOp, QuantizedGemm
+from qsync_opt.runtime.qfunctions import LinearOp, QuantizedGemm
 
 _LINEAR = LinearOp()
 
 
 @functools.cache
 def quantized_conv1d_class(conv1d: type) -> type:
-    from .qmodules import QuantizedModule
+    from qsync_opt.runtime.qmodules import QuantizedModule
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight.t()  # (out, in), a view: float paths multiply it as it lies (BLAS takes transposes)
