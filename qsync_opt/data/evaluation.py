@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -20,7 +21,7 @@ from torch import nn
 
 from qsync_opt.io import atomic_write_text
 
-FIELDS = ("step", "train_loss", "test_loss", "test_accuracy", "test_samples")
+FIELDS = ("step", "train_loss", "test_loss", "test_accuracy", "test_samples", "test_perplexity")
 
 
 @torch.no_grad()
@@ -28,7 +29,7 @@ def evaluate(model: nn.Module, task, batch: int = 500, device: "torch.device | N
     """Mean test loss and accuracy of `model` on `task`'s test set (train/eval mode restored)."""
     was_training = model.training
     model.eval()
-    loss_sum, correct, count = 0.0, 0, 0
+    loss_sum, correct, count, per_token = 0.0, 0, 0, False
     try:
         for inputs, targets in task.test_batches(batch):
             if device is not None:
@@ -36,12 +37,16 @@ def evaluate(model: nn.Module, task, batch: int = 500, device: "torch.device | N
             out = model(*inputs)
             logits = out.reshape(-1, out.size(-1)).float()
             tgt = targets.reshape(-1)
+            per_token = per_token or targets.dim() > 1
             loss_sum += F.cross_entropy(logits, tgt, reduction="sum").item()
             correct += (logits.argmax(-1) == tgt).sum().item()
             count += tgt.numel()
     finally:
         model.train(was_training)
-    return {"test_loss": loss_sum / max(count, 1), "test_accuracy": correct / max(count, 1), "test_samples": count}
+    out = {"test_loss": loss_sum / max(count, 1), "test_accuracy": correct / max(count, 1), "test_samples": count}
+    if per_token:  # language modelling: perplexity = exp(mean per-token cross-entropy)
+        out["test_perplexity"] = math.exp(min(out["test_loss"], 700.0))
+    return out
 
 
 class EvalLog:

@@ -99,6 +99,37 @@ def build_task(spec: JobSpec):
     if data.import_ is not None:
         train, test = load_datasets(data.import_, dict(data.kwargs))
         return DatasetTask(train, test, seed=seed, input_shape=data.input_shape, source=data.import_)
+    if data.name == "pysource":
+        from qsync_opt.data.text import pysource
+
+        kw = dict(data.kwargs)
+        bad = sorted(set(kw) - {"seq_len", "train_bytes", "test_bytes"})
+        if bad:
+            raise SpecError(f"data.kwargs: {bad} are not options of data set 'pysource'; it accepts "
+                            "['seq_len', 'train_bytes', 'test_bytes']")
+        kw.setdefault("seq_len", _sequence_length(spec))
+        vocab = spec.model.kwargs.get("vocab_size")
+        if isinstance(vocab, int) and vocab < 256:
+            raise SpecError(f"model.kwargs.vocab_size: {vocab} is below the 256 byte values of data set 'pysource'; "
+                            "set vocab_size >= 256")
+        xtr, ytr, xte, yte = pysource(**kw)
+        return DatasetTask(TensorDataset(xtr, ytr), TensorDataset(xte, yte), seed=seed, input_shape=data.input_shape,
+                           source="pysource")
     xtr, ytr, xte, yte = builtin.load_builtin(data.name, dict(data.kwargs))
     shape = data.input_shape or builtin.NATURAL_SHAPE[data.name]
     return DatasetTask(TensorDataset(xtr, ytr), TensorDataset(xte, yte), seed=seed, input_shape=shape, source=data.name)
+
+
+def _sequence_length(spec: JobSpec) -> int:
+    """The model's sequence length: training.seq_len, an imported model's input_shape, or the zoo default."""
+    if spec.training and spec.training.seq_len:
+        return spec.training.seq_len
+    if spec.model.input_shape:
+        return int(spec.model.input_shape[-1])
+    if spec.model.name is not None:
+        from qsync_opt.models.zoo import get_entry
+
+        seq = get_entry(spec.model.name).defaults.get("seq_len")
+        if seq:
+            return int(seq)
+    raise SpecError("data.kwargs.seq_len: 'pysource' needs a sequence length; set data.kwargs.seq_len or training.seq_len")

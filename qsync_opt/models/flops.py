@@ -24,9 +24,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from qsync_opt.models.graph import SELECTABLE_KINDS
+from qsync_opt.models.hf_types import is_hf_conv1d
 from qsync_opt.models.layers import FunctionalConv2d, FunctionalLinear, MatMul
 
 #: Kind of a call_module node, by module type; the first isinstance match wins.
@@ -68,6 +70,18 @@ DROPPED_NAMES = frozenset(
     select type type_as to float half bfloat16 double long int bool detach clone movedim
     arange zeros ones full empty zeros_like ones_like full_like empty_like tensor as_tensor""".split()
 )
+#: The same for ATen ops of a torch.export capture only (so fx graphs of today's models do not change).
+ATEN_DROPPED_NAMES = frozenset(
+    """to_copy alias slice unsafe_view lift_fresh_copy scalar_tensor new_ones new_zeros new_empty
+    assert_tensor_metadata sym_size as_strided""".split()
+)
+
+
+def is_dropped(target) -> bool:
+    """A call that moves no data worth costing: DROPPED_NAMES, and ATEN_DROPPED_NAMES for ATen ops."""
+    name = function_name(target)
+    return name in DROPPED_NAMES or (
+        isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) and name in ATEN_DROPPED_NAMES)
 
 #: Function/method name -> kind, where the bare name is not already the kind we want.
 FUNCTION_KINDS: dict[str, str] = {
@@ -78,6 +92,7 @@ FUNCTION_KINDS: dict[str, str] = {
     "max_pool1d": "pool", "max_pool2d": "pool", "avg_pool1d": "pool", "avg_pool2d": "pool",
     "adaptive_avg_pool1d": "pool", "adaptive_avg_pool2d": "pool", "adaptive_max_pool2d": "pool",
     "scaled_dot_product_attention": "sdpa",
+    "softmax": "softmax", "native_layer_norm": "layer_norm", "native_batch_norm": "batch_norm",  # ATen names
 }
 
 GEMM_KINDS = frozenset({"conv1d", "conv2d", "linear", "matmul", "bmm"})
@@ -89,7 +104,11 @@ SAVES_NOTHING = frozenset({"add", "sub", "cat", "masked_fill", "neg", "sum", "me
 
 def function_name(target) -> str:
     """Short, stable name of a call_function / call_method target, in-place suffix removed."""
-    name = target if isinstance(target, str) else getattr(target, "__name__", type(target).__name__)
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):  # torch.export's ATen ops
+        name = target._opname if isinstance(target, torch._ops.OpOverload) else target.__name__.split(".")[-1]
+        name = name.lstrip("_") if name.startswith("_") and not name.startswith("__") else name
+    else:
+        name = target if isinstance(target, str) else getattr(target, "__name__", type(target).__name__)
     if name.startswith("__") and name.endswith("__"):
         name = name[2:-2]
     return name.rstrip("_") or name
@@ -104,6 +123,8 @@ def module_kind(module: nn.Module) -> str:
     for cls, kind in MODULE_KINDS:
         if isinstance(module, cls):
             return kind
+    if is_hf_conv1d(module):  # transformers' Conv1D: a linear layer with its weight stored (in, out)
+        return "linear"
     return "leaf"
 
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from qsync_opt.errors import ModelError, QSyncError, SpecError
+from qsync_opt.models.output_select import select_output
 from qsync_opt.models.zoo import build_model, get_entry, load_factory
 
 if TYPE_CHECKING:  # a training job's sections are read by duck typing; only annotations name it
@@ -25,7 +26,7 @@ InputMaker = Callable[[int, "torch.Generator | None"], tuple[torch.Tensor, ...]]
 def build_from_spec(spec: JobSpec) -> nn.Module:
     """The spec's model with random weights (seed torch first for reproducibility)."""
     if spec.model.name is not None:
-        return build_model(spec.model.name, **spec.model.kwargs)
+        return select_output(build_model(spec.model.name, **spec.model.kwargs), spec.model.output)
     try:
         factory = load_factory(spec.model.import_)
     except QSyncError:
@@ -44,7 +45,7 @@ def build_from_spec(spec: JobSpec) -> nn.Module:
                          "fix the factory (call it in Python to see the full traceback)") from None
     if not isinstance(module, nn.Module):
         raise SpecError(f"model.import: {spec.model.import_!r} returned a {type(module).__name__}, not an nn.Module")
-    return module
+    return select_output(module, spec.model.output)
 
 
 def input_maker(spec: JobSpec) -> InputMaker:

@@ -25,6 +25,9 @@ class ModelSpec(_Model):
     """Module FQNs or class names that tracing must treat as opaque."""
     checkpoint: str | None = None
     """A trained state_dict (torch.save) to load before computing indicators; random weights say little."""
+    output: str | int | None = None
+    """Which part of the forward's output is the logits, for models returning a ModelOutput, a dict or
+    a tuple (Hugging Face models: 'logits'); an int picks a tuple element. Default: the output itself."""
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelSpec":

@@ -28,6 +28,7 @@ from torch import nn
 from qsync_opt.errors import ModelError, SpecError
 from qsync_opt.models import flops
 from qsync_opt.models.graph import OpGraph, OpNode
+from qsync_opt.models.hf_types import is_hf_conv1d
 from qsync_opt.models.layers import FUNCTIONAL_LAYERS, MatMul
 
 _CULPRIT = "_qsync_trace_culprit"
@@ -189,9 +190,25 @@ def trace(
             f"example_inputs: need at least one tensor with a leading batch dimension, got "
             f"{[type(x).__name__ for x in inputs]}; pass e.g. (torch.randn(B, 3, 224, 224),)."
         )
-    gm = symbolic_trace(module, leaf_modules, model_name)
+    try:
+        gm = symbolic_trace(module, leaf_modules, model_name)
+    except ModelError as fx_error:  # fx cannot follow it (transformers models): capture with torch.export
+        return _trace_exported(module, inputs, leaf_modules, model_name, int(first.shape[0]), fx_error)
     values = record_shapes(gm, inputs)
     return _build(gm, values, model_name, int(first.shape[0]))
+
+
+def _trace_exported(module, inputs, leaf_modules, model_name, batch_size, fx_error) -> OpGraph:
+    """The OpGraph from torch.export (models/export_trace.py); if that fails too, both reasons in one error."""
+    from qsync_opt.models.export_trace import OutputNotATensor, export_graph
+
+    try:
+        view, values = export_graph(module, inputs, _leaf_matcher(module, leaf_modules), model_name)
+    except OutputNotATensor:
+        raise
+    except ModelError as e:
+        raise ModelError(f"{fx_error} torch.export could not capture it either: {e}") from e
+    return _build(view, values, model_name, batch_size, pin_functional=True)
 
 
 def op_names(gm: fx.GraphModule, inputs: Sequence) -> dict[str, str]:
@@ -212,7 +229,9 @@ def _numel_of(values, n: fx.Node) -> int:
     return sum(flops._numel(s) for s in shapes)
 
 
-def _build(gm: fx.GraphModule, values: dict, model_name: str, batch_size: int, names_out: dict | None = None) -> OpGraph:
+def _build(gm: fx.GraphModule, values: dict, model_name: str, batch_size: int, names_out: dict | None = None,
+           pin_functional: bool = False) -> OpGraph:
+    """The OpGraph of an fx graph; `pin_functional`: functional GEMMs are not selectable (no module to swap)."""
     nodes = list(gm.graph.nodes)
     act: dict[str, bool] = {}  # an activation: from a model input or an op, not a constant
     kept_src: dict[str, tuple[str, ...]] = {}  # kept ops whose output reaches this node
@@ -249,7 +268,7 @@ def _build(gm: fx.GraphModule, values: dict, model_name: str, batch_size: int, n
         kind, module, ins = op
         name, repeated = _name(n, used, counters)
         names[n.name] = name
-        selectable = flops.is_selectable(kind) and not repeated
+        selectable = flops.is_selectable(kind) and not repeated and not (pin_functional and module is None)
         targets = union(param_src.get(u.name, ()) for u in data_in)
         params = _params(gm, n, module, targets)
         new = [p for p in params if id(p) not in claimed]
@@ -311,7 +330,7 @@ def _classify(gm, n: fx.Node, values, act, data_in):
         return flops.module_kind(m), m, ins
     if values[n.name][0] not in ("tensor", "tensors"):
         return None
-    if flops.function_name(n.target) in flops.DROPPED_NAMES:
+    if flops.is_dropped(n.target):
         return None
     ins = [u for u in data_in if act[u.name]]
     has_param = any(values[u.name][0] == "param" for u in n.all_input_nodes)
@@ -374,6 +393,8 @@ def _make_node(n, name, kind, selectable, module, ins, values, new_params, depth
     if module is not None and not isinstance(module, FUNCTIONAL_LAYERS):
         w = getattr(module, "weight", None)
         weight_shape = tuple(w.shape) if isinstance(w, torch.Tensor) else None
+        if weight_shape is not None and is_hf_conv1d(module):  # stored (in, out): the GEMM's (out, in)
+            weight_shape = weight_shape[::-1]
         has_bias = isinstance(getattr(module, "bias", None), torch.Tensor)
         window = flops.pool_window(module) if kind == "pool" else None
     elif kind in ("linear", "conv1d", "conv2d", "embedding"):  # a functional call, or a FUNCTIONAL_LAYERS module

@@ -131,6 +131,9 @@ def _entries() -> dict[str, ModelEntry]:
         ModelEntry("tiny-gpt2", gpt2(vocab_size=1000, hidden=64, layers=2, heads=2, max_positions=128),
                    "language_modelling", "tokens", "2-layer GPT-2, hidden 64", tiny_tok),
     ]
+    from qsync_opt.models import zoo_hf  # transformers-built BERT / GPT-2 / Llama; imports transformers lazily
+
+    rows += zoo_hf.entries(ModelEntry)
     return {e.name: e for e in rows}
 
 

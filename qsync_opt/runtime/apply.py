@@ -20,6 +20,7 @@ from torch import nn
 
 from qsync_opt.errors import RuntimeSetupError
 from qsync_opt.models.fingerprint import fingerprint_mismatch, op_signature
+from qsync_opt.models.hf_types import is_hf_conv1d
 
 if TYPE_CHECKING:  # plans are read by their shape (is_plan); only annotations name the training Plan
     from qsync_opt.training.plan import Plan
@@ -110,9 +111,13 @@ def module_fingerprint_ops(module: nn.Module) -> dict[str, str]:
     out = {}
     for fqn, m in selectable_modules(module).items():
         cls = base_type(m)
-        kind = next(k for t, k in MODULE_KINDS if issubclass(cls, t))
         w = getattr(m, "weight", None)
-        out[fqn] = op_signature(kind, tuple(w.shape) if isinstance(w, nn.Parameter | torch.Tensor) else None)
+        shape = tuple(w.shape) if isinstance(w, nn.Parameter | torch.Tensor) else None
+        if is_hf_conv1d(cls):  # transformers' Conv1D: a linear layer, weight stored (in, out)
+            kind, shape = "linear", shape[::-1] if shape else shape
+        else:
+            kind = next(k for t, k in MODULE_KINDS if issubclass(cls, t))
+        out[fqn] = op_signature(kind, shape)
     return out
 
 

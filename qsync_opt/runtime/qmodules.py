@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qsync_opt.models.layers import FunctionalConv2d, FunctionalLinear, MatMul
+from qsync_opt.models.hf_types import is_hf_conv1d
 from qsync_opt.runtime.casts import Quantized, StraightThrough, cast, quantize
 from qsync_opt.runtime.qfunctions import ConvOp, LinearOp, MatMulOp, QuantizedGemm
 from qsync_opt.runtime.recipe import Recipe
@@ -160,8 +161,30 @@ class QEmbedding(QuantizedModule, nn.Embedding):
         return StraightThrough.apply(rows, approx)
 
 
+class _SwapTable(dict):
+    """A dict that also answers for transformers' Conv1D (runtime/qmodules_hf.py), without importing transformers."""
+
+    def _lazy(self, key) -> None:
+        if isinstance(key, type) and not dict.__contains__(self, key) and is_hf_conv1d(key):
+            from qsync_opt.runtime.qmodules_hf import quantized_conv1d_class
+
+            self[key] = quantized_conv1d_class(key, QuantizedModule)
+
+    def __contains__(self, key) -> bool:
+        self._lazy(key)
+        return dict.__contains__(self, key)
+
+    def __getitem__(self, key):
+        self._lazy(key)
+        return dict.__getitem__(self, key)
+
+    def get(self, key, default=None):
+        self._lazy(key)
+        return dict.get(self, key, default)
+
+
 #: Plain module type -> its quantized replacement. Exact types only: a subclass may override forward.
-SWAPPABLE: dict[type, type] = {
+SWAPPABLE: dict[type, type] = _SwapTable({
     nn.Linear: QLinear,
     nn.Conv1d: QConv1d,
     nn.Conv2d: QConv2d,
@@ -169,4 +192,4 @@ SWAPPABLE: dict[type, type] = {
     nn.Embedding: QEmbedding,
     FunctionalLinear: QFunctionalLinear,  # functional calls rewritten into modules (models.rewrite)
     FunctionalConv2d: QFunctionalConv2d,
-}
+})

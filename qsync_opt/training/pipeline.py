@@ -98,6 +98,9 @@ def plan_training(spec: JobSpec, prepared: Prepared, *, export_problem: "str | P
         notes.append(f"problem exported to {export_problem}")
     if prepared.indicator_note:
         notes.append(prepared.indicator_note)
+    from qsync_opt.models.export_trace import pinned_notes
+
+    notes.extend(pinned_notes(prepared.graph))  # GEMMs and attention kept at fp32, and why
     warm = greedy_result(instance) if spec.solver.refine_rounds > 0 else None
     try:
         result, rounds, meets = solve_and_refine(spec, instance, ctx, lambda inst: run_backend(spec, inst, budget),

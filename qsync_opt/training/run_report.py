@@ -46,10 +46,11 @@ def write_report(spec: JobSpec, plan: Plan, metrics: Path, out: Path) -> Path:
         from qsync_opt.data.majority import majority_rate
         from qsync_opt.data.task import build_task
 
+        ppl = f", perplexity {e['test_perplexity']:.3f}" if e.get("test_perplexity") is not None else ""
         rate, classes = majority_rate(build_task(spec))
-        lines.append(f"Test set after step {e['step']}: accuracy {100 * e['test_accuracy']:.2f}%, loss {e['test_loss']:.4f} "
-                     f"({e['test_samples']} samples); always answering the most frequent of its {classes} labels "
-                     f"would score {100 * rate:.2f}%.")
+        lines.append(f"Test set after step {e['step']}: accuracy {100 * e['test_accuracy']:.2f}%, loss {e['test_loss']:.4f}{ppl} "
+                     f"({e['test_samples']} samples{', tokens' if ppl else ''}); always answering the most frequent of "
+                     f"its {classes} labels would score {100 * rate:.2f}%.")
     lines += ["", "![training and test curves](curves.png)", ""]
     from qsync_opt.training.report import user_notes
 

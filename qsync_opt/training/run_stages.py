@@ -70,6 +70,24 @@ def missing_profile(spec: JobSpec, graph) -> tuple[dict[str, str], dict[str, str
     return todo, skip
 
 
+def _not_profilable(spec: JobSpec) -> str | None:
+    """Why the per-op profiler cannot time this model (it replays an fx graph op by op), or None."""
+    import torch
+
+    from qsync_opt.errors import ModelError
+    from qsync_opt.models.from_spec import build_from_spec
+    from qsync_opt.models.trace import symbolic_trace
+
+    with torch.device("meta"):
+        module = build_from_spec(spec)
+    try:
+        symbolic_trace(module, spec.model.leaf_modules)
+    except ModelError:
+        return ("the per-op profiler replays a symbolic-fx graph and this model is captured with torch.export "
+                "(fx cannot follow it); its costs stay roofline")
+    return None
+
+
 def profile_stage(spec: JobSpec, out: Path, log: Callable[[str], None]) -> str:
     """Measure the local groups that have no usable profile yet (the profiler resumes partial ones)."""
     from qsync_opt.training.predictor.profile import default_profile_path
@@ -80,6 +98,10 @@ def profile_stage(spec: JobSpec, out: Path, log: Callable[[str], None]) -> str:
     for name, why in skip.items():
         log(f"  {name}: not profiled ({why})")
     t0, before = time.perf_counter(), os.getloadavg()
+    if todo and (why_not := _not_profilable(spec)) is not None:
+        skip.update({name: why_not for name in todo})
+        log(f"  {', '.join(todo)}: not profiled ({why_not})")
+        todo = {}
     if todo:
         for name, why in todo.items():
             log(f"  {name}: profiling ({why})")

@@ -62,7 +62,7 @@ def test_ray_engine_without_ray(monkeypatch):
 
 
 def test_cli_exits_2_naming_the_field(tmp_path, capsys):
-    from qsync_opt.cli import main
+    from qsync_opt.cli.commands import main
 
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(spec_with({"sources": [dict(SHORT, schedule=[[10, 1.0], [5, 1.0]])]})))

@@ -12,7 +12,8 @@ import torch
 from qsync_opt.models import ZOO, OpGraph, build_model, trace
 
 GEMM = ("conv1d", "conv2d", "linear", "matmul", "bmm")
-BIG = {"resnet18", "resnet50", "vgg16", "vit-b16", "bert-base", "bert-large", "gpt2-small", "gpt2-medium"}
+BIG = {"resnet18", "resnet50", "vgg16", "vit-b16", "bert-base", "bert-large", "gpt2-small", "gpt2-medium",
+       "hf-bert-base", "hf-gpt2-small", "hf-llama-small"}
 SEQ = 32  # short sequences keep the full-size transformers cheap
 
 

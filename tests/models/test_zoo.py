@@ -11,6 +11,8 @@ from qsync_opt.models import ZOO, build_model, list_models, load_factory
 ALL = [
     "resnet18", "resnet50", "vgg16", "vit-b16", "bert-base", "bert-large", "gpt2-small",
     "gpt2-medium", "tiny-cnn", "tiny-resnet", "tiny-bert", "tiny-gpt2",
+    # built by transformers from a config (models/zoo_hf.py)
+    "hf-bert-base", "hf-tiny-bert", "hf-gpt2-small", "hf-tiny-gpt2", "hf-llama-small", "hf-tiny-llama",
 ]
 TINY = [n for n in ALL if n.startswith("tiny-")]
 
@@ -25,6 +27,8 @@ PUBLISHED_PARAMS = {
     "bert-large": 335_143_938,
     "gpt2-small": 124_439_808,
     "gpt2-medium": 354_823_168,
+    "hf-bert-base": 109_483_778,  # the hand-written bert-base and gpt2-small above match transformers' own
+    "hf-gpt2-small": 124_439_808,
 }
 
 

@@ -74,7 +74,7 @@ def test_no_warm_up_is_the_empirical_indicator_on_the_same_weights_and_data():
 
 
 def test_cli_indicate_fills_the_cache_solve_uses_and_the_plan_records_it(tmp_path, cache, capsys):
-    from qsync_opt.cli import main
+    from qsync_opt.cli.commands import main
 
     path = tmp_path / "job.yaml"
     path.write_text(SPEC % ", warmup_steps: 2" + DATA)

@@ -31,7 +31,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from qsync_opt.errors import SpecError
+from qsync_opt.errors import ModelError, SpecError
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.training.spec import JobSpec, load_spec
 from qsync_opt.training.predictor.measuring import CAST_PAIRS, CAST_SIZES, fit_line, group_threads, robust_ms  # noqa: F401
@@ -173,7 +173,12 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
                          leaf_modules=spec.model.leaf_modules)
     gg = graph.for_batch(lb)
     inputs = tuple(make(lb, torch.Generator().manual_seed(0)))
-    gm = tr.symbolic_trace(module, spec.model.leaf_modules)
+    try:
+        gm = tr.symbolic_trace(module, spec.model.leaf_modules)
+    except ModelError as e:  # captured by torch.export for planning, but this profiler replays fx nodes
+        raise ProfileError(f"profiler: {spec.model.name or spec.model.import_!r} cannot be profiled per operator: the "
+                           "profiler replays a symbolic-fx graph op by op and fx cannot follow this model (it is "
+                           f"planned from a torch.export capture); use costs: roofline for it. fx said: {e}") from None
     names = fx_nodes(gm, tr.record_shapes(gm, inputs))
     vals = _Values(copy.deepcopy(gm))
     with torch.enable_grad():

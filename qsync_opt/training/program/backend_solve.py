@@ -18,7 +18,7 @@ from qsync_opt.solver.backends.base import RawResult, SolveOptions, Status, cons
 from qsync_opt.solver.budget import Budget
 from qsync_opt.solver.problem import Problem
 from qsync_opt.training.program.compile import compile_training
-from qsync_opt.training.program.diagnose import diagnose
+from qsync_opt.training.program.diagnose import diagnose, use_solver
 from qsync_opt.training.program.greedy import greedy
 from qsync_opt.training.program.instance import Assignment, Evaluation, TrainingInstance, evaluate
 
@@ -201,3 +201,6 @@ def _finish(problem: Problem, raw: RawResult, budget: Budget, built0: float, spe
         build_s=budget.build_s - built0,
         solve_s=budget.spent_s - spent0,
     )
+
+
+use_solver(solve_problem)  # diagnose checks the fixes it proposes with this very solve

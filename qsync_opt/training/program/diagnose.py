@@ -114,11 +114,24 @@ def _propose_bound(instance: TrainingInstance, least_ms: dict[str, float], bound
     lines.append(fix)
 
 
+_solve_problem = None
+"""The signed exact solve the proposed fixes are checked with: backend_solve.solve_problem, which
+registers itself on import (use_solver), since it calls diagnose in turn and the modules import no cycle."""
+
+
+def use_solver(solve_problem) -> None:
+    global _solve_problem
+    _solve_problem = solve_problem
+
+
 def _has_plan(instance: TrainingInstance, budget: Budget) -> bool:
     """Whether an exact solve finds a plan (through solve_problem, which also settles programs
     that presolve empties, e.g. every group but one fixed to its only format)."""
     from qsync_opt.errors import QSyncError
-    from qsync_opt.solver.solve import solve_problem
+
+    solve_problem = _solve_problem
+    if solve_problem is None:  # no solver registered (backend_solve not imported): no fix is claimed
+        return False
 
     if budget.exhausted:
         return False

@@ -350,7 +350,8 @@ def launch(spec_path, plan_path=None, *, nproc: int | None = None, steps: int | 
 
         if evals := read_eval(result.metrics_dir):
             last = evals[-1]
-            print(f"test set after step {last['step']}: accuracy {last['test_accuracy']:.4f}, loss {last['test_loss']:.4f} "
+            ppl = f", perplexity {last['test_perplexity']:.3f}" if last.get("test_perplexity") is not None else ""
+            print(f"test set after step {last['step']}: accuracy {last['test_accuracy']:.4f}, loss {last['test_loss']:.4f}{ppl} "
                   f"({last['test_samples']} samples); eval.csv in {result.metrics_dir}", file=out)
     if result.status == "stopped":
         if result.killed_after_grace:

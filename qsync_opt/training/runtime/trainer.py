@@ -230,7 +230,8 @@ def _train(cfg: WorkerConfig, rank: int, world: int, stop: _StopFlag, use_cuda: 
         metrics.step(step, summary[0].item() / global_batch, local_loss.item(), step_s, local)
         stopping = summary[1].item() > 0
         if (ev := evaluator.after_step(step, summary[0].item() / global_batch, model)) is not None:
-            metrics.note(f"eval step {step} test_loss {ev['test_loss']:.4f} test_accuracy {ev['test_accuracy']:.4f}")
+            metrics.note(f"eval step {step} test_loss {ev['test_loss']:.4f} test_accuracy {ev['test_accuracy']:.4f}"
+                         + (f" test_perplexity {ev['test_perplexity']:.3f}" if "test_perplexity" in ev else ""))
         due = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
         if cfg.checkpoint_dir and (due or stopping or step == cfg.steps):
             _checkpoint(cfg.checkpoint_dir, step, rank, model, optimizer, meta)
