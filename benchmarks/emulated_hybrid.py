@@ -11,7 +11,7 @@ The library's own stages do all the work (no copies of them here):
            in a subprocess with its env, into a private profile folder under DIR
   solve    qsync_opt.training.pipeline.solve: the ILP plan and the baselines it carries
            (all fp32, uniform lowest, greedy (gain per ms), QSync's allocator)
-  predict  qsync_opt.cli.commands.predict.predict_plan: the replayer's lockstep iteration per plan
+  predict  qsync_opt.cli.predict.predict_plan: the replayer's lockstep iteration per plan
   train    qsync_opt.training.runtime.launch.run_job (runtime.spawn underneath), `--steps` steps;
            measured = qsync_opt.training.run_stages.measured_iteration_ms (median lockstep step, the
            slowest rank's time per step, first step dropped)
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
 
     import yaml
 
-    from qsync_opt.cli.commands.predict import predict_plan
+    from qsync_opt.cli.predict import predict_plan
     from qsync_opt.training.pipeline import solve
     from qsync_opt.training.run_stages import profile_stage
     from qsync_opt.training.spec import load_spec

@@ -103,7 +103,7 @@ def part1(folder: Path) -> list[dict]:
         path = folder / f"{label.replace(' ', '_')}.yaml"
         path.write_text(yaml.safe_dump(spec))
         t0, cpu0 = time.perf_counter(), _child_cpu()
-        r = subprocess.run([sys.executable, "-m", "qsync_opt.cli.commands", "solve", str(path), "--json"], cwd=ROOT,
+        r = subprocess.run([sys.executable, "-m", "qsync_opt.cli", "solve", str(path), "--json"], cwd=ROOT,
                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         cpu = _child_cpu() - cpu0
         wall = time.perf_counter() - t0

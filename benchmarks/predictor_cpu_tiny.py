@@ -55,13 +55,13 @@ def one(tree: Path, spec: str, steps: int, tmp: Path) -> dict:
     out = tmp / "out"
     l0 = load()
     t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "qsync_opt.cli.commands.commands", "run", spec, "-o", str(out), "--steps", str(steps)],
+    r = subprocess.run([sys.executable, "-m", "qsync_opt.cli", "run", spec, "-o", str(out), "--steps", str(steps)],
                        env=env, capture_output=True, text=True, cwd=tree)
     wall = time.perf_counter() - t
     if r.returncode:
         raise RuntimeError(f"run failed ({r.returncode}): {r.stderr[-2000:]}")
     l1 = load()
-    r2 = subprocess.run([sys.executable, "-m", "qsync_opt.cli.commands.commands", "train", spec, "--plan", str(out / "plan.json"),
+    r2 = subprocess.run([sys.executable, "-m", "qsync_opt.cli", "train", spec, "--plan", str(out / "plan.json"),
                          "--steps", str(steps), "--metrics-dir", str(tmp / "train2")],
                         env=env, capture_output=True, text=True, cwd=tree)
     if r2.returncode:

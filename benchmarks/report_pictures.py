@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cli(*args: str) -> None:
-    cmd = [sys.executable, "-m", "qsync_opt.cli.commands", *args]
+    cmd = [sys.executable, "-m", "qsync_opt.cli", *args]
     print("$ qsync-opt " + " ".join(shlex.quote(a) for a in args), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 

@@ -9,7 +9,7 @@ command and the load in its header comments) and DIR/solvers.png.
 import sys
 from pathlib import Path
 
-from qsync_opt.cli.commands.commands import main
+from qsync_opt.cli.commands import main
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

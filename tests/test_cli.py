@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from qsync_opt.cli.commands.commands import main
+from qsync_opt.cli.commands import main
 from qsync_opt.training.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -15,7 +15,7 @@ TINY = str(ROOT / "examples" / "cpu_tiny.yaml")
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "qsync_opt.cli.commands.commands", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "qsync_opt.cli", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_json_goes_to_stdout_alone(tmp_path):

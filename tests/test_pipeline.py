@@ -137,7 +137,7 @@ def test_the_program_bounds_the_lockstep_so_no_refine_round_is_needed():
 
 def test_strict_exits_non_zero_when_a_bound_is_missed(tmp_path, monkeypatch):
     import qsync_opt.training.refine
-    from qsync_opt.cli.commands.commands import EXIT_MISSES_BOUNDS, main
+    from qsync_opt.cli.commands import EXIT_MISSES_BOUNDS, main
 
     # the program bounds the lockstep exactly, so a miss needs a replayer that disagrees with it
     monkeypatch.setattr(qsync_opt.training.refine, "meets_time_bound", lambda instance, lockstep_ms: False)

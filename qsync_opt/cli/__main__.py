@@ -1,7 +1,7 @@
-"""`python -m qsync_opt.cli.commands ...` (and `torchrun -m qsync_opt.cli.commands train ...`): the qsync-opt command."""
+"""`python -m qsync_opt.cli ...` (and `torchrun -m qsync_opt.cli train ...`): the qsync-opt command."""
 
 import sys
 
-from qsync_opt.cli.commands.commands import main
+from qsync_opt.cli.commands import main
 
 sys.exit(main())

@@ -124,7 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     bs.add_argument("--limit-check", type=float, help="also time a whole no-plan call under this limit (--quick: 0.05)")
     bs.set_defaults(func=_cmd_bench_solvers)
 
-    from qsync_opt.cli.commands.predict import register  # profile | predict | indicate
+    from qsync_opt.cli.predict import register  # profile | predict | indicate
 
     register(sub)
     return p
@@ -255,7 +255,7 @@ def _cmd_devices(args) -> int:
 def _cmd_models(args) -> int:
     from qsync_opt.models.zoo import ZOO
 
-    from qsync_opt.cli.commands.models import summary
+    from qsync_opt.cli.models import summary
 
     t = Table(title="model zoo (random weights, no downloads)", title_justify="left",
               caption="operators: the Linear/Conv/Embedding modules a plan gives a precision (functional matmuls "
@@ -273,7 +273,7 @@ def _cmd_spec(args) -> int:
     from pydantic import BaseModel
 
     from qsync_opt.training.spec import JobSpec
-    from qsync_opt.cli.commands.spec_forms import accepted_forms
+    from qsync_opt.cli.spec_forms import accepted_forms
     from qsync_opt.spec.errors import model_in
 
     def walk(model: type[BaseModel], prefix: str, seen: set) -> None:

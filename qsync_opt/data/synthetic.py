@@ -66,9 +66,12 @@ class SyntheticTask:
         self._cache_chunks = cache_chunks
         self._calibration: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
-    def _logits(self, inputs) -> torch.Tensor:
+    def _teacher(self, inputs) -> torch.Tensor:
         with torch.no_grad():
-            out = self.teacher(*inputs).float()
+            return self.teacher(*inputs).float()
+
+    def _logits(self, inputs) -> torch.Tensor:
+        out = self._teacher(inputs)
         return out.reshape(-1, out.size(-1))
 
     def _calibrate(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -100,10 +103,9 @@ class SyntheticTask:
     def label(self, inputs) -> torch.Tensor:
         """The teacher's class-balanced labels of a batch of inputs."""
         mean, std, bias = self._calibrate()
-        logits = self._logits(inputs).double()
-        labels = ((logits - mean) / std - bias).argmax(-1)
-        lead = inputs[0].shape[: 2 if self._lm else 1]
-        return labels.reshape(lead)
+        out = self._teacher(inputs)  # (batch, classes), or (batch, tokens, vocab) for a language model
+        labels = ((out.reshape(-1, out.size(-1)).double() - mean) / std - bias).argmax(-1)
+        return labels.reshape(out.shape[:-1])
 
     def _chunk(self, c: int):
         if c in self._cache:

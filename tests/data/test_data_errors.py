@@ -8,7 +8,7 @@ import sys
 import pytest
 from data_jobs import fp32_plan, write_job
 
-from qsync_opt.cli.commands.commands import main
+from qsync_opt.cli.commands import main
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from qsync_opt.cli.commands.commands import main
+from qsync_opt.cli.commands import main
 
 pytestmark = pytest.mark.slow
 

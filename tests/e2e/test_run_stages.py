@@ -40,7 +40,7 @@ def test_measured_step_is_the_slowest_rank_median_after_the_first_step(tmp_path)
 
 
 def test_run_refuses_a_serving_spec_by_its_kind(tmp_path, capsys):
-    from qsync_opt.cli.commands.commands import main
+    from qsync_opt.cli.commands import main
 
     assert main(["run", "examples/serving_opt30b_t4_v100.yaml", "-o", str(tmp_path)]) == 2
     assert "kind: serving: `qsync-opt run` profiles, plans and trains a training job" in capsys.readouterr().err

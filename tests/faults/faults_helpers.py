@@ -43,7 +43,7 @@ def tiny_job(tmp: Path, **runtime_env) -> tuple[Path, Path]:
 def cli(*args, **kw) -> subprocess.Popen:
     """`qsync-opt ARGS` as its own process (stdout/stderr captured), with one thread per rank."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "qsync_opt.cli.commands.commands", *args], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "qsync_opt.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, **kw)
 
 

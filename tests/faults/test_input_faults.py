@@ -14,7 +14,7 @@ import pytest
 import yaml
 from faults_helpers import ROOT, tiny_job
 
-from qsync_opt.cli.commands.commands import main
+from qsync_opt.cli.commands import main
 from qsync_opt.errors import SpecError
 from qsync_opt.runtime import checkpoint as ckpt
 from qsync_opt.training.runtime.trainer import env_threads

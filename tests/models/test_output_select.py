@@ -74,7 +74,7 @@ def test_cli_names_model_output_when_a_transformers_model_returns_a_model_output
             "model": {"import": "hfout:bert", "input_shape": [8], "input_dtype": "int64", "kwargs": {"vocab_size": 50}},
             "training": {"global_batch": 4}}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
-    r = subprocess.run([sys.executable, "-m", "qsync_opt.cli.commands", "solve", str(tmp_path / "s.yaml")],
+    r = subprocess.run([sys.executable, "-m", "qsync_opt.cli", "solve", str(tmp_path / "s.yaml")],
                        capture_output=True, text=True, cwd="/")
     assert r.returncode == 2, r.stderr
     assert "returns a SequenceClassifierOutput" in r.stderr and "model.output: logits" in r.stderr

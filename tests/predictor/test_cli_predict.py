@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from qsync_opt.cli.commands.commands import main
+from qsync_opt.cli.commands import main
 from qsync_opt.training.plan import Plan
 
 SPEC = """

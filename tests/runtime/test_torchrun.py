@@ -37,13 +37,13 @@ def _run(argv, **kw):
 
 def test_torchrun_trains_cpu_tiny_with_the_same_loss_curve_as_qsync_opt_train(tmp_path):
     plan = tmp_path / "plan.json"
-    r = _run([sys.executable, "-m", "qsync_opt.cli.commands.commands", "solve", str(TINY), "-o", str(plan)])
+    r = _run([sys.executable, "-m", "qsync_opt.cli", "solve", str(TINY), "-o", str(plan)])
     assert r.returncode == 0, r.stderr
     common = ["train", str(TINY), "--plan", str(plan), "--steps", "4", "--threads", "1"]
-    ours = _run([sys.executable, "-m", "qsync_opt.cli.commands.commands", *common, "--metrics-dir", str(tmp_path / "ours")])
+    ours = _run([sys.executable, "-m", "qsync_opt.cli", *common, "--metrics-dir", str(tmp_path / "ours")])
     assert ours.returncode == 0, ours.stderr[-3000:]
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
-    theirs = _run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "qsync_opt.cli.commands.commands", *common,
+    theirs = _run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "qsync_opt.cli", *common,
                    "--metrics-dir", str(tmp_path / "torchrun")])
     assert theirs.returncode == 0, theirs.stderr[-3000:]
     a, b = _losses(tmp_path / "ours", 0), _losses(tmp_path / "torchrun", 0)
@@ -59,8 +59,8 @@ def test_torchrun_trains_cpu_tiny_with_the_same_loss_curve_as_qsync_opt_train(tm
 def test_torchrun_with_the_wrong_world_size_exits_2_saying_how_many(tmp_path):
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
     plan = tmp_path / "plan.json"
-    assert _run([sys.executable, "-m", "qsync_opt.cli.commands.commands", "solve", str(TINY), "-o", str(plan)]).returncode == 0
-    r = _run([torchrun, "--standalone", "--nproc-per-node", "1", "-m", "qsync_opt.cli.commands.commands", "train", str(TINY),
+    assert _run([sys.executable, "-m", "qsync_opt.cli", "solve", str(TINY), "-o", str(plan)]).returncode == 0
+    r = _run([torchrun, "--standalone", "--nproc-per-node", "1", "-m", "qsync_opt.cli", "train", str(TINY),
               "--plan", str(plan), "--steps", "1"])
     assert r.returncode != 0
     assert "torchrun started WORLD_SIZE=1 processes but the spec's cluster has 2 device(s)" in r.stderr

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import qsync_opt
-from qsync_opt.cli.commands.commands import main
+from qsync_opt.cli.commands import main
 from qsync_opt.errors import InfeasibleError, SpecError
 from qsync_opt.hardware.device import find_device
 from qsync_opt.serving.instance import build, micro_batch_sizes

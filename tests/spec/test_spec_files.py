@@ -60,7 +60,7 @@ def test_solve_finds_a_model_factory_beside_the_spec(tmp_path, command):
     (jobdir / "spec.yaml").write_text(SPEC)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(REPO)  # the package under test, not the user's code
-    r = subprocess.run([sys.executable, "-m", "qsync_opt.cli.commands", *command, str(jobdir / "spec.yaml")],
+    r = subprocess.run([sys.executable, "-m", "qsync_opt.cli", *command, str(jobdir / "spec.yaml")],
                        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "No module named" not in r.stderr
