@@ -3,7 +3,7 @@ to 80 columns when stdout is a file."""
 
 import pytest
 
-from qsync_opt.cli.commands import commands as cli
+from qsync_opt.cli import commands as cli
 from qsync_opt.training.bench_solvers import _table
 from qsync_opt.console import make_console
 from qsync_opt.errors import InfeasibleError, QSyncError, SpecError

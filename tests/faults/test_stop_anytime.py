@@ -91,7 +91,7 @@ def test_a_stop_during_the_first_step_exits_4_stopped(tmp_path, sig=signal.SIGTE
 
 
 def test_a_stop_before_any_rank_starts_exits_4(tmp_path, monkeypatch, capsys):
-    from qsync_opt.cli.commands import commands as qcli
+    from qsync_opt.cli import commands as qcli
     from qsync_opt.training.runtime import launch
     def validate(*a, **k):  # the signal arrives while the launcher still checks its input
         signal.raise_signal(signal.SIGINT)  # (SIGINT: on the old code it ends this test, not pytest)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qsync_opt.cli.commands import commands as cli
+from qsync_opt.cli import commands as cli
 from qsync_opt.errors import RuntimeSetupError
 from qsync_opt.runtime import emulation
 from qsync_opt.training.runtime import launch

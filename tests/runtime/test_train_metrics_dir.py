@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from qsync_opt.cli.commands import commands as cli
+from qsync_opt.cli import commands as cli
 from qsync_opt.training.runtime import launch
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "examples" / "cpu_tiny.yaml")
