@@ -35,89 +35,24 @@ token was generated with.
 from __future__ import annotations
 
 import heapq
-import math
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from qsync_opt.rollout.costs import SyncCosts, all_worker_costs, migration_s, sync_costs, trainer_step_s
-from qsync_opt.rollout.repack import RepackState, RepackTraj, RepackWorker, repack
+from qsync_opt.rollout.costs import SyncCosts, all_worker_costs, sync_costs, trainer_step_s
+from qsync_opt.rollout.sim_metrics import Metrics, SimResult
+from qsync_opt.rollout.sim_policies import PolicyRules
+from qsync_opt.rollout.sim_records import GEN, IDLE, MIGRATE, STATES, SYNC, VARIANTS, _Traj, _Worker
+from qsync_opt.rollout.sim_repack import RepackTick
 
-GEN, IDLE, SYNC, MIGRATE = "generating", "idle", "syncing", "migrating"
-STATES = (GEN, IDLE, SYNC, MIGRATE)
-VARIANTS = ("sync", "one-step-off", "stale", "partial-rollout", "trajectory-async", "repack-best-fit", "repack-program")
-"""Policy variants compared side by side (the last two: trajectory-async with that repack)."""
-
-
-@dataclass
-class SimResult:
-    variant: str
-    steps: int
-    sim_time_s: float
-    trajectories_per_s: float
-    tokens_per_s: float
-    rollout_idle_frac: float
-    """1 − the rollouts' generating fraction (idle + syncing + migrating)."""
-    rollout_sync_frac: float
-    rollout_migrate_frac: float
-    trainer_idle_frac: float
-    staleness_mean: float
-    staleness_max: int
-    kv_util_mean: float
-    """Mean over time and workers of KV in use / KV capacity."""
-    repacks: int
-    moves: int
-    repack_overhead_s: float
-    """Rollout-seconds spent migrating (summed over receivers) plus decision latency."""
-    solver_wall_ms_mean: float
-    solver_wall_ms_max: float
-    wall_s: float
-    """Seconds this simulation took on this machine."""
-    kv_series: list[tuple[float, float]] = field(default_factory=list, repr=False)
-    timeline: list[list[tuple[float, float, str]]] = field(default_factory=list, repr=False)
-    """Per worker: (start, end, state) segments up to `timeline_until`."""
-    worker_labels: list[str] = field(default_factory=list, repr=False)
-
-    def row(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("kv_series", "timeline", "worker_labels")}
+__all__ = ["GEN", "IDLE", "MIGRATE", "STATES", "SYNC", "VARIANTS", "SimResult", "Simulator", "simulate"]
 
 
-class _Traj:
-    __slots__ = ("gen_base", "id", "prompt", "round", "start_step", "stint", "target", "version", "worker")
+class Simulator(PolicyRules, RepackTick, Metrics):
+    """The event loop: workload, events, workers' decode chunks, admission and the run; the policy
+    rules are rollout.sim_policies, the repack tick rollout.sim_repack, KV sampling and the result
+    rollout.sim_metrics, the records rollout.sim_records."""
 
-    def __init__(self, tid, prompt, target, rnd):
-        self.id, self.prompt, self.target, self.round = tid, prompt, target, rnd
-        self.version = None
-        self.gen_base = 0
-        self.start_step = 0
-        self.worker = None
-        self.stint = 0
-
-
-class _Worker:
-    def __init__(self, idx, costs, label):
-        self.idx, self.c, self.label = idx, costs, label
-        self.version = 0
-        self.steps = 0
-        self.batch: dict[int, _Traj] = {}
-        self.heap: list = []
-        self.c0 = 0.0  # Σ (prompt + gen_base − start_step): ΣL at step k = c0 + B·k
-        self.reserved = 0.0
-        self.epoch = 0
-        self.chunk = None  # (t0, dt, n)
-        self.paused_until = -1.0
-        self.state, self.since = IDLE, 0.0
-        self.totals = {s: 0.0 for s in STATES}
-        self.segments: list = []
-        self.pulling = False
-        self.pull_to = 0
-
-    def total_ctx(self, k=None) -> float:
-        return self.c0 + len(self.batch) * (self.steps if k is None else k)
-
-
-class Simulator:
     def __init__(self, job, variant: str | None = None, costs: list | None = None, sync: SyncCosts | None = None,
                  steps: int | None = None, timeline_until: float | None = None, train_s=None, seed: int | None = None,
                  backend: str | None = None):
@@ -258,28 +193,6 @@ class Simulator:
         w.reserved -= t.prompt + t.target
         t.worker = None
 
-    # ---------------------------------------------------------------- admission
-    def _gate(self) -> int:
-        """Highest trajectory id + 1 that may be admitted now."""
-        if self.kind in ("sync", "one-step-off"):
-            return (self.round + 1) * self.B if self._round_open() else self.round * self.B
-        return min(self.n_max, (self.eta + self.version + 1) * self.B)
-
-    def _round_open(self) -> bool:
-        lag = 0 if self.kind == "sync" else 1
-        return self.rollout_version >= self.round - lag and not self.in_broadcast
-
-    def _may_admit(self, w: _Worker) -> bool:
-        if self.now < w.paused_until or w.pulling:
-            return False
-        if self.kind == "stale" and (self.sync_pending or self.in_broadcast):
-            return False
-        if self.kind == "partial-rollout" and self.in_broadcast:
-            return False
-        if self.kind == "trajectory-async":
-            return self.relay_version - w.version < self.eta
-        return True
-
     def _fits(self, w: _Worker, t: _Traj) -> bool:
         return len(w.batch) < self.cap and w.reserved + t.prompt + t.target <= w.c.kv_capacity_tokens
 
@@ -390,205 +303,6 @@ class Simulator:
             w.version = w.pull_to
         self._after_batch_change(w)
 
-    # ---- trainer
-    def _maybe_train(self):
-        if self.trainer_busy or self.trained >= self.steps_target or self.now < self.trainer_stall_until:
-            return
-        if self.in_broadcast:
-            return
-        if self.kind in ("sync", "one-step-off"):
-            k = self.trained
-            if self.round_done.get(k, 0) < self.B:
-                return
-            if self.kind == "one-step-off" and self.rollout_version < k:
-                return  # version k goes to the rollouts (round boundary broadcast) before step k trains
-            batch = [t for t in self.buffer if t.round == k]
-            self.buffer = [t for t in self.buffer if t.round != k]
-        else:
-            if len(self.buffer) < self.B:
-                return
-            self.buffer.sort(key=lambda t: (t.version, t.id))
-            batch, self.buffer = self.buffer[:self.B], self.buffer[self.B:]
-        for t in batch:
-            self.stale.append(self.version - t.version)
-        tokens = sum(t.prompt + t.target for t in batch)
-        self.tokens_trained += sum(t.target for t in batch)
-        dur = self.train_s(tokens)
-        self.trainer_busy = True
-        self.trainer_time += dur
-        self._push(self.now + dur, "train_done")
-
-    def _on_train_done(self):
-        self.trainer_busy = False
-        self.trained += 1
-        self.version += 1
-        self.t_end = self.now
-        if self.trained >= self.steps_target:
-            return
-        k = self.kind
-        if k == "sync" or k == "one-step-off":
-            self._maybe_next_round()
-        elif k == "stale":
-            self.sync_pending = True
-            self._maybe_broadcast()
-        elif k == "partial-rollout":
-            self._interrupt_broadcast()
-        else:
-            self.trainer_stall_until = self.now + self.sync.push_s
-            self._push(self.trainer_stall_until, "trainer_free")
-            delay = self.sync.push_s + self.sync.relay_fanout_s
-            if delay > 0:  # until the relays hold it, rollouts know only the old version and admit on it
-                self._push(self.now + delay, "relay", self.version)
-                self._dispatch()
-            else:
-                self._on_relay(self.version)
-        self._maybe_train()
-
-    def _on_relay(self, version: int):
-        """A version reaches the relays: free rollouts pull it; the others drain first."""
-        self.relay_version = max(self.relay_version, version)
-        for wk in self.workers:
-            if not wk.batch and not wk.pulling and self.now >= wk.paused_until and self.relay_version > wk.version:
-                self._pull(wk)
-        self._dispatch()
-
-    # ---- global broadcast policies
-    def _broadcast(self, then):
-        self.in_broadcast = True
-        for w in self.workers:
-            self._pause(w, self.sync.broadcast_s, SYNC)
-        self._push(self.now + self.sync.broadcast_s, "bcast_done", then)
-
-    def _on_bcast_done(self, then):
-        self.in_broadcast = False
-        self.rollout_version = self.version
-        for w in self.workers:
-            w.version = self.version
-        if then == "partial":
-            for w in self.workers:
-                if w.batch:
-                    ctx = [t.prompt + t.gen_base + (w.steps - t.start_step) for t in w.batch.values()]
-                    self._pause(w, w.c.prefill_ms(len(ctx), sum(ctx) / len(ctx)) / 1e3, GEN)
-        if then == "stale":
-            self.sync_pending = False
-        if then == "round":
-            self.round += 1
-        self._dispatch()
-        for w in self.workers:
-            self._start_chunk(w)
-        self._maybe_train()
-        if self.kind in ("sync", "one-step-off"):
-            self._maybe_next_round()
-
-    def _maybe_broadcast(self):
-        """stale: once every rollout has drained and the trainer is between steps, broadcast."""
-        if not self.sync_pending or self.in_broadcast or self.trainer_busy:
-            return
-        if any(w.batch for w in self.workers):
-            return
-        self._broadcast("stale")
-
-    def _interrupt_broadcast(self):
-        self._broadcast("partial")
-
-    def _maybe_next_round(self):
-        """Barrier policies: open round r + 1 once round r has finished generating, broadcasting first
-        if the round needs a newer version than the rollouts hold."""
-        if self.in_broadcast:
-            return
-        r = self.round
-        if self.round_done.get(r, 0) < self.B:
-            return
-        if r + 1 >= self.steps_target:  # no round left to open; one-step-off still owes its last broadcast
-            if self.kind == "one-step-off" and self.rollout_version < self.version == r and not self.trainer_busy:
-                self._broadcast("final")
-            return
-        need = r + 1 if self.kind == "sync" else r  # version that round r + 1 is generated with
-        if self.rollout_version >= need:
-            self.round += 1
-            self._dispatch()
-            return
-        if self.version >= need and not self.trainer_busy:
-            self._broadcast("round")
-
-    # ---- repack
-    def _on_tick(self):
-        r = self.job.rollout.repack
-        self._push(self.now + r.interval_s, "tick")
-        by_version: dict[int, list[_Worker]] = {}
-        for w in self.workers:
-            if w.batch and not w.pulling and self.relay_version - w.version >= self.eta and self.now >= w.paused_until:
-                by_version.setdefault(w.version, []).append(w)
-        for v, ws in by_version.items():
-            if len(ws) < 2:
-                continue
-            self._repack(ws)
-
-    def _repack(self, ws: list[_Worker]):
-        # freeing pays only for workers the admissible work can fill (AReaL's bound caps what is queued)
-        waiting = len(self.queue) + max(0, self._gate() - self.next_id)
-        fresh_room = sum(self.cap - len(w.batch) for w in self.workers
-                         if self.relay_version - w.version < self.eta and not w.pulling)
-        useful = math.ceil(max(0, waiting - fresh_room) / self.cap)
-        if useful == 0:
-            return
-        for w in ws:
-            self._progress(w)
-        rws, trajs = [], []
-        for w in ws:
-            b = len(w.batch)
-            step_s = w.c.decode_ms(b, w.total_ctx()) / 1e3
-            rem = max(t.target - t.gen_base - (w.steps - t.start_step) for t in w.batch.values())
-            mean_ctx = self._mean_ctx
-            rate = w.c.full_rate(self.cap, mean_ctx)
-            mig, _ = migration_s(mean_ctx, w.c, self.sync)
-            rws.append(RepackWorker(str(w.idx), w.c.kv_capacity_tokens, self.cap, value=rem * step_s * rate,
-                                    move_cost_per_token=mig / mean_ctx * rate))
-            for t in w.batch.values():
-                g = t.gen_base + (w.steps - t.start_step)
-                trajs.append(RepackTraj(str(t.id), str(w.idx), t.prompt + g, t.target - g))
-        state = RepackState(rws, trajs, self.theta, max_freed=useful)
-        res = repack(state, method=self.repack_method, backend=self.backend, time_limit_s=self.time_limit)
-        self.solver_walls.append(res.wall_s)
-        self.repacks += 1
-        if not res.moves:
-            for w in ws:
-                self._start_chunk(w)
-            return
-        byid = {str(w.idx): w for w in ws}
-        incoming: dict[str, list] = {}
-        for m in res.moves:
-            src = byid[m.src]
-            t = src.batch[int(m.traj)]
-            self._remove(src, t)
-            incoming.setdefault(m.dst, []).append(t)
-        self.moves += len(res.moves)
-        for d, ts in incoming.items():
-            w = byid[d]
-            pause = self.job.rollout.repack.decision_s
-            for t in ts:
-                self._add(w, t)
-                pause += migration_s(t.prompt + t.gen_base, w.c, self.sync)[0]
-            self.repack_overhead += pause
-            self._pause(w, pause, MIGRATE)
-        for w in ws:
-            if not w.batch:
-                self._after_batch_change(w)
-            elif w.chunk is None and self.now >= w.paused_until:
-                self._start_chunk(w)
-
-    # ---------------------------------------------------------------- run
-    def _sample_kv(self):
-        used = cap = 0.0
-        for w in self.workers:
-            k = w.steps
-            if w.chunk is not None:
-                t0, dt, n = w.chunk
-                k += min(n, int((self.now - t0) / dt)) if dt > 0 else 0
-            used += w.total_ctx(k) if w.batch else 0.0
-            cap += w.c.kv_capacity_tokens
-        self.kv_series.append((self.now, used / cap))
-
     def run(self) -> SimResult:
         wall0 = time.perf_counter()
         w = self.job.rollout.workload
@@ -640,29 +354,6 @@ class Simulator:
         rate = sum(wk.c.full_rate(min(self.cap, max(1, self.B // len(self.workers))), self._mean_ctx)
                    for wk in self.workers)
         return self.B * w.response.mean(w.max_len) / rate
-
-    def _result(self, wall) -> SimResult:
-        T = self.t_end
-        self.now = T
-        for w in self.workers:
-            self._set_state(w, "_end")
-            w.totals.pop("_end", None)
-        n = len(self.workers)
-        tot = {s: sum(w.totals.get(s, 0.0) for w in self.workers) for s in STATES}
-        gen = tot[GEN]
-        kv = [u for t, u in self.kv_series if t <= T]
-        walls = self.solver_walls or [0.0]
-        return SimResult(
-            variant=self.variant, steps=self.trained, sim_time_s=T,
-            trajectories_per_s=self.trained * self.B / T, tokens_per_s=self.tokens_trained / T,
-            rollout_idle_frac=1 - gen / (n * T), rollout_sync_frac=tot[SYNC] / (n * T),
-            rollout_migrate_frac=tot[MIGRATE] / (n * T), trainer_idle_frac=1 - self.trainer_time / T,
-            staleness_mean=float(np.mean(self.stale)), staleness_max=int(max(self.stale)),
-            kv_util_mean=float(np.mean(kv)) if kv else 0.0, repacks=self.repacks, moves=self.moves,
-            repack_overhead_s=self.repack_overhead, solver_wall_ms_mean=1e3 * float(np.mean(walls)),
-            solver_wall_ms_max=1e3 * max(walls), wall_s=wall,
-            kv_series=[(t, u) for t, u in self.kv_series if t <= T],
-            timeline=[w.segments for w in self.workers], worker_labels=[w.label for w in self.workers])
 
 
 def _sample(dist, n, rng, cap) -> np.ndarray:

@@ -1,0 +1,84 @@
+"""What the simulator measures: the KV-use samples and the run's SimResult (throughput, idle, sync
+and migrate fractions, staleness, repack counts and solver wall times, the per-worker timeline).
+
+`Metrics` is a mixin of rollout.simulate.Simulator (it reads the simulator's state).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from qsync_opt.rollout.sim_records import GEN, MIGRATE, STATES, SYNC
+
+
+@dataclass
+class SimResult:
+    variant: str
+    steps: int
+    sim_time_s: float
+    trajectories_per_s: float
+    tokens_per_s: float
+    rollout_idle_frac: float
+    """1 − the rollouts' generating fraction (idle + syncing + migrating)."""
+    rollout_sync_frac: float
+    rollout_migrate_frac: float
+    trainer_idle_frac: float
+    staleness_mean: float
+    staleness_max: int
+    kv_util_mean: float
+    """Mean over time and workers of KV in use / KV capacity."""
+    repacks: int
+    moves: int
+    repack_overhead_s: float
+    """Rollout-seconds spent migrating (summed over receivers) plus decision latency."""
+    solver_wall_ms_mean: float
+    solver_wall_ms_max: float
+    wall_s: float
+    """Seconds this simulation took on this machine."""
+    kv_series: list[tuple[float, float]] = field(default_factory=list, repr=False)
+    timeline: list[list[tuple[float, float, str]]] = field(default_factory=list, repr=False)
+    """Per worker: (start, end, state) segments up to `timeline_until`."""
+    worker_labels: list[str] = field(default_factory=list, repr=False)
+
+    def row(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("kv_series", "timeline", "worker_labels")}
+
+
+class Metrics:
+    """KV sampling and the result of rollout.simulate.Simulator (a mixin of it)."""
+
+    def _sample_kv(self):
+        used = cap = 0.0
+        for w in self.workers:
+            k = w.steps
+            if w.chunk is not None:
+                t0, dt, n = w.chunk
+                k += min(n, int((self.now - t0) / dt)) if dt > 0 else 0
+            used += w.total_ctx(k) if w.batch else 0.0
+            cap += w.c.kv_capacity_tokens
+        self.kv_series.append((self.now, used / cap))
+
+    def _result(self, wall) -> SimResult:
+        T = self.t_end
+        self.now = T
+        for w in self.workers:
+            self._set_state(w, "_end")
+            w.totals.pop("_end", None)
+        n = len(self.workers)
+        tot = {s: sum(w.totals.get(s, 0.0) for w in self.workers) for s in STATES}
+        gen = tot[GEN]
+        kv = [u for t, u in self.kv_series if t <= T]
+        walls = self.solver_walls or [0.0]
+        return SimResult(
+            variant=self.variant, steps=self.trained, sim_time_s=T,
+            trajectories_per_s=self.trained * self.B / T, tokens_per_s=self.tokens_trained / T,
+            rollout_idle_frac=1 - gen / (n * T), rollout_sync_frac=tot[SYNC] / (n * T),
+            rollout_migrate_frac=tot[MIGRATE] / (n * T), trainer_idle_frac=1 - self.trainer_time / T,
+            staleness_mean=float(np.mean(self.stale)), staleness_max=int(max(self.stale)),
+            kv_util_mean=float(np.mean(kv)) if kv else 0.0, repacks=self.repacks, moves=self.moves,
+            repack_overhead_s=self.repack_overhead, solver_wall_ms_mean=1e3 * float(np.mean(walls)),
+            solver_wall_ms_max=1e3 * max(walls), wall_s=wall,
+            kv_series=[(t, u) for t, u in self.kv_series if t <= T],
+            timeline=[w.segments for w in self.workers], worker_labels=[w.label for w in self.workers])

@@ -1,0 +1,159 @@
+"""The simulator's policy rules: admission gates, the trainer, relays and global broadcasts.
+
+`PolicyRules` is a mixin of rollout.simulate.Simulator (it reads and updates the simulator's state
+and calls its event and worker methods): what may be admitted now under each Policy.kind (sync,
+one-step-off, stale, partial-rollout, trajectory-async), when the trainer takes a batch, and how a
+new version reaches the rollouts (barrier rounds, stale drain-then-broadcast, partial-rollout
+interrupts, relay pulls).
+"""
+
+from __future__ import annotations
+
+from qsync_opt.rollout.sim_records import GEN, SYNC, _Worker
+
+
+class PolicyRules:
+    """Admission, trainer and weight-sync rules of rollout.simulate.Simulator (a mixin of it)."""
+
+    # ---------------------------------------------------------------- admission
+    def _gate(self) -> int:
+        """Highest trajectory id + 1 that may be admitted now."""
+        if self.kind in ("sync", "one-step-off"):
+            return (self.round + 1) * self.B if self._round_open() else self.round * self.B
+        return min(self.n_max, (self.eta + self.version + 1) * self.B)
+
+    def _round_open(self) -> bool:
+        lag = 0 if self.kind == "sync" else 1
+        return self.rollout_version >= self.round - lag and not self.in_broadcast
+
+    def _may_admit(self, w: _Worker) -> bool:
+        if self.now < w.paused_until or w.pulling:
+            return False
+        if self.kind == "stale" and (self.sync_pending or self.in_broadcast):
+            return False
+        if self.kind == "partial-rollout" and self.in_broadcast:
+            return False
+        if self.kind == "trajectory-async":
+            return self.relay_version - w.version < self.eta
+        return True
+
+    # ---- trainer
+    def _maybe_train(self):
+        if self.trainer_busy or self.trained >= self.steps_target or self.now < self.trainer_stall_until:
+            return
+        if self.in_broadcast:
+            return
+        if self.kind in ("sync", "one-step-off"):
+            k = self.trained
+            if self.round_done.get(k, 0) < self.B:
+                return
+            if self.kind == "one-step-off" and self.rollout_version < k:
+                return  # version k goes to the rollouts (round boundary broadcast) before step k trains
+            batch = [t for t in self.buffer if t.round == k]
+            self.buffer = [t for t in self.buffer if t.round != k]
+        else:
+            if len(self.buffer) < self.B:
+                return
+            self.buffer.sort(key=lambda t: (t.version, t.id))
+            batch, self.buffer = self.buffer[:self.B], self.buffer[self.B:]
+        for t in batch:
+            self.stale.append(self.version - t.version)
+        tokens = sum(t.prompt + t.target for t in batch)
+        self.tokens_trained += sum(t.target for t in batch)
+        dur = self.train_s(tokens)
+        self.trainer_busy = True
+        self.trainer_time += dur
+        self._push(self.now + dur, "train_done")
+
+    def _on_train_done(self):
+        self.trainer_busy = False
+        self.trained += 1
+        self.version += 1
+        self.t_end = self.now
+        if self.trained >= self.steps_target:
+            return
+        k = self.kind
+        if k == "sync" or k == "one-step-off":
+            self._maybe_next_round()
+        elif k == "stale":
+            self.sync_pending = True
+            self._maybe_broadcast()
+        elif k == "partial-rollout":
+            self._interrupt_broadcast()
+        else:
+            self.trainer_stall_until = self.now + self.sync.push_s
+            self._push(self.trainer_stall_until, "trainer_free")
+            delay = self.sync.push_s + self.sync.relay_fanout_s
+            if delay > 0:  # until the relays hold it, rollouts know only the old version and admit on it
+                self._push(self.now + delay, "relay", self.version)
+                self._dispatch()
+            else:
+                self._on_relay(self.version)
+        self._maybe_train()
+
+    def _on_relay(self, version: int):
+        """A version reaches the relays: free rollouts pull it; the others drain first."""
+        self.relay_version = max(self.relay_version, version)
+        for wk in self.workers:
+            if not wk.batch and not wk.pulling and self.now >= wk.paused_until and self.relay_version > wk.version:
+                self._pull(wk)
+        self._dispatch()
+
+    # ---- global broadcast policies
+    def _broadcast(self, then):
+        self.in_broadcast = True
+        for w in self.workers:
+            self._pause(w, self.sync.broadcast_s, SYNC)
+        self._push(self.now + self.sync.broadcast_s, "bcast_done", then)
+
+    def _on_bcast_done(self, then):
+        self.in_broadcast = False
+        self.rollout_version = self.version
+        for w in self.workers:
+            w.version = self.version
+        if then == "partial":
+            for w in self.workers:
+                if w.batch:
+                    ctx = [t.prompt + t.gen_base + (w.steps - t.start_step) for t in w.batch.values()]
+                    self._pause(w, w.c.prefill_ms(len(ctx), sum(ctx) / len(ctx)) / 1e3, GEN)
+        if then == "stale":
+            self.sync_pending = False
+        if then == "round":
+            self.round += 1
+        self._dispatch()
+        for w in self.workers:
+            self._start_chunk(w)
+        self._maybe_train()
+        if self.kind in ("sync", "one-step-off"):
+            self._maybe_next_round()
+
+    def _maybe_broadcast(self):
+        """stale: once every rollout has drained and the trainer is between steps, broadcast."""
+        if not self.sync_pending or self.in_broadcast or self.trainer_busy:
+            return
+        if any(w.batch for w in self.workers):
+            return
+        self._broadcast("stale")
+
+    def _interrupt_broadcast(self):
+        self._broadcast("partial")
+
+    def _maybe_next_round(self):
+        """Barrier policies: open round r + 1 once round r has finished generating, broadcasting first
+        if the round needs a newer version than the rollouts hold."""
+        if self.in_broadcast:
+            return
+        r = self.round
+        if self.round_done.get(r, 0) < self.B:
+            return
+        if r + 1 >= self.steps_target:  # no round left to open; one-step-off still owes its last broadcast
+            if self.kind == "one-step-off" and self.rollout_version < self.version == r and not self.trainer_busy:
+                self._broadcast("final")
+            return
+        need = r + 1 if self.kind == "sync" else r  # version that round r + 1 is generated with
+        if self.rollout_version >= need:
+            self.round += 1
+            self._dispatch()
+            return
+        if self.version >= need and not self.trainer_busy:
+            self._broadcast("round")

@@ -1,0 +1,43 @@
+"""The simulator's records: worker states, the policy variants, and per-trajectory and per-worker
+bookkeeping (rollout.simulate's discrete-event model keeps its state in these)."""
+
+from __future__ import annotations
+
+GEN, IDLE, SYNC, MIGRATE = "generating", "idle", "syncing", "migrating"
+STATES = (GEN, IDLE, SYNC, MIGRATE)
+VARIANTS = ("sync", "one-step-off", "stale", "partial-rollout", "trajectory-async", "repack-best-fit", "repack-program")
+"""Policy variants compared side by side (the last two: trajectory-async with that repack)."""
+
+
+class _Traj:
+    __slots__ = ("gen_base", "id", "prompt", "round", "start_step", "stint", "target", "version", "worker")
+
+    def __init__(self, tid, prompt, target, rnd):
+        self.id, self.prompt, self.target, self.round = tid, prompt, target, rnd
+        self.version = None
+        self.gen_base = 0
+        self.start_step = 0
+        self.worker = None
+        self.stint = 0
+
+
+class _Worker:
+    def __init__(self, idx, costs, label):
+        self.idx, self.c, self.label = idx, costs, label
+        self.version = 0
+        self.steps = 0
+        self.batch: dict[int, _Traj] = {}
+        self.heap: list = []
+        self.c0 = 0.0  # Σ (prompt + gen_base − start_step): ΣL at step k = c0 + B·k
+        self.reserved = 0.0
+        self.epoch = 0
+        self.chunk = None  # (t0, dt, n)
+        self.paused_until = -1.0
+        self.state, self.since = IDLE, 0.0
+        self.totals = {s: 0.0 for s in STATES}
+        self.segments: list = []
+        self.pulling = False
+        self.pull_to = 0
+
+    def total_ctx(self, k=None) -> float:
+        return self.c0 + len(self.batch) * (self.steps if k is None else k)

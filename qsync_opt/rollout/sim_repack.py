@@ -1,0 +1,84 @@
+"""The simulator's repack tick: trajectory-async's draining rollouts of one version, repacked.
+
+`RepackTick` is a mixin of rollout.simulate.Simulator: every `repack.interval_s` it groups the
+rollouts that hold stale weights and still decode by version, asks rollout.repack which trajectories
+to move (freeing pays only for workers the admissible work can fill), frees the emptied workers to
+pull, and pauses receivers for the migration (re-prefill or KV transfer, plus `decision_s`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from qsync_opt.rollout.costs import migration_s
+from qsync_opt.rollout.repack import RepackState, RepackTraj, RepackWorker, repack
+from qsync_opt.rollout.sim_records import MIGRATE, _Worker
+
+
+class RepackTick:
+    """The repack tick of rollout.simulate.Simulator (a mixin of it)."""
+
+    def _on_tick(self):
+        r = self.job.rollout.repack
+        self._push(self.now + r.interval_s, "tick")
+        by_version: dict[int, list[_Worker]] = {}
+        for w in self.workers:
+            if w.batch and not w.pulling and self.relay_version - w.version >= self.eta and self.now >= w.paused_until:
+                by_version.setdefault(w.version, []).append(w)
+        for v, ws in by_version.items():
+            if len(ws) < 2:
+                continue
+            self._repack(ws)
+
+    def _repack(self, ws: list[_Worker]):
+        # freeing pays only for workers the admissible work can fill (AReaL's bound caps what is queued)
+        waiting = len(self.queue) + max(0, self._gate() - self.next_id)
+        fresh_room = sum(self.cap - len(w.batch) for w in self.workers
+                         if self.relay_version - w.version < self.eta and not w.pulling)
+        useful = math.ceil(max(0, waiting - fresh_room) / self.cap)
+        if useful == 0:
+            return
+        for w in ws:
+            self._progress(w)
+        rws, trajs = [], []
+        for w in ws:
+            b = len(w.batch)
+            step_s = w.c.decode_ms(b, w.total_ctx()) / 1e3
+            rem = max(t.target - t.gen_base - (w.steps - t.start_step) for t in w.batch.values())
+            mean_ctx = self._mean_ctx
+            rate = w.c.full_rate(self.cap, mean_ctx)
+            mig, _ = migration_s(mean_ctx, w.c, self.sync)
+            rws.append(RepackWorker(str(w.idx), w.c.kv_capacity_tokens, self.cap, value=rem * step_s * rate,
+                                    move_cost_per_token=mig / mean_ctx * rate))
+            for t in w.batch.values():
+                g = t.gen_base + (w.steps - t.start_step)
+                trajs.append(RepackTraj(str(t.id), str(w.idx), t.prompt + g, t.target - g))
+        state = RepackState(rws, trajs, self.theta, max_freed=useful)
+        res = repack(state, method=self.repack_method, backend=self.backend, time_limit_s=self.time_limit)
+        self.solver_walls.append(res.wall_s)
+        self.repacks += 1
+        if not res.moves:
+            for w in ws:
+                self._start_chunk(w)
+            return
+        byid = {str(w.idx): w for w in ws}
+        incoming: dict[str, list] = {}
+        for m in res.moves:
+            src = byid[m.src]
+            t = src.batch[int(m.traj)]
+            self._remove(src, t)
+            incoming.setdefault(m.dst, []).append(t)
+        self.moves += len(res.moves)
+        for d, ts in incoming.items():
+            w = byid[d]
+            pause = self.job.rollout.repack.decision_s
+            for t in ts:
+                self._add(w, t)
+                pause += migration_s(t.prompt + t.gen_base, w.c, self.sync)[0]
+            self.repack_overhead += pause
+            self._pause(w, pause, MIGRATE)
+        for w in ws:
+            if not w.batch:
+                self._after_batch_change(w)
+            elif w.chunk is None and self.now >= w.paused_until:
+                self._start_chunk(w)
