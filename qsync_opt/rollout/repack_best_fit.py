@@ -1,0 +1,125 @@
+"""Best-fit repacking: Laminar's heuristic (free workers from the least loaded up, each trajectory to
+its tightest-fitting open worker in the cheapest move-cost group) and the best-fit-decreasing packing
+of a chosen keep set that rollout.repack_program's aggregate form uses."""
+
+from __future__ import annotations
+
+import bisect
+
+from qsync_opt.rollout.repack_model import RepackState, RepackTraj
+
+
+class _Bins:
+    """Residual KV room of open workers, grouped by move cost per token and sorted within a group, so
+    that a trajectory goes to the cheapest group and, inside it, to the tightest fit (bisect: O(log W))."""
+
+    def __init__(self, state: RepackState, open_ids, kv: dict, n: dict, caps: dict):
+        self.caps, self.kv, self.n = caps, dict(kv), dict(n)
+        self.rate = {w.id: w.move_cost_per_token for w in state.workers}
+        self.classes: dict[float, list] = {}
+        for w in open_ids:
+            if self.n[w] < caps[w][1]:
+                self.classes.setdefault(self.rate[w], []).append((caps[w][0] - self.kv[w], w))
+        for lst in self.classes.values():
+            lst.sort()
+        self.order = sorted(self.classes)
+
+    def copy(self) -> _Bins:
+        c = object.__new__(_Bins)
+        c.caps, c.kv, c.n, c.rate, c.order = self.caps, dict(self.kv), dict(self.n), self.rate, self.order
+        c.classes = {r: list(lst) for r, lst in self.classes.items()}
+        return c
+
+    def close(self, w: str) -> None:
+        lst = self.classes.get(self.rate[w])
+        if lst is None:
+            return
+        i = bisect.bisect_left(lst, (self.caps[w][0] - self.kv[w], w))
+        if i < len(lst) and lst[i][1] == w:
+            lst.pop(i)
+
+    def place(self, need: float, exclude: str | None = None) -> str | None:
+        for r in self.order:
+            lst = self.classes[r]
+            i = bisect.bisect_left(lst, (need - 1e-9, ""))
+            while i < len(lst) and lst[i][1] == exclude:
+                i += 1
+            if i >= len(lst):
+                continue
+            room, w = lst.pop(i)
+            self.kv[w] += need
+            self.n[w] += 1
+            if self.n[w] < self.caps[w][1]:
+                bisect.insort(lst, (room - need, w))
+            return w
+        return None
+
+
+def _loads(state: RepackState):
+    kv = {w.id: 0.0 for w in state.workers}
+    n = {w.id: 0 for w in state.workers}
+    on: dict[str, list[RepackTraj]] = {w.id: [] for w in state.workers}
+    for t in state.trajectories:
+        kv[t.worker] += t.need
+        n[t.worker] += 1
+        on[t.worker].append(t)
+    return kv, n, on
+
+
+def best_fit(state: RepackState) -> dict[str, str]:
+    """Laminar's heuristic: try to free workers from the least loaded up; each of a candidate's
+    trajectories (largest first) goes to the open worker it fits most tightly (cheapest move-cost
+    group first) under the KV threshold and batch cap. A candidate is freed only if all its
+    trajectories fit and its value exceeds their moving cost; a worker that received stays open."""
+    caps = state.caps()
+    wk = {w.id: w for w in state.workers}
+    kv, n, on = _loads(state)
+    placement = {t.id: t.worker for t in state.trajectories}
+    freed = {w for w in wk if n[w] == 0}
+    bins = _Bins(state, [w for w in wk if w not in freed], kv, n, caps)
+    receivers: set[str] = set()
+    limit = len(freed) + (state.max_freed if state.max_freed is not None else len(wk))
+    for cand in sorted(wk, key=lambda w: (kv[w], w)):
+        if len(freed) >= limit:
+            break
+        if cand in freed or cand in receivers:
+            continue
+        trial = bins.copy()
+        trial.close(cand)
+        moved, cost = {}, 0.0
+        for t in sorted(on[cand], key=lambda t: (-t.need, t.id)):
+            d = trial.place(t.need, exclude=cand)
+            if d is None:
+                break
+            moved[t.id] = d
+            cost += t.context * trial.rate[d]
+        if len(moved) < len(on[cand]) or wk[cand].value - cost <= 0:
+            continue
+        bins = trial
+        placement.update(moved)
+        receivers.update(moved.values())
+        for t in on[cand]:
+            on[moved[t.id]].append(t)
+        on[cand] = []
+        freed.add(cand)
+    return placement
+
+
+def _pack(state: RepackState, keep: set[str]) -> dict[str, str] | None:
+    """Best-fit decreasing of the freed workers' trajectories onto the kept ones; None if it fails."""
+    caps = state.caps()
+    kv, n, on = _loads(state)
+    bins = _Bins(state, [w for w in keep], kv, n, caps)
+    placement = {}
+    movers = []
+    for t in state.trajectories:
+        if t.worker in keep:
+            placement[t.id] = t.worker
+        else:
+            movers.append(t)
+    for t in sorted(movers, key=lambda t: (-t.need, t.id)):
+        d = bins.place(t.need)
+        if d is None:
+            return None
+        placement[t.id] = d
+    return placement

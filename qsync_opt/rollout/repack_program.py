@@ -1,0 +1,128 @@
+"""The repack integer programs on the shared problem IR (qsync_opt.solver.problem): the full form (one
+binary per trajectory and worker) and the aggregate form (keep binaries with covering rows, packed by
+best-fit decreasing, with no-good cuts until proven or out of time). See rollout.repack's docstring
+for the program; `repack` there chooses the form."""
+
+from __future__ import annotations
+
+import time
+
+from qsync_opt.rollout.repack_best_fit import _pack
+from qsync_opt.rollout.repack_model import RepackState, evaluate
+from qsync_opt.solver.backends import get_backend
+from qsync_opt.solver.backends.base import SolveOptions
+from qsync_opt.solver.problem import Problem
+
+
+def _opts(time_limit_s: float, hint=None) -> SolveOptions:
+    return SolveOptions(time_limit_s=max(time_limit_s, 1e-3), rel_gap=1e-6, hint=hint, threads=1)
+
+
+def _limit_row(p: Problem, state: RepackState) -> None:
+    """Σ (1 − keep_w) ≤ max_freed, over the workers that hold trajectories (empty ones are free anyway)."""
+    if state.max_freed is None:
+        return
+    busy = sorted({t.worker for t in state.trajectories})
+    p.add_constraint("max_freed", {f"keep_{w}": 1.0 for w in busy}, ">=", float(len(busy) - state.max_freed))
+
+
+def _full(state: RepackState, backend: str, time_limit_s: float, start: dict[str, str]):
+    caps = state.caps()
+    p = Problem("repack-full")
+    wk = {w.id: w for w in state.workers}
+    total_value = sum(w.value for w in state.workers)
+    for w in state.workers:
+        p.add_var(f"keep_{w.id}")  # 1: worker w keeps running trajectories
+        p.objective[f"keep_{w.id}"] = w.value
+    for t in state.trajectories:
+        names = []
+        for w in state.workers:
+            v = p.add_var(f"x_{t.id}_{w.id}")  # 1: trajectory t runs on worker w after the repack
+            names.append(v)
+            c = state.cost(t, w)
+            if c:
+                p.objective[v] = c
+            p.add_constraint(f"on_kept_{t.id}_{w.id}", {v: 1.0, f"keep_{w.id}": -1.0}, "<=", 0.0)
+        p.add_onehot(f"one_{t.id}", names)
+    for w in state.workers:
+        kv = {f"x_{t.id}_{w.id}": float(t.need) for t in state.trajectories}
+        kv[f"keep_{w.id}"] = -caps[w.id][0]
+        p.add_constraint(f"kv_{w.id}", kv, "<=", 0.0)
+        nb = {f"x_{t.id}_{w.id}": 1.0 for t in state.trajectories}
+        nb[f"keep_{w.id}"] = -float(caps[w.id][1])
+        p.add_constraint(f"batch_{w.id}", nb, "<=", 0.0)
+    p.objective_constant = -total_value
+    _limit_row(p, state)
+    hint = {f"keep_{w}": float(any(d == w for d in start.values())) for w in wk}
+    hint.update({f"x_{t.id}_{w}": float(start[t.id] == w) for t in state.trajectories for w in wk})
+    raw = get_backend(backend).solve(p, _opts(time_limit_s, hint))
+    if raw.values is None:
+        return None, None, raw.status
+    placement = {}
+    for t in state.trajectories:
+        placement[t.id] = max(wk, key=lambda w: raw.values.get(f"x_{t.id}_{w}", 0.0))
+    bound = -raw.bound if raw.bound is not None and raw.bound_in_plan_units else None
+    return placement, bound, raw.status
+
+
+def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dict[str, str], t0: float):
+    caps = state.caps()
+    wk = {w.id: w for w in state.workers}
+    need_total = sum(t.need for t in state.trajectories)
+    count = len(state.trajectories)
+    move_cost = {w: 0.0 for w in wk}
+    rates = sorted((w.move_cost_per_token, w.id) for w in state.workers)
+    for t in state.trajectories:  # cheapest destination other than its own worker: a lower bound on its cost
+        r = next((r for r, w in rates if w != t.worker), 0.0)
+        move_cost[t.worker] += t.context * r
+    p = Problem("repack-aggregate")
+    for w in state.workers:
+        v = p.add_var(f"keep_{w.id}")  # 1: worker w keeps running trajectories
+        # freeing w earns its value and pays its trajectories' cheapest moves: min Σ keep·(value − move)
+        p.objective[v] = wk[w.id].value - move_cost[w.id]
+    p.objective_constant = -sum(wk[w].value - move_cost[w] for w in wk)
+    p.add_constraint("kv_cover", {f"keep_{w}": caps[w][0] for w in wk}, ">=", float(need_total))
+    p.add_constraint("batch_cover", {f"keep_{w}": float(caps[w][1]) for w in wk}, ">=", float(count))
+    _limit_row(p, state)
+    best, best_obj = start, evaluate(state, start)[0]
+    bound = None
+    hint_keep = set(start.values())
+    first = True
+    last = 0.0
+    while time_limit_s - (time.perf_counter() - t0) > last:  # stop when another round would overrun
+        t_it = time.perf_counter()
+        left = time_limit_s - (t_it - t0)
+        hint = {f"keep_{w}": float(w in hint_keep) for w in wk}
+        raw = get_backend(backend).solve(p, _opts(left, hint))
+        if raw.values is None:
+            break
+        if first and raw.bound is not None and raw.bound_in_plan_units:
+            bound = -raw.bound  # the relaxation's optimum bounds the full program (later cuts are heuristic)
+        first = False
+        keep = {w for w in wk if raw.values.get(f"keep_{w}", 0.0) > 0.5}
+        if -raw.objective <= best_obj + 1e-9:
+            break  # the (cut) relaxation cannot beat what we hold
+        placement = _pack(state, keep)
+        if placement is not None:
+            obj = evaluate(state, placement)[0]
+            if obj > best_obj:
+                best, best_obj = placement, obj
+            break
+        # repair: keep back the freed workers worth least, one at a time, until the packing succeeds
+        freed = [w for w in wk if w not in keep]
+        worth = {w: wk[w].value - move_cost[w] for w in freed}
+        repaired = set(keep)
+        for w in sorted(freed, key=lambda w: (worth[w], w)):
+            repaired.add(w)
+            placement = _pack(state, repaired)
+            if placement is not None:
+                obj = evaluate(state, placement)[0]
+                if obj > best_obj:
+                    best, best_obj = placement, obj
+                break
+        # no-good cut: best-fit could not pack this keep set; keep at least one of its freed workers
+        p.add_constraint(f"cut_{len(p.constraints)}", {f"keep_{w}": 1.0 for w in freed}, ">=", 1.0)
+        last = time.perf_counter() - t_it
+    proven = bound is not None and best_obj >= bound - 1e-6 * max(1.0, abs(bound))
+    return best, bound, proven
+
