@@ -15,6 +15,7 @@ import numpy as np
 
 from qsync_opt.errors import SpecError
 
+
 def _need_ray():
     try:
         import ray
@@ -232,7 +233,6 @@ class _Trainer:
 
     def logs(self):
         return self.log
-
 
 
 def model_dict(job) -> dict:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+
 @dataclass(frozen=True)
 class CalibratedCosts:
     """Costs fitted to a real run, with the interface the simulator uses (rollout.costs.WorkerCosts)."""

@@ -38,7 +38,6 @@ class RunResult:
     logs: dict = field(repr=False, default_factory=dict)
 
 
-
 class Driver:
     """Applies one policy variant with real actors (the simulator's rules, wall-clock time)."""
 
@@ -380,4 +379,3 @@ class Driver:
         for i in sorted(self.alive):
             self._issue(i)
         self._maybe_train()
-

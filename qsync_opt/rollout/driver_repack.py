@@ -74,4 +74,3 @@ def repack_tick(self) -> None:
                 self._pull(i)
             else:
                 self._issue(i)
-

@@ -16,14 +16,33 @@ to the queue and are generated again from their prompts; none is lost or trained
 
 from __future__ import annotations
 
-from qsync_opt.rollout.actors import _build_model, _need_ray, _Rollout, _Trainer, model_dict
+from qsync_opt.rollout.actors import (
+    _build_model,
+    _need_ray,
+    _Rollout,
+    _Trainer,
+    model_dict,
+)
 from qsync_opt.rollout.calibrate import CalibratedCosts, calibrate
 from qsync_opt.rollout.driver import MAX_STEPS_PER_CALL, Driver, RunResult
 from qsync_opt.rollout.driver_repack import REPROFILL_STEPS_PER_TOKEN
 
-__all__ = ["REPROFILL_STEPS_PER_TOKEN", "MAX_STEPS_PER_CALL", "CalibratedCosts", "Driver", "RunResult",
-           "calibrate", "make_actors", "model_dict", "run", "start_ray",
-           "_Rollout", "_Trainer", "_build_model", "_need_ray"]
+__all__ = [
+    "MAX_STEPS_PER_CALL",
+    "REPROFILL_STEPS_PER_TOKEN",
+    "CalibratedCosts",
+    "Driver",
+    "RunResult",
+    "_Rollout",
+    "_Trainer",
+    "_build_model",
+    "_need_ray",
+    "calibrate",
+    "make_actors",
+    "model_dict",
+    "run",
+    "start_ray",
+]
 
 
 def start_ray(num_cpus: int = 2):
@@ -93,4 +112,3 @@ def _write_results(results: dict, out_dir) -> None:
         w.writerow(cols)
         for r in results.values():
             w.writerow([getattr(r, c) for c in cols])
-

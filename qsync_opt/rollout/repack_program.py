@@ -125,4 +125,3 @@ def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dic
         last = time.perf_counter() - t_it
     proven = bound is not None and best_obj >= bound - 1e-6 * max(1.0, abs(bound))
     return best, bound, proven
-

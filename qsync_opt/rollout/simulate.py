@@ -39,10 +39,24 @@ import time
 
 import numpy as np
 
-from qsync_opt.rollout.costs import SyncCosts, all_worker_costs, sync_costs, trainer_step_s
+from qsync_opt.rollout.costs import (
+    SyncCosts,
+    all_worker_costs,
+    sync_costs,
+    trainer_step_s,
+)
 from qsync_opt.rollout.sim_metrics import Metrics, SimResult
 from qsync_opt.rollout.sim_policies import PolicyRules
-from qsync_opt.rollout.sim_records import GEN, IDLE, MIGRATE, STATES, SYNC, VARIANTS, _Traj, _Worker
+from qsync_opt.rollout.sim_records import (
+    GEN,
+    IDLE,
+    MIGRATE,
+    STATES,
+    SYNC,
+    VARIANTS,
+    _Traj,
+    _Worker,
+)
 from qsync_opt.rollout.sim_repack import RepackTick
 
 __all__ = ["GEN", "IDLE", "MIGRATE", "STATES", "SYNC", "VARIANTS", "SimResult", "Simulator", "simulate"]
