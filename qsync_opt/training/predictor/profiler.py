@@ -32,6 +32,7 @@ import torch.fx as fx
 from torch import nn
 
 from qsync_opt.errors import ModelError, SpecError
+from qsync_opt.models import trace_walk as walk  # trace's graph walk: its classification and naming
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.training.spec import JobSpec, load_spec
 from qsync_opt.training.predictor.measuring import CAST_PAIRS, CAST_SIZES, fit_line, group_threads, robust_ms  # noqa: F401
@@ -81,14 +82,14 @@ def fx_nodes(gm: fx.GraphModule, desc: dict) -> dict[str, fx.Node]:
     """OpGraph op name -> fx node, by the very walk and naming trace.py uses."""
     act, used, counters, out = {}, set(), {}, {}
     for n in gm.graph.nodes:
-        data_in = [u for u in n.all_input_nodes if tr._carries_data(desc, u)]
+        data_in = [u for u in n.all_input_nodes if walk._carries_data(desc, u)]
         is_tensor = desc.get(n.name, ("other",))[0] in ("tensor", "tensors")
         act[n.name] = (n.op == "placeholder" and is_tensor) or (is_tensor and any(act[u.name] for u in data_in))
-        op = tr._classify(gm, n, desc, act, data_in)
+        op = walk._classify(gm, n, desc, act, data_in)
         act[n.name] = act[n.name] or (op is not None and is_tensor)
         if op is None:
             continue
-        name, _ = tr._name(n, used, counters)
+        name, _ = walk._name(n, used, counters)
         out[name] = n
     return out
 
