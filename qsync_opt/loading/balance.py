@@ -14,7 +14,6 @@ limit; its answer replaces the heuristic only when proven optimal (one thread, f
 so that the replacement is the same on every run), unless `accept_incumbent`.
 """
 
-
 from __future__ import annotations
 
 import time
