@@ -27,6 +27,7 @@ from torch import nn
 
 from qsync_opt.errors import ModelError, SpecError
 from qsync_opt.models import flops
+from qsync_opt.models.capture_lock import capturing
 from qsync_opt.models.graph import OpGraph, OpNode
 from qsync_opt.models.layers import FUNCTIONAL_LAYERS, MatMul
 
@@ -137,7 +138,8 @@ def symbolic_trace(module: nn.Module, leaf_modules: Iterable = (), model_name: s
     """fx-trace `module`; a failure becomes a ModelError naming the module that broke it."""
     tracer = _Tracer(_leaf_matcher(module, leaf_modules))
     try:
-        graph = tracer.trace(module)
+        with capturing(tracer):  # fx patches torch process-wide while it traces (capture_lock.py)
+            graph = tracer.trace(module)
     except Exception as e:
         fqn, cls = getattr(e, _CULPRIT, ("", type(module).__name__))
         msg = f"{type(e).__name__}: {e}".strip()
