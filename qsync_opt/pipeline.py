@@ -17,6 +17,7 @@ from torch import nn
 from .errors import InfeasibleError, SpecError
 from .models.from_spec import build_from_spec, input_maker
 from .models.graph import OpGraph
+from .models.private_rng import private_rng
 from .models.trace import trace
 from .plan import Baseline, GroupPlan, Plan, Provenance, SolverReport, graph_fingerprint
 from .predictor.context import Context
@@ -46,14 +47,15 @@ class Prepared:
 def prepare(spec: JobSpec) -> Prepared:
     """Build the model, trace it and compute its indicator (the device-independent stages)."""
     t0 = time.perf_counter()
-    torch.manual_seed(spec.training.seed if spec.training else 0)
-    module = build_from_spec(spec)
+    with private_rng(spec.training.seed if spec.training else 0):  # never torch's global RNG (private_rng.py)
+        module = build_from_spec(spec)
     t1 = time.perf_counter()
     inputs = input_maker(spec)(TRACE_BATCH, torch.Generator().manual_seed(0))
     name = spec.model.name or spec.model.import_
     graph = trace(module, inputs, model_name=name, leaf_modules=spec.model.leaf_modules)
     t2 = time.perf_counter()
-    sensitivity, note = compute_indicator(spec, module, graph)  # the spec's method (indicators.py), cached
+    with private_rng((spec.training.seed if spec.training else 0) + 1):  # e.g. gvar's dropout masks
+        sensitivity, note = compute_indicator(spec, module, graph)  # the spec's method (indicators.py), cached
     t3 = time.perf_counter()
     return Prepared(module, graph, sensitivity, {"build": t1 - t0, "trace": t2 - t1, "indicator": t3 - t2}, note)
 

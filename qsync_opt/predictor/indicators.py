@@ -102,8 +102,10 @@ def compute_indicator(spec: JobSpec, module: nn.Module | None = None, graph: OpG
         from ..models.from_spec import build_from_spec, input_maker
         from ..models.trace import trace
 
-        torch.manual_seed(spec.training.seed)
-        module = build_from_spec(spec)
+        from ..models.private_rng import private_rng
+
+        with private_rng(spec.training.seed):  # never torch's global RNG
+            module = build_from_spec(spec)
         inputs = input_maker(spec)(TRACE_BATCH, torch.Generator().manual_seed(0))
         graph = trace(module, inputs, model_name=spec.model.name or spec.model.import_,
                       leaf_modules=spec.model.leaf_modules)
