@@ -45,8 +45,16 @@ class Prepared:
 
 
 def prepare(spec: JobSpec) -> Prepared:
-    """Build the model, trace it and compute its indicator (the device-independent stages)."""
+    """Build the model, trace it and compute its indicator (the device-independent stages).
+
+    The weight indicator of random weights needs shapes and one weight at a time: the model is
+    then built on the meta device and traced with zero-stride placeholder weights, so
+    `Prepared.module` holds no weights (predictor/weight_stream.py); any other case builds it
+    for real, as below."""
     t0 = time.perf_counter()
+    light = _prepare_light(spec, t0)
+    if light is not None:
+        return light
     with private_rng(spec.training.seed if spec.training else 0):  # never torch's global RNG (private_rng.py)
         module = build_from_spec(spec)
     t1 = time.perf_counter()
@@ -58,6 +66,31 @@ def prepare(spec: JobSpec) -> Prepared:
         sensitivity, note = compute_indicator(spec, module, graph)  # the spec's method (indicators.py), cached
     t3 = time.perf_counter()
     return Prepared(module, graph, sensitivity, {"build": t1 - t0, "trace": t2 - t1, "indicator": t3 - t2}, note)
+
+
+def _prepare_light(spec: JobSpec, t0: float) -> Prepared | None:
+    """prepare() without materialising the weights, or None where that cannot be exact."""
+    from .errors import ModelError
+    from .predictor.indicators import indicator_precisions
+    from .predictor.weight_stream import light_capable, prepare_light, streamed_weight_indicator
+
+    built = prepare_light(spec, spec.training.seed if spec.training else 0) if light_capable(spec) else None
+    if built is None:
+        return None
+    module, recording, meta_of = built
+    t1 = time.perf_counter()
+    inputs = input_maker(spec)(TRACE_BATCH, torch.Generator().manual_seed(0))
+    try:
+        graph = trace(module, inputs, model_name=spec.model.name or spec.model.import_, leaf_modules=spec.model.leaf_modules)
+    except ModelError:
+        return None  # a forward that needs real values: traced on real tensors instead
+    t2 = time.perf_counter()
+    sensitivity = streamed_weight_indicator(module, graph, recording, indicator_precisions(spec), meta_of)
+    if sensitivity is None:
+        return None
+    t3 = time.perf_counter()
+    return Prepared(module, graph, sensitivity, {"build": t1 - t0, "trace": t2 - t1, "indicator": t3 - t2},
+                    "indicator: weight (weight quantisation noise, no data; weights read one tensor at a time)")
 
 
 def solve(spec_or_path: "str | Path | dict | JobSpec", *, export_problem: "str | Path | None" = None, **overrides: Any) -> Plan:
