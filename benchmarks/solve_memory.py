@@ -5,7 +5,8 @@
 
 Every measurement is one fresh Python process: import torch and qsync_opt, read the resident
 set (the baseline: the interpreter with torch imported), call solve once, read the peak
-resident set (VmHWM) and the wall time of the call. The two versions alternate within each
+resident set (VmHWM), the wall time of the call and its CPU time (all threads; steadier than
+wall time on a loaded machine). The two versions alternate within each
 repetition so that both see the same machine load. Prints the medians and writes
 DIR/solve_memory.csv (every reading; the command and the machine load in its header).
 """
@@ -35,10 +36,10 @@ def rss(field):
             return int(line.split()[1]) / 1024
 import torch, qsync_opt, qsync_opt.pipeline
 base = rss("VmRSS")
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 p = qsync_opt.solve(sys.argv[1])
-wall = time.perf_counter() - t0
-print(json.dumps({"solve_s": wall, "baseline_mb": base, "peak_mb": rss("VmHWM"), "status": p.solver.status,
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+print(json.dumps({"solve_s": wall, "solve_cpu_s": cpu, "code": qsync_opt.__file__, "baseline_mb": base, "peak_mb": rss("VmHWM"), "status": p.solver.status,
                   "objective": p.solver.objective, "notes": [n for n in p.solver.notes if n.startswith("build ")]}))
 """
 
@@ -53,11 +54,15 @@ def _checkout(rev: str, into: Path) -> Path:
 
 def measure(code_root: Path, example: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(code_root)}
+    # cwd = the code's own root: `python -c` puts the working directory first on sys.path
     proc = subprocess.run([sys.executable, "-c", PROBE, str(ROOT / example)], capture_output=True, text=True,
-                          env=env, cwd=ROOT)
+                          env=env, cwd=code_root)
     if proc.returncode != 0:
         raise SystemExit(f"{code_root} {example}: {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not Path(out["code"]).resolve().is_relative_to(code_root.resolve()):
+        raise SystemExit(f"measured {out['code']}, not the code under {code_root}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                     load = os.getloadavg()[0]
                     r = measure(code, example)
                     row = {"version": label, "example": example, "rep": rep, "solve_s": round(r["solve_s"], 3),
+                           "solve_cpu_s": round(r["solve_cpu_s"], 3),
                            "peak_above_baseline_mb": round(r["peak_mb"] - r["baseline_mb"], 1),
                            "peak_mb": round(r["peak_mb"], 1), "baseline_mb": round(r["baseline_mb"], 1),
                            "status": r["status"], "objective": r["objective"], "stages": "; ".join(r["notes"]),
@@ -87,11 +93,12 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(row)
                     print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
     print(f"\nmedians over {args.reps} fresh processes each (load before {load0}, after {os.getloadavg()})")
-    print(f"{'example':44s} {'version':>12s} {'solve_s':>8s} {'peak above baseline MB':>23s}  objective")
+    print(f"{'example':44s} {'version':>12s} {'solve_s':>8s} {'cpu_s':>6s} {'peak above baseline MB':>23s}  objective")
     for example in args.examples.split(","):
         for label in dict.fromkeys(r["version"] for r in rows):
             mine = [r for r in rows if r["example"] == example and r["version"] == label]
             print(f"{example:44s} {label:>12s} {statistics.median(r['solve_s'] for r in mine):8.2f} "
+                  f"{statistics.median(r['solve_cpu_s'] for r in mine):6.2f} "
                   f"{statistics.median(r['peak_above_baseline_mb'] for r in mine):23.1f}  {mine[0]['objective']:.6g}")
     args.out.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
