@@ -52,13 +52,14 @@ def plan_key(plan) -> list:
             {g: dict(sorted(gp.precisions.items())) for g, gp in sorted(plan.groups.items())}]
 
 
-def run_job(job: tuple[str, str]) -> tuple[object, float]:
+def run_job(job: tuple[str, str, float | None]) -> tuple[object, float]:
     """(plan key, or 'ERROR ...'; this process's peak RSS in MB) of one solve."""
     import qsync_opt
 
-    example, backend = job
+    example, backend, limit = job
+    extra = {} if limit is None else {"time_limit_s": limit}
     try:
-        key = plan_key(qsync_opt.solve(str(ROOT / example), backend=backend))
+        key = plan_key(qsync_opt.solve(str(ROOT / example), backend=backend, **extra))
     except Exception as e:  # noqa: BLE001 - counted as an error in the table
         key = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:300]}"
     return key, _rss_mb()
@@ -69,7 +70,7 @@ def _import_qsync() -> None:
     import qsync_opt.pipeline  # noqa: F401
 
 
-def worker(mode: str, n: int, jobs: list[tuple[str, str]]) -> dict:
+def worker(mode: str, n: int, jobs: list[tuple]) -> dict:
     """One configuration, in this (fresh) process."""
     _import_qsync()
     baseline = _rss_mb("VmRSS")
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--examples", default=",".join(EXAMPLES))
     ap.add_argument("--backends", default=",".join(BACKENDS))
     ap.add_argument("--reps", type=int, default=1, help="each example x backend this many times per configuration")
+    ap.add_argument("--time-limit", type=float, help="override every spec's solver.time_limit_s (default: the examples' own)")
     ap.add_argument("--worker", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
     ap.add_argument("--jobs", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -115,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is None:
         ap.error("--out DIR is required")
-    jobs = [(e, b) for _ in range(args.reps) for e in args.examples.split(",") for b in args.backends.split(",")]
+    jobs = [(e, b, args.time_limit) for _ in range(args.reps) for e in args.examples.split(",")
+            for b in args.backends.split(",")]
     configs = [("threads", int(n)) for n in args.threads.split(",") if n] + \
               [("processes", int(n)) for n in args.processes.split(",") if n]
     if ("threads", 1) in configs:  # the serial reference runs first
@@ -147,18 +150,22 @@ def main(argv: list[str] | None = None) -> int:
                "start_s": round(res["start_s"], 2), "wall_s": round(res["wall_s"], 2), "solves_per_s": round(len(jobs) / res["wall_s"], 3),
                "peak_rss_mb": round(res["peak_mb"], 1),
                "peak_rss_sum_mb": "" if mode == "threads" else round(res["peak_sum_mb"], 1),
-               "baseline_rss_mb": round(res["baseline_mb"], 1), "load1": round(load, 2)}
+               "baseline_rss_mb": round(res["baseline_mb"], 1), "load1": round(load, 2),
+               "which": "; ".join([f"{j[0].rsplit('/', 1)[-1]}:{j[1]} {k[0]} vs serial {serial[tuple(j)][0]}, objective "
+                                   f"{'equal' if k[1] == serial[tuple(j)][1] else f'{k[1]!r} vs {serial[tuple(j)][1]!r}'}"
+                                   for j, k in differ] + sorted(set(errors)))}
         rows.append(row)
         print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
     _table(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
     buf.write(f"# command: {command}\n# jobs: {len(jobs)} = examples {args.examples} x backends {args.backends} x reps "
-              f"{args.reps}\n# machine load (1/5/15 min) before {load0}, after {os.getloadavg()}; "
+              f"{args.reps}; time limit: {args.time_limit or 'the examples own'}\n# machine load (1/5/15 min) before {load0}, after {os.getloadavg()}; "
               f"{os.cpu_count()} CPUs; load1 per row at its start\n"
               "# peak_rss_mb: threads: the process; processes: the largest worker. peak_rss_sum_mb: the n largest "
               "per-job worker peaks (an upper bound on the pool's total). baseline: the interpreter with torch and "
               "qsync_opt imported\n")
+    buf.write("# which: the jobs that erred or whose plan differs from the serial one, and how\n")
     w = csv.DictWriter(buf, fieldnames=list(rows[0]))
     w.writeheader()
     w.writerows(rows)

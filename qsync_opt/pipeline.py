@@ -80,8 +80,12 @@ def _prepare_light(spec: JobSpec, t0: float) -> Prepared | None:
     module, recording, meta_of = built
     t1 = time.perf_counter()
     inputs = input_maker(spec)(TRACE_BATCH, torch.Generator().manual_seed(0))
+    from .models.lazy_weights import dense_during_calls
+
     try:
-        graph = trace(module, inputs, model_name=spec.model.name or spec.model.import_, leaf_modules=spec.model.leaf_modules)
+        with dense_during_calls(module):  # zeros for one module at a time while it runs (fast CPU kernels)
+            graph = trace(module, inputs, model_name=spec.model.name or spec.model.import_,
+                          leaf_modules=spec.model.leaf_modules)
     except ModelError:
         return None  # a forward that needs real values: traced on real tensors instead
     t2 = time.perf_counter()

@@ -21,7 +21,8 @@ the replay refuses (`None`) and the caller builds the model for real:
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -290,4 +291,42 @@ def zero_stride_twin(module: nn.Module) -> dict[int, torch.Tensor]:
     return swapped
 
 
-__all__ = ["Recording", "build_recorded", "zero_stride_twin"]
+@contextmanager
+def dense_during_calls(module: nn.Module) -> Iterator[None]:
+    """While a submodule runs (not while fx traces it), its zero-stride placeholders are swapped
+    for contiguous zeros: CPU kernels (oneDNN convolution) take a slow path on stride-0 weights.
+    One module's tensors at a time, freed when its forward returns."""
+
+    def placeholder(t) -> bool:
+        return isinstance(t, torch.Tensor) and t.numel() > 1 and 0 in t.stride()
+
+    def pre(m, args):
+        if any(isinstance(a, torch.fx.Proxy) for a in args):
+            return  # symbolic tracing: the graph must see the module's own parameters
+        saved = []
+        for table, as_param in ((m._parameters, True), (m._buffers, False)):
+            for name, t in list(table.items()):
+                if placeholder(t):
+                    saved.append((table, name, t))
+                    z = torch.zeros(t.shape, dtype=t.dtype)
+                    table[name] = nn.Parameter(z, requires_grad=False) if as_param else z
+        m.__dict__.setdefault("_qsync_dense", []).append(saved)
+
+    def post(m, args, out):
+        stack = m.__dict__.get("_qsync_dense")
+        if stack:
+            for table, name, t in stack.pop():
+                table[name] = t
+
+    handles = []
+    for m in module.modules():
+        if any(placeholder(t) for t in (*m._parameters.values(), *m._buffers.values())):
+            handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+__all__ = ["Recording", "build_recorded", "dense_during_calls", "zero_stride_twin"]

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from qsync_opt.models.lazy_weights import build_recorded, zero_stride_twin
+from qsync_opt.models.lazy_weights import build_recorded, dense_during_calls, zero_stride_twin
 from qsync_opt.models.private_rng import private_rng
 from qsync_opt.models.zoo import build_model, get_entry
 from qsync_opt.predictor.indicator import weight_stats
@@ -83,7 +83,11 @@ def test_zero_stride_twin_traces_to_the_same_graph_holding_no_weights():
     assert len(meta_of) == len(list(module.parameters())) + len(list(module.buffers()))
     x = get_entry("tiny-bert").example_inputs(1, generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
-    assert trace(module, x) == trace(build_model("tiny-bert"), x)
+    reference = trace(build_model("tiny-bert"), x)
+    assert trace(module, x) == reference
+    with dense_during_calls(module):  # contiguous zeros only while each module runs
+        assert trace(module, x) == reference
+    assert all(p.untyped_storage().nbytes() <= 8 for p in module.parameters())
 
 
 def test_light_and_full_prepare_give_the_same_graph_and_indicator(monkeypatch):

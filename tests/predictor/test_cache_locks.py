@@ -18,7 +18,7 @@ indicator: {method: gvar, calibration: {batches: 1, batch_size: 4}}
 """
 HANG_S = 120  # a hang detector only: every wait below ends as soon as its event is set
 
-ctx = mp.get_context("fork")
+ctx = mp.get_context("spawn")  # not fork: the test process may already run threads (torch, HiGHS), which a fork would inherit locked
 
 
 def _count_gvar(counter, computing=None, release=None):
