@@ -5,10 +5,10 @@
     plan.to_fqn_config("t4")    # {'conv1': 'fp16', 'layer1.0.conv1': 'int8', ...}
 """
 
-from .errors import InfeasibleError, QSyncError, SpecError
-from .plan import Plan
-from .serving_plan import ServingPlan
-from .spec import JobSpec, load_spec
+from qsync_opt.errors import InfeasibleError, QSyncError, SpecError
+from qsync_opt.plan import Plan
+from qsync_opt.serving_plan import ServingPlan
+from qsync_opt.spec import JobSpec, load_spec
 
 __version__ = "0.1.0"
 __all__ = ["solve", "load_spec", "JobSpec", "Plan", "ServingPlan", "QSyncError", "SpecError", "InfeasibleError", "__version__"]
@@ -19,6 +19,6 @@ def solve(spec_or_path, **overrides) -> Plan:
 
     A `kind: serving` spec gives a `qsync_opt.serving_plan.ServingPlan` instead of a Plan.
     """
-    from .pipeline import solve as _solve
+    from qsync_opt.pipeline import solve as _solve
 
     return _solve(spec_or_path, **overrides)

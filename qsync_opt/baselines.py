@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import difflib
 
-from .errors import SpecError
-from .plan import Plan
+from qsync_opt.errors import SpecError
+from qsync_opt.plan import Plan
 
 
 def baseline_plan(plan: Plan, name: str) -> Plan:

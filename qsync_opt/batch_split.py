@@ -34,9 +34,9 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from .errors import InfeasibleError, SolverError
-from .plan import Baseline
-from .spec import JobSpec
+from qsync_opt.errors import InfeasibleError, SolverError
+from qsync_opt.plan import Baseline
+from qsync_opt.spec import JobSpec
 
 MAX_CANDIDATES = 48
 RESERVE = 0.25
@@ -107,9 +107,9 @@ def choose_split(spec: JobSpec, prepared, budget=None) -> Split:
 
     Every candidate's solve draws on `budget`, leaving RESERVE of it for the final solve;
     candidates left when it runs out are not tried, and the notes say how many were."""
-    from .pipeline import _as_baseline, resolve_budget, run_backend
-    from .predictor.instance_builder import baseline, build_instance
-    from .solver.budget import Budget
+    from qsync_opt.pipeline import _as_baseline, resolve_budget, run_backend
+    from qsync_opt.predictor.instance_builder import baseline, build_instance
+    from qsync_opt.solver.budget import Budget
 
     budget = budget or Budget(spec.solver.time_limit_s)
     graph, sens, boundary = prepared.graph, prepared.sensitivity, spec.runtime.boundary

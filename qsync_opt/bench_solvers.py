@@ -19,16 +19,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .errors import InfeasibleError, QSyncError
-from .solver.backends import EXACT, available
-from .solver.backends.base import SolveOptions
-from .solver.greedy import greedy
-from .solver.instance import TrainingInstance, evaluate
-from .solver.random_instances import synthetic
-from .solver.bounded import applies
-from .solver.decompose import separable
-from .solver.solve import solve_instance, solve_problem
-from .solver.training import compile_training
+from qsync_opt.errors import InfeasibleError, QSyncError
+from qsync_opt.solver.backends import EXACT, available
+from qsync_opt.solver.backends.base import SolveOptions
+from qsync_opt.solver.greedy import greedy
+from qsync_opt.solver.instance import TrainingInstance, evaluate
+from qsync_opt.solver.random_instances import synthetic
+from qsync_opt.solver.bounded import applies
+from qsync_opt.solver.decompose import separable
+from qsync_opt.solver.solve import solve_instance, solve_problem
+from qsync_opt.solver.training import compile_training
 
 #: (group, device, count, role, per-device batch). Faster devices carry larger local batches,
 #: as a scheduler would give them, so the inference GPUs can keep pace at some precision mix.
@@ -54,9 +54,9 @@ class Case:
 
 
 def zoo_cases(models: list[str]) -> list[Case]:
-    from .pipeline import prepare
-    from .predictor.instance_builder import build_instance
-    from .spec import load_spec
+    from qsync_opt.pipeline import prepare
+    from qsync_opt.predictor.instance_builder import build_instance
+    from qsync_opt.spec import load_spec
 
     cases = []
     for model in models:
@@ -83,7 +83,7 @@ def synthetic_cases(sizes: list[int], kinds: list[str] | None = None) -> list[Ca
 
 
 def saved_cases(directory: str) -> list[Case]:
-    from .solver.export import load_problem
+    from qsync_opt.solver.export import load_problem
 
     return [Case(p.stem, "saved", None, load_problem(str(p))) for p in sorted(Path(directory).glob("*.json"))]
 
@@ -223,8 +223,8 @@ def limit_rows(n: int, limit: float) -> list[dict]:
     Before the shared budget, the diagnosis's side-solves ran on their own 60 s limits (125-290 s)."""
     from dataclasses import replace
 
-    from .solver.budget import Budget
-    from .solver.solve import solve_instance
+    from qsync_opt.solver.budget import Budget
+    from qsync_opt.solver.solve import solve_instance
 
     inst = synthetic(n, 5, 4, "dag", seed=1)
     inst = replace(inst, groups=tuple(replace(g, time_bound_ms=g.time_bound_ms * 0.5) for g in inst.groups))
@@ -247,7 +247,7 @@ def limit_rows(n: int, limit: float) -> list[dict]:
 
 
 def list_models_default() -> list[str]:
-    from .models.zoo import list_models
+    from qsync_opt.models.zoo import list_models
 
     return list_models()
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .errors import InfeasibleError, ModelError, QSyncError, RuntimeSetupError, SpecError
+from qsync_opt.errors import InfeasibleError, ModelError, QSyncError, RuntimeSetupError, SpecError
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_STOPPED, EXIT_MISSES_BOUNDS = 0, 1, 2, 3, 4, 5
 
@@ -119,15 +119,15 @@ def _parser() -> argparse.ArgumentParser:
     bs.add_argument("--limit-check", type=float, help="also time a whole no-plan call under this limit (--quick: 0.05)")
     bs.set_defaults(func=_cmd_bench_solvers)
 
-    from .cli_predict import register  # profile | predict | indicate
+    from qsync_opt.cli_predict import register  # profile | predict | indicate
 
     register(sub)
     return p
 
 
 def _cmd_solve(args) -> int:
-    from . import pipeline
-    from .report import print_plan
+    from qsync_opt import pipeline
+    from qsync_opt.report import print_plan
 
     out = _console(stderr=args.json)
     overrides = {}
@@ -141,13 +141,13 @@ def _cmd_solve(args) -> int:
         return _solve_problem(args, overrides, out)
     if not args.spec:
         raise SpecError("solve needs a SPEC path (or --problem FILE)")
-    from .solver.backends.quiet import fd1_redirected
+    from qsync_opt.solver.backends.quiet import fd1_redirected
 
     # with --json, whatever a library prints from C goes to stderr: stdout carries the plan alone
     with fd1_redirected(2) if args.json else contextlib.nullcontext():
         plan = pipeline.solve(args.spec, export_problem=args.export_problem, **overrides)
     if getattr(plan, "kind", None) == "serving":
-        from .serving_report import print_serving_plan
+        from qsync_opt.serving_report import print_serving_plan
 
         print_serving_plan(plan, out)
     else:
@@ -169,11 +169,11 @@ def _solve_problem(args, overrides: dict, out) -> int:
     """`solve --problem FILE`: re-solve a saved program; -o writes and --json prints the result."""
     import json
 
-    from .io import atomic_write_text
-    from .solver.backends import EXACT, available
-    from .solver.backends.base import SolveOptions
-    from .solver.export import load_problem
-    from .solver.solve import DEFAULT_BACKEND, solve_problem
+    from qsync_opt.io import atomic_write_text
+    from qsync_opt.solver.backends import EXACT, available
+    from qsync_opt.solver.backends.base import SolveOptions
+    from qsync_opt.solver.export import load_problem
+    from qsync_opt.solver.solve import DEFAULT_BACKEND, solve_problem
 
     backend = overrides.get("solver.backend", "default")
     allowed = [*EXACT, "greedy", "default"]
@@ -192,7 +192,7 @@ def _solve_problem(args, overrides: dict, out) -> int:
     opts = SolveOptions(time_limit_s=overrides.get("solver.time_limit_s", 60.0),
                         rel_gap=overrides.get("solver.rel_gap", 1e-4))
     if args.json:
-        from .solver.backends.quiet import fd1_redirected
+        from qsync_opt.solver.backends.quiet import fd1_redirected
 
         with fd1_redirected(2):
             r = solve_problem(problem, backend, opts)
@@ -217,8 +217,8 @@ def _solve_problem(args, overrides: dict, out) -> int:
 
 
 def _cmd_devices(args) -> int:
-    from .hardware.device import catalog
-    from .precision import PRECISIONS, PEAK_KEY
+    from qsync_opt.hardware.device import catalog
+    from qsync_opt.precision import PRECISIONS, PEAK_KEY
 
     # columns are the precision names a spec and a plan use (fp8_e4m3 and fp8_e5m2 share one rate)
     t = Table(title="device catalog (dense peak TFLOP/s or TOP/s; '-' = no native path)", title_justify="left")
@@ -237,7 +237,7 @@ def _cmd_devices(args) -> int:
 
 
 def _cmd_models(args) -> int:
-    from .models.zoo import ZOO
+    from qsync_opt.models.zoo import ZOO
 
     t = Table(title="model zoo (random weights, no downloads)", title_justify="left")
     t.add_column("name")
@@ -251,8 +251,8 @@ def _cmd_models(args) -> int:
 def _cmd_spec(args) -> int:
     from pydantic import BaseModel
 
-    from .spec import JobSpec
-    from .spec_errors import model_in
+    from qsync_opt.spec import JobSpec
+    from qsync_opt.spec_errors import model_in
 
     def walk(model: type[BaseModel], prefix: str, seen: set) -> None:
         for name, field in model.model_fields.items():
@@ -274,17 +274,17 @@ def _allowed_values(key: str, annotation) -> list[str]:
     """The values a spec field accepts, for `qsync-opt spec`: Literal choices and named presets."""
     from typing import Literal, get_args, get_origin
 
-    from .spec import BACKEND_NAMES, INTERCONNECTS
+    from qsync_opt.spec import BACKEND_NAMES, INTERCONNECTS
 
     presets = {"solver.backend": BACKEND_NAMES, "cluster.interconnect": tuple(INTERCONNECTS)}
     if key in presets:
         return list(presets[key])
     if key in ("cluster.groups.device.peak_tflops", "cluster.groups.device.efficiency"):
-        from .precision import PRECISIONS
+        from qsync_opt.precision import PRECISIONS
 
         return list(PRECISIONS)  # the names plans use; fp8_e4m3 and fp8_e5m2 share one rate
     if key == "cluster.groups.device":
-        from .hardware.device import catalog
+        from qsync_opt.hardware.device import catalog
 
         return [*catalog(), "{inline device}"]
     out: list[str] = []
@@ -301,7 +301,7 @@ def _allowed_values(key: str, annotation) -> list[str]:
 
 
 def _cmd_train(args) -> int:
-    from .torchrun import under_torchrun
+    from qsync_opt.torchrun import under_torchrun
 
     if args.start_timeout is not None and args.start_timeout <= 0:
         raise SpecError(f"--start-timeout: got {args.start_timeout:g}; give a positive number of seconds")
@@ -312,10 +312,10 @@ def _cmd_train(args) -> int:
     if args.checkpoint_every < 0:
         raise SpecError(f"--checkpoint-every: got {args.checkpoint_every}; give 0 (only at the end) or more")
     if under_torchrun():
-        from .torchrun import train_rank
+        from qsync_opt.torchrun import train_rank
 
         return train_rank(args)
-    from .runtime.launch import launch
+    from qsync_opt.runtime.launch import launch
 
     return launch(args.spec, args.plan, steps=args.steps, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                   checkpoint_every=args.checkpoint_every, metrics_dir=args.metrics_dir,
@@ -323,7 +323,7 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from .run import run
+    from qsync_opt.run import run
 
     stages = run(args.spec, args.output, start=args.start, steps=args.steps)
     print(f"report: {stages['report']}")
@@ -331,7 +331,7 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_bench_solvers(args) -> int:
-    from .bench_solvers import run_benchmark
+    from qsync_opt.bench_solvers import run_benchmark
 
     split = lambda text, conv=str: [conv(x) for x in text.split(",")] if text else None  # noqa: E731
     run_benchmark(out_dir=Path(args.out), instances_dir=args.instances, quick=args.quick,

@@ -35,14 +35,14 @@ def register(sub) -> None:
 
 
 def _console():
-    from .cli import _console as make
+    from qsync_opt.cli import _console as make
 
     return make()
 
 
 def cmd_profile(args) -> int:
-    from .predictor.profile import default_profile_path
-    from .predictor.profiler import profile_spec
+    from qsync_opt.predictor.profile import default_profile_path
+    from qsync_opt.predictor.profiler import profile_spec
 
     out = _console()
     path = Path(args.output) if args.output else default_profile_path()
@@ -66,12 +66,12 @@ def cmd_profile(args) -> int:
 
 def predict_plan(spec_path, plan_path):
     """(spec, Context, Timeline) of a saved plan replayed under the spec's cost model."""
-    from .errors import SpecError
-    from .pipeline import prepare
-    from .plan import Plan
-    from .predictor.instance_builder import build_instance
-    from .predictor.replayer import replay
-    from .spec import load_spec
+    from qsync_opt.errors import SpecError
+    from qsync_opt.pipeline import prepare
+    from qsync_opt.plan import Plan
+    from qsync_opt.predictor.instance_builder import build_instance
+    from qsync_opt.predictor.replayer import replay
+    from qsync_opt.spec import load_spec
 
     spec = load_spec(spec_path)
     plan = Plan.load(plan_path)
@@ -86,7 +86,7 @@ def predict_plan(spec_path, plan_path):
 
 
 def cmd_predict(args) -> int:
-    from .predictor.timeline_export import write_chrome_trace, write_png
+    from qsync_opt.predictor.timeline_export import write_chrome_trace, write_png
 
     out = _console()
     spec, ctx, tl = predict_plan(args.spec, args.plan)
@@ -110,9 +110,9 @@ def cmd_predict(args) -> int:
 def cmd_indicate(args) -> int:
     import json
 
-    from .io import atomic_write_text
-    from .predictor.indicators import compute_indicator
-    from .spec import load_spec
+    from qsync_opt.io import atomic_write_text
+    from qsync_opt.predictor.indicators import compute_indicator
+    from qsync_opt.spec import load_spec
 
     out = _console()
     overrides = {"indicator.method": args.method} if args.method else {}

@@ -11,7 +11,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from .errors import SpecError
+from qsync_opt.errors import SpecError
 
 
 def resolve_callable(path: str, field: str) -> Callable[..., Any]:

@@ -14,19 +14,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import InfeasibleError, SpecError
-from .models.from_spec import build_from_spec, input_maker
-from .models.graph import OpGraph
-from .models.private_rng import private_rng
-from .models.trace import trace
-from .plan import Baseline, GroupPlan, Plan, Provenance, SolverReport, graph_fingerprint
-from .predictor.context import Context
-from .predictor.indicators import compute_indicator
-from .predictor.instance_builder import baseline, build_instance
-from .predictor.replayer import replay
-from .predictor.sensitivity import Sensitivity
-from .solver.instance import Assignment, TrainingInstance, evaluate
-from .spec import JobSpec, load_spec
+from qsync_opt.errors import InfeasibleError, SpecError
+from qsync_opt.models.from_spec import build_from_spec, input_maker
+from qsync_opt.models.graph import OpGraph
+from qsync_opt.models.private_rng import private_rng
+from qsync_opt.models.trace import trace
+from qsync_opt.plan import Baseline, GroupPlan, Plan, Provenance, SolverReport, graph_fingerprint
+from qsync_opt.predictor.context import Context
+from qsync_opt.predictor.indicators import compute_indicator
+from qsync_opt.predictor.instance_builder import baseline, build_instance
+from qsync_opt.predictor.replayer import replay
+from qsync_opt.predictor.sensitivity import Sensitivity
+from qsync_opt.solver.instance import Assignment, TrainingInstance, evaluate
+from qsync_opt.spec import JobSpec, load_spec
 
 TRACE_BATCH = 1
 """Graphs are traced at batch 1 and rescaled per group (OpGraph.for_batch): cheap and exact for FLOPs."""
@@ -70,9 +70,9 @@ def prepare(spec: JobSpec) -> Prepared:
 
 def _prepare_light(spec: JobSpec, t0: float) -> Prepared | None:
     """prepare() without materialising the weights, or None where that cannot be exact."""
-    from .errors import ModelError
-    from .predictor.indicators import indicator_precisions
-    from .predictor.weight_stream import light_capable, prepare_light, streamed_weight_indicator
+    from qsync_opt.errors import ModelError
+    from qsync_opt.predictor.indicators import indicator_precisions
+    from qsync_opt.predictor.weight_stream import light_capable, prepare_light, streamed_weight_indicator
 
     built = prepare_light(spec, spec.training.seed if spec.training else 0) if light_capable(spec) else None
     if built is None:
@@ -80,7 +80,7 @@ def _prepare_light(spec: JobSpec, t0: float) -> Prepared | None:
     module, recording, meta_of = built
     t1 = time.perf_counter()
     inputs = input_maker(spec)(TRACE_BATCH, torch.Generator().manual_seed(0))
-    from .models.lazy_weights import dense_during_calls
+    from qsync_opt.models.lazy_weights import dense_during_calls
 
     try:
         with dense_during_calls(module):  # zeros for one module at a time while it runs (fast CPU kernels)
@@ -108,7 +108,7 @@ def solve(spec_or_path: "str | Path | dict | JobSpec", *, export_problem: "str |
             overrides[f"solver.{short}"] = overrides.pop(short)
     spec = load_spec(spec_or_path, **overrides)
     if spec.kind == "serving":
-        from .serving_planner import plan_serving
+        from qsync_opt.serving_planner import plan_serving
 
         if export_problem is not None:
             raise SpecError("--export-problem is for training specs; a serving plan solves one program per order and micro-batch pair")
@@ -120,9 +120,9 @@ def solve(spec_or_path: "str | Path | dict | JobSpec", *, export_problem: "str |
 def plan_training(spec: JobSpec, prepared: Prepared, *, export_problem: "str | Path | None" = None) -> Plan:
     """One budget of `solver.time_limit_s` for everything below: split search, solve, tie-break,
     refine rounds and diagnosis; model building is timed apart and reported beside it."""
-    from .batch_split import choose_split
-    from .refine import solve_and_refine
-    from .solver.budget import Budget
+    from qsync_opt.batch_split import choose_split
+    from qsync_opt.refine import solve_and_refine
+    from qsync_opt.solver.budget import Budget
 
     t0 = time.perf_counter()
     budget = Budget(spec.solver.time_limit_s)
@@ -135,8 +135,8 @@ def plan_training(spec: JobSpec, prepared: Prepared, *, export_problem: "str | P
         local_batches, extra = None, {}
     instance, ctx = build_training_instance(spec, prepared, local_batches)
     if export_problem:
-        from .solver.export import save_problem
-        from .solver.training import compile_training
+        from qsync_opt.solver.export import save_problem
+        from qsync_opt.solver.training import compile_training
 
         save_problem(compile_training(instance), str(export_problem))
         notes.append(f"problem exported to {export_problem}")
@@ -174,7 +174,7 @@ def resolve_budget(spec: JobSpec, instance: TrainingInstance) -> TrainingInstanc
 
 
 def _greedy_result(instance: TrainingInstance) -> dict | None:
-    from .solver.greedy import greedy
+    from qsync_opt.solver.greedy import greedy
 
     g = greedy(instance)
     if not g.feasible:
@@ -185,9 +185,9 @@ def _greedy_result(instance: TrainingInstance) -> dict | None:
 
 def run_backend(spec: JobSpec, instance: TrainingInstance, budget=None) -> dict:
     """One solve with the spec's backend on `budget` (the spec's time limit if None)."""
-    from .solver.budget import Budget
-    from .solver.solve import DEFAULT_BACKEND, diagnose, solve_instance
-    from .solver.uniform import uniform_policy
+    from qsync_opt.solver.budget import Budget
+    from qsync_opt.solver.solve import DEFAULT_BACKEND, diagnose, solve_instance
+    from qsync_opt.solver.uniform import uniform_policy
 
     budget = budget or Budget(spec.solver.time_limit_s)
     backend = DEFAULT_BACKEND if spec.solver.backend == "default" else spec.solver.backend
@@ -221,12 +221,12 @@ def _baselines(instance: TrainingInstance, ctx: Context) -> dict[str, Baseline]:
     for label, kind in (("all highest (fp32)", "highest"), ("uniform lowest", "lowest")):
         a = baseline(instance, kind)
         out[label] = _as_baseline(instance, ctx, a)
-    from .solver.greedy import greedy
+    from qsync_opt.solver.greedy import greedy
 
     g = greedy(instance)
     if g.feasible:
         out["greedy (gain per ms)"] = _as_baseline(instance, ctx, g.assignment)
-    from .solver.qsync_greedy import qsync_greedy
+    from qsync_opt.solver.qsync_greedy import qsync_greedy
 
     q = qsync_greedy(instance, lambda a: replay(ctx, a).iteration_ms)  # QSync's rule, judged by the replayer
     out["qsync greedy (QSync allocator)"] = _as_baseline(instance, ctx, q)

@@ -17,9 +17,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import SpecError
-from .io import atomic_write_text
-from .precision import PrecisionName
+from qsync_opt.errors import SpecError
+from qsync_opt.io import atomic_write_text
+from qsync_opt.precision import PrecisionName
 
 FORMAT_VERSION = 1
 

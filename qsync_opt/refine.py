@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .errors import InfeasibleError, SolverError
-from .predictor.context import Context
-from .predictor.replayer import replay
-from .solver.budget import Budget
-from .solver.instance import Assignment, TrainingInstance, evaluate
+from qsync_opt.errors import InfeasibleError, SolverError
+from qsync_opt.predictor.context import Context
+from qsync_opt.predictor.replayer import replay
+from qsync_opt.solver.budget import Budget
+from qsync_opt.solver.instance import Assignment, TrainingInstance, evaluate
 
 TOL = 1e-6
 """Relative slack on a replayed time against its bound (as evaluate allows on the linear model)."""

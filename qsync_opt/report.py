@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from .plan import Plan
-from .precision import PRECISIONS
+from qsync_opt.plan import Plan
+from qsync_opt.precision import PRECISIONS
 
 GiB = 1024**3
 

@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import QSyncError, SpecError
-from .io import atomic_write_text
-from .plan import Plan
-from .spec import JobSpec, load_spec
+from qsync_opt.errors import QSyncError, SpecError
+from qsync_opt.io import atomic_write_text
+from qsync_opt.plan import Plan
+from qsync_opt.spec import JobSpec, load_spec
 
 
 @dataclass
@@ -36,26 +36,26 @@ class RunContext:
 
 
 def _profile(ctx: RunContext) -> str:
-    from .run_stages import profile_stage
+    from qsync_opt.run_stages import profile_stage
 
     return profile_stage(ctx.spec, ctx.out, ctx.log)
 
 
 def _indicate(ctx: RunContext) -> str:
-    from .run_stages import indicate_stage
+    from qsync_opt.run_stages import indicate_stage
 
     return indicate_stage(ctx.spec, ctx.out, ctx.log)
 
 
 def _solve(ctx: RunContext) -> str:
-    from .pipeline import solve
+    from qsync_opt.pipeline import solve
 
     plan = solve(ctx.spec)
     return str(plan.save(ctx.out / "plan.json"))
 
 
 def _train(ctx: RunContext) -> str:
-    from .runtime.launch import run_job
+    from qsync_opt.runtime.launch import run_job
 
     metrics = ctx.out / "train"
     before = os.getloadavg()
@@ -68,13 +68,13 @@ def _train(ctx: RunContext) -> str:
 
 
 def _predict(ctx: RunContext) -> str:
-    from .run_stages import predict_stage
+    from qsync_opt.run_stages import predict_stage
 
     return predict_stage(ctx.spec_path, ctx.out, ctx.log)
 
 
 def _report(ctx: RunContext) -> str:
-    from .run_report import write_report
+    from qsync_opt.run_report import write_report
 
     return str(write_report(ctx.spec, Plan.load(ctx.out / "plan.json"), ctx.out / "train", ctx.out))
 
@@ -98,7 +98,7 @@ def run(spec_path: str, out: "str | Path", *, start: str | None = None, steps: i
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     if manifest.get("spec_digest") != spec.digest() or manifest.get("steps") != steps:
         manifest = {"spec_digest": spec.digest(), "steps": steps, "stages": {}}
-    from .data.imported import add_to_sys_path, import_paths
+    from qsync_opt.data.imported import add_to_sys_path, import_paths
 
     add_to_sys_path(import_paths(spec_path))  # user models, for every stage that builds the model
     ctx = RunContext(spec_path, spec, out, steps, log)

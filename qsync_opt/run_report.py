@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .data.evaluation import read_eval
-from .io import atomic_write_text
-from .plan import Plan
-from .precision import PRECISIONS
-from .spec import JobSpec
+from qsync_opt.data.evaluation import read_eval
+from qsync_opt.io import atomic_write_text
+from qsync_opt.plan import Plan
+from qsync_opt.precision import PRECISIONS
+from qsync_opt.spec import JobSpec
 
 COLOURS = {"fp32": "#1f4e79", "tf32": "#2e75b6", "bf16": "#70ad47", "fp16": "#a9d18e", "fp8_e4m3": "#ffc000",
            "fp8_e5m2": "#ffd966", "int8": "#ed7d31", "int4": "#c00000"}
@@ -109,7 +109,7 @@ def _load(x) -> str:
 
 def _prediction_lines(out: Path, metrics: Path) -> list[str]:
     """Predicted (replayer) against measured (train) iteration time, each with the load it was made under."""
-    from .run_stages import measured_iteration_ms
+    from qsync_opt.run_stages import measured_iteration_ms
 
     pred_path = out / "predict.json"
     if not pred_path.exists():

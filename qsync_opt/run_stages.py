@@ -15,19 +15,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .io import atomic_write_text
-from .spec import JobSpec
+from qsync_opt.io import atomic_write_text
+from qsync_opt.spec import JobSpec
 
 
 def _graph(spec: JobSpec):
     """The model's graph at the trace batch (as pipeline.prepare traces it)."""
     import torch
 
-    from .models.from_spec import build_from_spec, input_maker
-    from .models.trace import trace
-    from .pipeline import TRACE_BATCH
+    from qsync_opt.models.from_spec import build_from_spec, input_maker
+    from qsync_opt.models.trace import trace
+    from qsync_opt.pipeline import TRACE_BATCH
 
-    from .models.private_rng import private_rng
+    from qsync_opt.models.private_rng import private_rng
 
     with private_rng(spec.training.seed):  # as pipeline.prepare: never torch's global RNG
         module = build_from_spec(spec)
@@ -42,8 +42,8 @@ def missing_profile(spec: JobSpec, graph) -> tuple[dict[str, str], dict[str, str
     no `profile:` file of its own, its device runs here, and this machine's profile lacks any
     entry the profiler would write for it (the same list `profile_group` works through).
     """
-    from .predictor.profile import default_profile_path, load_profile, op_signature, step_key
-    from .predictor.profiler import group_threads, is_local, local_ranks
+    from qsync_opt.predictor.profile import default_profile_path, load_profile, op_signature, step_key
+    from qsync_opt.predictor.profiler import group_threads, is_local, local_ranks
 
     path = default_profile_path()
     prof = load_profile(path) if path.exists() else None  # another machine's profile: refused by name
@@ -74,8 +74,8 @@ def missing_profile(spec: JobSpec, graph) -> tuple[dict[str, str], dict[str, str
 
 def profile_stage(spec: JobSpec, out: Path, log: Callable[[str], None]) -> str:
     """Measure the local groups that have no usable profile yet (the profiler resumes partial ones)."""
-    from .predictor.profile import default_profile_path
-    from .predictor.profiler import profile_spec
+    from qsync_opt.predictor.profile import default_profile_path
+    from qsync_opt.predictor.profiler import profile_spec
 
     todo, skip = ({}, {g.name: "costs: roofline" for g in spec.cluster.groups}) if spec.costs == "roofline" \
         else missing_profile(spec, _graph(spec))
@@ -93,7 +93,7 @@ def profile_stage(spec: JobSpec, out: Path, log: Callable[[str], None]) -> str:
 
 def indicate_stage(spec: JobSpec, out: Path, log: Callable[[str], None]) -> str:
     """The spec's indicator (from the shared indicator cache when it is there), ω kept in DIR."""
-    from .predictor.indicators import compute_indicator
+    from qsync_opt.predictor.indicators import compute_indicator
 
     sens, note = compute_indicator(spec, log=lambda s: log(f"  {s}"))
     log(f"  {note}")
@@ -103,8 +103,8 @@ def indicate_stage(spec: JobSpec, out: Path, log: Callable[[str], None]) -> str:
 
 def predict_stage(spec_path: str, out: Path, log: Callable[[str], None]) -> str:
     """Replay the plan: lockstep iteration, per-group breakdown, Chrome trace and PNG timeline."""
-    from .cli_predict import predict_plan
-    from .predictor.timeline_export import write_chrome_trace, write_png
+    from qsync_opt.cli_predict import predict_plan
+    from qsync_opt.predictor.timeline_export import write_chrome_trace, write_png
 
     spec, ctx, tl = predict_plan(spec_path, out / "plan.json")
     write_chrome_trace(tl, out / "timeline.trace.json")

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from .io import atomic_write_text
+from qsync_opt.io import atomic_write_text
 
 SERVING_PLAN_VERSION = 1
 _CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)

@@ -17,16 +17,16 @@ import itertools
 import time
 from dataclasses import dataclass, field, replace
 
-from .errors import InfeasibleError, SpecError
-from .predictor.serving_instance import COST_SOURCE, PipelineDevice, build, micro_batch_sizes
-from .predictor.serving_quality import layer_omegas
-from .serving_plan import BaselineResult, Prediction, ServingPlan, SolverStats, Stage
-from .solver.backends import EXACT, available
-from .solver.backends.base import SolveOptions
-from .solver.serving import Assignment, Evaluation, ServingInstance, compile_serving, evaluate, solve_serving
-from .solver.serving_bounds import lower_bound, relaxation_bound
-from .solver.serving_baselines import adabits, uniform
-from .spec import JobSpec
+from qsync_opt.errors import InfeasibleError, SpecError
+from qsync_opt.predictor.serving_instance import COST_SOURCE, PipelineDevice, build, micro_batch_sizes
+from qsync_opt.predictor.serving_quality import layer_omegas
+from qsync_opt.serving_plan import BaselineResult, Prediction, ServingPlan, SolverStats, Stage
+from qsync_opt.solver.backends import EXACT, available
+from qsync_opt.solver.backends.base import SolveOptions
+from qsync_opt.solver.serving import Assignment, Evaluation, ServingInstance, compile_serving, evaluate, solve_serving
+from qsync_opt.solver.serving_bounds import lower_bound, relaxation_bound
+from qsync_opt.solver.serving_baselines import adabits, uniform
+from qsync_opt.spec import JobSpec
 
 MAX_ORDERS = 24
 LP_BACKENDS = ("highs", "cbc", "scip")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from .serving_plan import ServingPlan
+from qsync_opt.serving_plan import ServingPlan
 
 
 def _bits(counts: dict[int, int]) -> str:

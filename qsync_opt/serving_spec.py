@@ -12,7 +12,7 @@ from typing import Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from .spec_base import SpecModel as _Model
+from qsync_opt.spec_base import SpecModel as _Model
 
 
 #: Published configs (the models' config.json on their model cards).

@@ -16,13 +16,13 @@ from typing import Any, Literal, Union
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from .data.config import DataSpec
-from .errors import SpecError
-from .serving_spec import ServingSpec  # noqa: F401  (the serving section lives beside its planner)
-from .spec_base import SpecModel as _Model
-from .spec_cluster import INTERCONNECTS, Cluster, DeviceGroup, Interconnect  # noqa: F401 (re-exported)
-from .spec_errors import format_errors
-from .spec_yaml import CODE_ENV, INT_ENV, DuplicateKey, UniqueKeyLoader, loads_code  # noqa: F401 (re-exported)
+from qsync_opt.data.config import DataSpec
+from qsync_opt.errors import SpecError
+from qsync_opt.serving_spec import ServingSpec  # noqa: F401  (the serving section lives beside its planner)
+from qsync_opt.spec_base import SpecModel as _Model
+from qsync_opt.spec_cluster import INTERCONNECTS, Cluster, DeviceGroup, Interconnect  # noqa: F401 (re-exported)
+from qsync_opt.spec_errors import format_errors
+from qsync_opt.spec_yaml import CODE_ENV, INT_ENV, DuplicateKey, UniqueKeyLoader, loads_code  # noqa: F401 (re-exported)
 
 #: Solver backends a spec may name: the registry's (qsync_opt.solver.backends.BACKENDS), the
 #: uniform-lowest policy, and 'default' (the measured best; see solver.solve.DEFAULT_BACKEND).
@@ -196,7 +196,7 @@ class JobSpec(_Model):
         (serving specs carry their own overhead model in serving.runtime_overhead_gb)."""
         if self.kind != "training":
             return self
-        from .predictor.memory import capacity_bytes  # lazy: only specs that override memory pay for it
+        from qsync_opt.predictor.memory import capacity_bytes  # lazy: only specs that override memory pay for it
 
         for i, g in enumerate(self.cluster.groups):
             if g.memory_gb is None:

@@ -8,10 +8,10 @@ from typing import Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from .hardware.device import DeviceSpec, catalog, find_device
-from .precision import PrecisionName
-from .spec_base import SpecModel as _Model
-from .spec_yaml import INT_ENV
+from qsync_opt.hardware.device import DeviceSpec, catalog, find_device
+from qsync_opt.precision import PrecisionName
+from qsync_opt.spec_base import SpecModel as _Model
+from qsync_opt.spec_yaml import INT_ENV
 
 #: Interconnect presets: (bandwidth in GB/s per direction, latency in microseconds).
 INTERCONNECTS: dict[str, tuple[float, float]] = {

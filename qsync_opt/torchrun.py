@@ -26,9 +26,9 @@ def under_torchrun() -> bool:
 
 def train_rank(args) -> int:
     """Validate, take this rank's group env, train; the exit code of this rank."""
-    from .errors import SpecError
-    from .plan import Plan
-    from .spec import load_spec
+    from qsync_opt.errors import SpecError
+    from qsync_opt.plan import Plan
+    from qsync_opt.spec import load_spec
 
     spec = load_spec(args.spec)
     if spec.kind != "training" or spec.training is None:
@@ -52,11 +52,11 @@ def train_rank(args) -> int:
 
     import torch  # noqa: F401  (only now: the group's env is in place)
 
-    from .runtime.worker import guarded
+    from qsync_opt.runtime.worker import guarded
 
     def run() -> int:
-        from .runtime.launch import validate
-        from .runtime.trainer import WorkerConfig, run_worker
+        from qsync_opt.runtime.launch import validate
+        from qsync_opt.runtime.trainer import WorkerConfig, run_worker
 
         validate(spec, plan, force=args.force)
         if args.resume and not args.checkpoint_dir:
@@ -71,7 +71,7 @@ def train_rank(args) -> int:
 
 
 def _int_env(name: str) -> int:
-    from .errors import SpecError
+    from qsync_opt.errors import SpecError
 
     raw = os.environ.get(name, "")
     try:

@@ -8,27 +8,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .config import BUILTIN, DataSpec
+from qsync_opt.data.config import BUILTIN, DataSpec
 
 if TYPE_CHECKING:  # the runtime parts import torch; keep `import qsync_opt.spec` light
-    from .check import check_data
-    from .evaluation import EvalLog, evaluate
-    from .task import DatasetTask, build_task
+    from qsync_opt.data.check import check_data
+    from qsync_opt.data.evaluation import EvalLog, evaluate
+    from qsync_opt.data.task import DatasetTask, build_task
 
 __all__ = ["BUILTIN", "DataSpec", "DatasetTask", "EvalLog", "build_task", "check_data", "evaluate"]
 
 
 def __getattr__(name: str):
     if name in ("DatasetTask", "build_task"):
-        from . import task
+        from qsync_opt.data import task
 
         return getattr(task, name)
     if name in ("EvalLog", "evaluate"):
-        from . import evaluation as ev
+        from qsync_opt.data import evaluation as ev
 
         return getattr(ev, name)
     if name == "check_data":
-        from .check import check_data
+        from qsync_opt.data.check import check_data
 
         return check_data
     raise AttributeError(name)

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import SpecError
-from ..io import atomic_write_bytes
+from qsync_opt.errors import SpecError
+from qsync_opt.io import atomic_write_bytes
 
 Split = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 """x_train, y_train, x_test, y_test."""

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import SpecError
-from ..spec import JobSpec
-from .task import build_task
+from qsync_opt.errors import SpecError
+from qsync_opt.spec import JobSpec
+from qsync_opt.data.task import build_task
 
 
 def check_data(spec: JobSpec):
@@ -15,7 +15,7 @@ def check_data(spec: JobSpec):
     Raises SpecError naming `data...` when the data cannot be loaded, its samples do not fit the
     model's input, or its labels are out of range of the model's outputs.
     """
-    from ..models.from_spec import build_from_spec
+    from qsync_opt.models.from_spec import build_from_spec
 
     task = build_task(spec)
     where = "data" if getattr(spec, "data", None) is not None else "data (synthetic default)"

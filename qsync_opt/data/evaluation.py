@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..io import atomic_write_text
+from qsync_opt.io import atomic_write_text
 
 FIELDS = ("step", "train_loss", "test_loss", "test_accuracy", "test_samples")
 
@@ -111,7 +111,7 @@ class Evaluator:
         if self.log is None:
             return None
         if self._plain is None:
-            from ..models.from_spec import build_from_spec
+            from qsync_opt.models.from_spec import build_from_spec
 
             state = torch.random.get_rng_state()
             try:

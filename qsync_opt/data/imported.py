@@ -13,8 +13,8 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
-from ..errors import SpecError
-from ..importing import resolve_callable
+from qsync_opt.errors import SpecError
+from qsync_opt.importing import resolve_callable
 
 
 def import_paths(spec_path: "str | Path | None") -> list[str]:

@@ -17,9 +17,9 @@ from collections import OrderedDict
 import torch
 import torch.nn.functional as F
 
-from ..models.from_spec import build_from_spec as build_model
-from ..models.from_spec import input_maker
-from ..spec import JobSpec
+from qsync_opt.models.from_spec import build_from_spec as build_model
+from qsync_opt.models.from_spec import input_maker
+from qsync_opt.spec import JobSpec
 
 CHUNK = 64
 _TEACHER_SEED_OFFSET = 1_000_003
@@ -41,7 +41,7 @@ class SyntheticTask:
         self.test_samples = test_samples
         self.seed = spec.training.seed if spec.training else 0
         self._make_inputs = input_maker(spec)
-        from ..models.private_rng import private_rng
+        from qsync_opt.models.private_rng import private_rng
 
         with private_rng(self.seed + _TEACHER_SEED_OFFSET):  # never torch's global RNG (thread-safe)
             self.teacher = build_model(spec).eval()
@@ -93,6 +93,6 @@ class SyntheticTask:
 
 
 def _zoo_entry(spec: JobSpec):
-    from ..models.zoo import get_entry
+    from qsync_opt.models.zoo import get_entry
 
     return get_entry(spec.model.name)

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
-from ..errors import SpecError
-from ..spec import JobSpec
-from . import builtin
-from .imported import load_datasets
+from qsync_opt.errors import SpecError
+from qsync_opt.spec import JobSpec
+from qsync_opt.data import builtin
+from qsync_opt.data.imported import load_datasets
 
 
 class DatasetTask:
@@ -85,7 +85,7 @@ def build_task(spec: JobSpec):
     data = getattr(spec, "data", None)
     seed = spec.training.seed if spec.training else 0
     if data is None or data.source == "synthetic":
-        from .synthetic import SyntheticTask
+        from qsync_opt.data.synthetic import SyntheticTask
 
         kw = dict(data.kwargs) if data is not None else {}
         bad = sorted(set(kw) - {"test_samples"})

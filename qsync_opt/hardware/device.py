@@ -13,7 +13,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from ..precision import PEAK_KEY, PRECISIONS
+from qsync_opt.precision import PEAK_KEY, PRECISIONS
 
 PeakKey = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4"]
 
@@ -52,7 +52,7 @@ class DeviceSpec(BaseModel):
     def with_kernels(self, kernels: str) -> "DeviceSpec":
         """This device as the runtime runs it under `runtime.kernels` (auto | templated | torch):
         which formats are offered and at which rate follow the implementation dispatch picks then."""
-        from ..kernels.dispatch import KERNELS
+        from qsync_opt.kernels.dispatch import KERNELS
 
         if kernels not in KERNELS:
             raise ValueError(f"runtime.kernels: {kernels!r}; use one of {', '.join(KERNELS)}")
@@ -92,7 +92,7 @@ class DeviceSpec(BaseModel):
     def supports(self, precision: str) -> bool:
         """Whether the planner may offer `precision` here: the datasheet lists its rate and the
         runtime's dispatch (kernels/dispatch.py) runs it without emulating it through fp32."""
-        from ..kernels.dispatch import offer
+        from qsync_opt.kernels.dispatch import offer
 
         return PEAK_KEY[precision] in self.peak_tflops and offer(self, precision, self._kernels)[0]
 
@@ -104,7 +104,7 @@ class DeviceSpec(BaseModel):
     def rate_key(self, precision: str) -> str:
         """The peak_tflops key that prices `precision`: that of the implementation the runtime
         executes here (kernels/dispatch.py), e.g. 'int8' for int4 emulated through the int8 path."""
-        from ..kernels.dispatch import implementation
+        from qsync_opt.kernels.dispatch import implementation
 
         return implementation(self, precision, self._kernels).rate
 

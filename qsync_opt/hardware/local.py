@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from .device import DeviceSpec
+from qsync_opt.hardware.device import DeviceSpec
 
 #: Square-GEMM peaks are optimistic for training shapes (smaller, transposed in backward).
 MEASURED_EFFICIENCY = 0.7

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ..io import atomic_write_text
+from qsync_opt.io import atomic_write_text
 
 MARKER = "build.json"
 

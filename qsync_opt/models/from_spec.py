@@ -11,9 +11,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..errors import ModelError, QSyncError, SpecError
-from ..spec import JobSpec
-from .zoo import build_model, get_entry, load_factory
+from qsync_opt.errors import ModelError, QSyncError, SpecError
+from qsync_opt.spec import JobSpec
+from qsync_opt.models.zoo import build_model, get_entry, load_factory
 
 InputMaker = Callable[[int, "torch.Generator | None"], tuple[torch.Tensor, ...]]
 

@@ -18,10 +18,10 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from ..errors import RuntimeSetupError
-from . import flops
-from .layers import FunctionalConv2d, FunctionalLinear, MatMul
-from .trace import op_names, symbolic_trace
+from qsync_opt.errors import RuntimeSetupError
+from qsync_opt.models import flops
+from qsync_opt.models.layers import FunctionalConv2d, FunctionalLinear, MatMul
+from qsync_opt.models.trace import op_names, symbolic_trace
 
 REWRITABLE = {"matmul": "matmul", "bmm": "bmm", "linear": "linear", "conv2d": "conv2d"}
 """Function names (as trace names them) that get a module."""
@@ -110,8 +110,8 @@ def applicable_model(module: nn.Module, spec, plan_or_mapping) -> nn.Module:
     The trainer and the launcher's dry run call this before `apply_plan`; a plan without
     functional ops leaves the module untouched.
     """
-    from ..models.from_spec import input_maker
-    from ..plan import Plan
+    from qsync_opt.models.from_spec import input_maker
+    from qsync_opt.plan import Plan
 
     if isinstance(plan_or_mapping, Plan):
         wanted = {fqn for g in plan_or_mapping.groups.values() for fqn in g.precisions}

@@ -5,14 +5,14 @@ sensitivity indicators (indicator, gvar), the replayer that judges a plan on a t
 the builder that turns a spec into the solver's TrainingInstance.
 """
 
-from .casts import cast_ms, edge_cast_ms, resolve_backward_precision
-from .comm import allreduce_ms, ddp_buckets
-from .context import Context, GroupContext
-from .costs import OpCost, op_costs, optimizer_ms
-from .indicator import Sensitivity, gvar_indicator, weight_indicator
-from .instance_builder import baseline, build_instance
-from .memory import MemoryModel, memory_model
-from .replayer import GroupTimeline, Timeline, replay, verify
+from qsync_opt.predictor.casts import cast_ms, edge_cast_ms, resolve_backward_precision
+from qsync_opt.predictor.comm import allreduce_ms, ddp_buckets
+from qsync_opt.predictor.context import Context, GroupContext
+from qsync_opt.predictor.costs import OpCost, op_costs, optimizer_ms
+from qsync_opt.predictor.indicator import Sensitivity, gvar_indicator, weight_indicator
+from qsync_opt.predictor.instance_builder import baseline, build_instance
+from qsync_opt.predictor.memory import MemoryModel, memory_model
+from qsync_opt.predictor.replayer import GroupTimeline, Timeline, replay, verify
 
 __all__ = [
     "Context", "GroupContext", "GroupTimeline", "MemoryModel", "OpCost", "Sensitivity", "Timeline",

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from .profiler import _fit_line, robust_ms
-from .step_profile import lockstep_median_ms, loop_step, step_times_ms
+from qsync_opt.predictor.profiler import _fit_line, robust_ms
+from qsync_opt.predictor.step_profile import lockstep_median_ms, loop_step, step_times_ms
 
 ALLREDUCE_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
 
@@ -56,8 +56,8 @@ def ddp_step_times_ms(spec, rank: int) -> list[float]:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ..runtime.trainer import build_rank_model, make_optimizer
-    from .profiler import group_threads
+    from qsync_opt.runtime.trainer import build_rank_model, make_optimizer
+    from qsync_opt.predictor.profiler import group_threads
 
     g = spec.cluster.group_of_rank(rank)
     torch.set_num_threads(group_threads(g, spec.cluster.world_size))
@@ -108,12 +108,12 @@ def _worker(rank: int, world: int, port: int, spec_file: str | None, out_dir: st
 
     spec = None
     if spec_file:
-        from ..spec import load_spec
+        from qsync_opt.spec import load_spec
 
         spec = load_spec(spec_file)
         os.environ.update(spec.cluster.group_of_rank(rank).env)  # before any kernel: oneDNN reads its cap once
     collectives(spec, rank, world, f"tcp://127.0.0.1:{port}", Path(out_dir), ar=ar, ddp=ddp)
-    from ..runtime.process_exit import exit_without_destructors
+    from qsync_opt.runtime.process_exit import exit_without_destructors
 
     exit_without_destructors(0)  # results written; a gloo thread's destructor aborted ~1 in 5 such measurements here
 
@@ -124,7 +124,7 @@ def _spawn(world: int, spec, *, ar: bool, ddp: bool) -> tuple[dict | None, float
 
     import torch.multiprocessing as mp
 
-    from ..runtime.launch import _free_port
+    from qsync_opt.runtime.launch import _free_port
 
     with tempfile.TemporaryDirectory() as d:
         spec_file = None
@@ -146,7 +146,7 @@ def ddp_key(spec) -> str:
     import hashlib
     import json
 
-    from .profiler import group_threads
+    from qsync_opt.predictor.profiler import group_threads
 
     world = spec.cluster.world_size
     ranks = [(g.env, group_threads(g, world), spec.local_batches()[g.name])

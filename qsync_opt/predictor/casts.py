@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import SpecError
-from ..hardware.device import DeviceSpec
-from ..precision import BITS, INTEGER, PRECISIONS
+from qsync_opt.errors import SpecError
+from qsync_opt.hardware.device import DeviceSpec
+from qsync_opt.precision import BITS, INTEGER, PRECISIONS
 
 #: Formats that need a per-tensor scale (absmax pass) when a tensor is cast into them.
 SCALED = frozenset(INTEGER | {"fp8_e4m3", "fp8_e5m2"})

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .profile import Profile, ProfileError, load_profile
+from qsync_opt.predictor.profile import Profile, ProfileError, load_profile
 
 #: A companion stops after this long even if a profiler never reports (e.g. it was killed).
 BUSY_LIMIT_S = 1800.0
@@ -49,8 +49,8 @@ def run_colocated(spec, jobs: list[tuple[object, bool]], path: Path, progress: b
     DDP step is not taken here but in fresh ranks (profiler.profile_spec): read in these
     processes after their profiling, it came out a median 8% below what `train` then measured
     (benchmarks/ddp_step_readings.py), fresh ranks 3% above."""
-    from .allreduce_profile import read_results
-    from .profiler import group_threads
+    from qsync_opt.predictor.allreduce_profile import read_results
+    from qsync_opt.predictor.profiler import group_threads
 
     path = Path(path)
     with tempfile.TemporaryDirectory() as d:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..errors import SpecError
-from ..models.graph import OpGraph
+from qsync_opt.errors import SpecError
+from qsync_opt.models.graph import OpGraph
 
 DEFAULT_BUCKET_MB = 25.0  # torch DDP bucket_cap_mb (MiB)
 FIRST_BUCKET_MB = 1.0  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: DDP's first bucket is small

@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..hardware.device import DeviceSpec
-from ..models.graph import OpGraph
-from .comm import Bucket
-from .costs import OpCost
-from .memory import MemoryModel
+from qsync_opt.hardware.device import DeviceSpec
+from qsync_opt.models.graph import OpGraph
+from qsync_opt.predictor.comm import Bucket
+from qsync_opt.predictor.costs import OpCost
+from qsync_opt.predictor.memory import MemoryModel
 
 
 @dataclass(frozen=True)

@@ -42,12 +42,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..errors import SpecError
-from ..hardware.device import DeviceSpec
-from ..kernels.dispatch import implementation, storage_bits
-from ..models.graph import OpGraph, OpNode
-from ..precision import BITS, PRECISIONS, sort_high_to_low
-from .casts import SCALED, activation_format, cast_ms, resolve_backward_precision, storage_format
+from qsync_opt.errors import SpecError
+from qsync_opt.hardware.device import DeviceSpec
+from qsync_opt.kernels.dispatch import implementation, storage_bits
+from qsync_opt.models.graph import OpGraph, OpNode
+from qsync_opt.precision import BITS, PRECISIONS, sort_high_to_low
+from qsync_opt.predictor.casts import SCALED, activation_format, cast_ms, resolve_backward_precision, storage_format
 
 #: Optimizer state in FP32 copies of the weights: what the step reads and writes.
 OPTIMIZER_STATES: dict[str, int] = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import nn
 
-from ..models.graph import OpGraph
-from .sensitivity import Sensitivity, check_precisions, normalise
+from qsync_opt.models.graph import OpGraph
+from qsync_opt.predictor.sensitivity import Sensitivity, check_precisions, normalise
 
 
 @torch.no_grad()
@@ -28,7 +28,7 @@ def _mean_loss(model: nn.Module, batches: Sequence, loss_fn: Callable) -> float:
 def loss_changes(module: nn.Module, ops: Sequence[str], batches: Sequence, loss_fn: Callable,
                  precisions: Iterable[str], *, backward_precision: str = "bf16") -> tuple[dict, float]:
     """({op: {p: |ΔL|}}, fp32 loss) with one op at a time lowered to p."""
-    from ..runtime.apply import apply_plan, selectable_modules
+    from qsync_opt.runtime.apply import apply_plan, selectable_modules
 
     model = copy.deepcopy(module).eval()
     base = _mean_loss(model, batches, loss_fn)
@@ -51,7 +51,7 @@ def empirical_indicator(module: nn.Module, graph: OpGraph, batches: Sequence, lo
     ps = check_precisions(precisions)
     ops = [n.name for n in graph.selectable]
     raw, base = loss_changes(module, ops, batches, loss_fn, ps, backward_precision=backward_precision)
-    from ..runtime.apply import selectable_modules
+    from qsync_opt.runtime.apply import selectable_modules
 
     fixed = [op for op in ops if op not in selectable_modules(module)]
     omega, scale, ref = normalise(raw, ps)

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..hardware.device import DeviceSpec
-from ..models.graph import OpGraph, OpNode
-from ..precision import BITS
-from .casts import activation_format
-from .costs import OpCost, fixed_cost
+from qsync_opt.hardware.device import DeviceSpec
+from qsync_opt.models.graph import OpGraph, OpNode
+from qsync_opt.precision import BITS
+from qsync_opt.predictor.casts import activation_format
+from qsync_opt.predictor.costs import OpCost, fixed_cost
 
 Boundary = Literal["edge", "fp32"]
 BOUNDARIES: tuple[str, ...] = ("edge", "fp32")

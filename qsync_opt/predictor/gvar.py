@@ -37,10 +37,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..errors import ModelError, SpecError
-from ..models.graph import OpGraph, OpNode
-from ..precision import BITS, INTEGER, MANTISSA_BITS
-from .sensitivity import GAMMA, Sensitivity, check_precisions, depth_loading, normalise
+from qsync_opt.errors import ModelError, SpecError
+from qsync_opt.models.graph import OpGraph, OpNode
+from qsync_opt.precision import BITS, INTEGER, MANTISSA_BITS
+from qsync_opt.predictor.sensitivity import GAMMA, Sensitivity, check_precisions, depth_loading, normalise
 
 
 def qmax(precision: str) -> int:

@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import nn
 
-from ..errors import ModelError
-from ..models.graph import OpGraph
-from ..precision import INTEGER
-from .gvar import qmax
-from .sensitivity import Sensitivity, check_precisions, normalise
+from qsync_opt.errors import ModelError
+from qsync_opt.models.graph import OpGraph
+from qsync_opt.precision import INTEGER
+from qsync_opt.predictor.gvar import qmax
+from qsync_opt.predictor.sensitivity import Sensitivity, check_precisions, normalise
 
 FP8 = {"fp8_e4m3": ("float8_e4m3fn", 448.0), "fp8_e5m2": ("float8_e5m2", 57344.0)}
 

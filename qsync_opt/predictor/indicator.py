@@ -28,11 +28,11 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from ..errors import ModelError
-from ..models.graph import OpGraph, OpNode
-from ..precision import INTEGER, MANTISSA_BITS
-from .gvar import gvar_indicator, qmax
-from .sensitivity import Sensitivity, check_precisions, depth_loading, normalise
+from qsync_opt.errors import ModelError
+from qsync_opt.models.graph import OpGraph, OpNode
+from qsync_opt.precision import INTEGER, MANTISSA_BITS
+from qsync_opt.predictor.gvar import gvar_indicator, qmax
+from qsync_opt.predictor.sensitivity import Sensitivity, check_precisions, depth_loading, normalise
 
 __all__ = ["Sensitivity", "weight_indicator", "weight_noise", "gvar_indicator"]
 

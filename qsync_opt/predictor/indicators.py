@@ -19,12 +19,12 @@ import json
 import torch
 from torch import nn
 
-from ..errors import SpecError
-from ..io import atomic_write_text, entry_lock
-from ..models.graph import OpGraph
-from ..precision import PRECISIONS
-from ..spec import JobSpec
-from .sensitivity import Sensitivity
+from qsync_opt.errors import SpecError
+from qsync_opt.io import atomic_write_text, entry_lock
+from qsync_opt.models.graph import OpGraph
+from qsync_opt.precision import PRECISIONS
+from qsync_opt.spec import JobSpec
+from qsync_opt.predictor.sensitivity import Sensitivity
 
 METHODS = ("weight", "gvar", "hessian", "empirical")
 
@@ -54,7 +54,7 @@ def load_checkpoint(spec: JobSpec, module: nn.Module) -> nn.Module:
 def calibration_batches(spec: JobSpec, task=None) -> list[tuple[tuple[torch.Tensor, ...], torch.Tensor]]:
     """The first N batches of the job's training data (its `data:` section, else the synthetic
     task), as (inputs, targets): sensitivity is a property of the data the job trains on."""
-    from ..runtime.data import build_task
+    from qsync_opt.runtime.data import build_task
 
     cal = spec.indicator.calibration
     size = cal.batch_size or min(spec.training.global_batch, 32)
@@ -94,15 +94,15 @@ def indicator_precisions(spec: JobSpec) -> tuple[str, ...]:
 def compute_indicator(spec: JobSpec, module: nn.Module | None = None, graph: OpGraph | None = None,
                       *, use_cache: bool = True, log=None) -> tuple[Sensitivity, str]:
     """(Sensitivity, one-line note) of the spec's indicator method, from the cache when it is there."""
-    from .profile import cache_dir
+    from qsync_opt.predictor.profile import cache_dir
 
     method = spec.indicator.method
     if module is None or graph is None:
-        from ..pipeline import TRACE_BATCH
-        from ..models.from_spec import build_from_spec, input_maker
-        from ..models.trace import trace
+        from qsync_opt.pipeline import TRACE_BATCH
+        from qsync_opt.models.from_spec import build_from_spec, input_maker
+        from qsync_opt.models.trace import trace
 
-        from ..models.private_rng import private_rng
+        from qsync_opt.models.private_rng import private_rng
 
         with private_rng(spec.training.seed):  # never torch's global RNG
             module = build_from_spec(spec)
@@ -112,7 +112,7 @@ def compute_indicator(spec: JobSpec, module: nn.Module | None = None, graph: OpG
     module = load_checkpoint(spec, module)
     ps = indicator_precisions(spec)
     if method == "weight":
-        from .indicator import weight_indicator
+        from qsync_opt.predictor.indicator import weight_indicator
 
         return weight_indicator(module, graph, ps), "indicator: weight (weight quantisation noise, no data)"
     path = cache_dir() / "indicators" / f"{method}-{cache_key(spec, module, ps)}.json"
@@ -141,23 +141,23 @@ def _compute(spec: JobSpec, module: nn.Module, graph: OpGraph, ps: tuple[str, ..
     method = spec.indicator.method
     if log:
         log(f"computing the {method} indicator from {spec.indicator.calibration.batches} calibration batches")
-    from ..runtime.data import build_task
+    from qsync_opt.runtime.data import build_task
 
     task = build_task(spec)
     batches = calibration_batches(spec, task)
     loss = task.loss  # the job's own training loss
     bwd = spec.runtime.backward_precision
     if method == "gvar":
-        from .gvar import gvar_indicator
+        from qsync_opt.predictor.gvar import gvar_indicator
 
         sens = gvar_indicator(module, graph, batches, lambda out, batch: loss(out, batch[1]), ps,
                               backward_precision=bwd)
     elif method == "hessian":
-        from .hessian import hessian_indicator
+        from qsync_opt.predictor.hessian import hessian_indicator
 
         sens = hessian_indicator(_train_copy(module), graph, batches, loss, ps)
     elif method == "empirical":
-        from .empirical import empirical_indicator
+        from qsync_opt.predictor.empirical import empirical_indicator
 
         sens = empirical_indicator(module, graph, batches, loss, ps, backward_precision=bwd)
     else:

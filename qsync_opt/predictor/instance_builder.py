@@ -23,19 +23,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ..errors import SpecError
-from ..models.graph import OpGraph
-from ..solver.instance import Assignment, GroupInstance, TrainingInstance
-from ..spec import JobSpec
-from .casts import edge_cast_ms, resolve_backward_precision
-from .comm import ddp_buckets
-from .context import Context, GroupContext
-from .costs import op_costs, optimizer_ms
-from .followers import BOUNDARIES, follow_format, follower_costs, owners
-from .memory import capacity_bytes, memory_model
-from .profile_costs import ddp_calibrate, measured_costs, measured_link, profile_for
-from .replayer import replay_group
-from .sensitivity import Sensitivity
+from qsync_opt.errors import SpecError
+from qsync_opt.models.graph import OpGraph
+from qsync_opt.solver.instance import Assignment, GroupInstance, TrainingInstance
+from qsync_opt.spec import JobSpec
+from qsync_opt.predictor.casts import edge_cast_ms, resolve_backward_precision
+from qsync_opt.predictor.comm import ddp_buckets
+from qsync_opt.predictor.context import Context, GroupContext
+from qsync_opt.predictor.costs import op_costs, optimizer_ms
+from qsync_opt.predictor.followers import BOUNDARIES, follow_format, follower_costs, owners
+from qsync_opt.predictor.memory import capacity_bytes, memory_model
+from qsync_opt.predictor.profile_costs import ddp_calibrate, measured_costs, measured_link, profile_for
+from qsync_opt.predictor.replayer import replay_group
+from qsync_opt.predictor.sensitivity import Sensitivity
 
 #: A group is a training group under role 'auto' when its all-highest iteration is within this
 #: fraction of the fastest group's.

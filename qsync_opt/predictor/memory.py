@@ -25,12 +25,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ..errors import SpecError
-from ..models.graph import OpGraph, OpNode
-from ..kernels.dispatch import storage_bits
-from .casts import storage_format
-from .costs import OPTIMIZER_STATES
-from .followers import follow_format, follower_saved_bytes
+from qsync_opt.errors import SpecError
+from qsync_opt.models.graph import OpGraph, OpNode
+from qsync_opt.kernels.dispatch import storage_bits
+from qsync_opt.predictor.casts import storage_format
+from qsync_opt.predictor.costs import OPTIMIZER_STATES
+from qsync_opt.predictor.followers import follow_format, follower_saved_bytes
 
 #: Bytes of usable memory a device loses to the framework (CUDA context, allocator slack).
 RUNTIME_OVERHEAD_BYTES = {"gpu": 0.5e9, "cpu": 0.5e9}

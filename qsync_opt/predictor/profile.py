@@ -32,9 +32,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import SpecError
-from ..io import atomic_write_text
-from ..models.graph import OpGraph, OpNode
+from qsync_opt.errors import SpecError
+from qsync_opt.io import atomic_write_text
+from qsync_opt.models.graph import OpGraph, OpNode
 
 FORMAT = "qsync-opt-profile"
 VERSION = 2

@@ -40,10 +40,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SpecError
-from ..models.graph import OpGraph
-from .costs import OpCost
-from .profile import Profile, ProfileError, Section, default_profile_path, load_profile, op_signature, step_key
+from qsync_opt.errors import SpecError
+from qsync_opt.models.graph import OpGraph
+from qsync_opt.predictor.costs import OpCost
+from qsync_opt.predictor.profile import Profile, ProfileError, Section, default_profile_path, load_profile, op_signature, step_key
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def step_terms(costs: dict, other: dict, opt: float, steps: dict[str, float]) ->
 
 def profile_for(group, spec_dir: Path | None = None) -> Path | None:
     """The profile file a group should use, or None (roofline)."""
-    from .profiler import is_local
+    from qsync_opt.predictor.profiler import is_local
 
     if group.profile:
         p = Path(group.profile)
@@ -121,8 +121,8 @@ def profile_for(group, spec_dir: Path | None = None) -> Path | None:
 def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
                    *, profile_on_first_use: bool = False, log=None) -> tuple[MeasuredCosts | None, str]:
     """Measured costs of `group`, or (None, why not) when the roofline must be used."""
-    from .profiler import group_threads, local_ranks, profile_spec
-    from .step_profile import steps_key
+    from qsync_opt.predictor.profiler import group_threads, local_ranks, profile_spec
+    from qsync_opt.predictor.step_profile import steps_key
 
     if spec.costs == "roofline":
         return None, "roofline (costs: roofline)"
@@ -161,7 +161,7 @@ def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
 
 def _load_for(group, path: Path) -> Profile:
     """A profile of this machine for devices that run here; of the group's own device otherwise."""
-    from .profiler import is_local
+    from qsync_opt.predictor.profiler import is_local
 
     if is_local(group.device_spec):
         return load_profile(path)  # refused, by name, when measured on another machine
@@ -200,10 +200,10 @@ def ddp_calibrate(spec, gcs: list, proto) -> tuple[list, str] | None:
     """
     from dataclasses import replace
 
-    from .allreduce_profile import ddp_key
-    from .costs import OpCost
-    from .profiler import is_local
-    from .replayer import replay
+    from qsync_opt.predictor.allreduce_profile import ddp_key
+    from qsync_opt.predictor.costs import OpCost
+    from qsync_opt.predictor.profiler import is_local
+    from qsync_opt.predictor.replayer import replay
 
     if spec.cluster.world_size < 2 or not all(gc.cost_source.startswith("measured") for gc in gcs):
         return None

@@ -31,11 +31,11 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from ..errors import SpecError
-from ..models.graph import OpGraph
-from ..spec import JobSpec, load_spec
-from . import estimator as est
-from .profile import Profile, ProfileError, Section, load_profile, op_signature, section_key, step_key
+from qsync_opt.errors import SpecError
+from qsync_opt.models.graph import OpGraph
+from qsync_opt.spec import JobSpec, load_spec
+from qsync_opt.predictor import estimator as est
+from qsync_opt.predictor.profile import Profile, ProfileError, Section, load_profile, op_signature, section_key, step_key
 
 tr = importlib.import_module("qsync_opt.models.trace")  # the module (models/__init__ exports a function of that name)
 
@@ -181,9 +181,9 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
 
     Runs in the current process: the caller sets the group's env (see `profile_spec`).
     """
-    from ..models.from_spec import build_from_spec, input_maker
-    from ..runtime.qmodules import SWAPPABLE
-    from ..runtime.recipe import Recipe
+    from qsync_opt.models.from_spec import build_from_spec, input_maker
+    from qsync_opt.runtime.qmodules import SWAPPABLE
+    from qsync_opt.runtime.recipe import Recipe
 
     g = next((x for x in spec.cluster.groups if x.name == group), None)
     if g is None:
@@ -232,7 +232,7 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
         sec.ops[op_signature(node, p)] = {"fwd_ms": fwd, "bwd_ms": bwd}
         prof.save(path)
         bar.advance()
-    from .step_profile import measure_casts, measure_step, measure_steps, steps_key
+    from qsync_opt.predictor.step_profile import measure_casts, measure_step, measure_steps, steps_key
 
     if not sec.casts:
         sec.casts = measure_casts(spec, robust_ms)
@@ -277,7 +277,7 @@ def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None =
     One profiling run per profile file at a time (io.entry_lock): two at once would each time
     the other's load into its own figures, and the later save would drop the earlier's sections.
     A run that waited resumes what the first one measured instead of measuring it again."""
-    from ..io import entry_lock
+    from qsync_opt.io import entry_lock
 
     with entry_lock(path, on_wait=lambda: log(f"waiting: another process is profiling into {path}")):
         return _profile_spec(spec_or_path, path, groups=groups, allreduce=allreduce, progress=progress, log=log)
@@ -297,7 +297,7 @@ def _profile_spec(spec_or_path, path, *, groups, allreduce, progress, log) -> Pr
             profile.append(g)
     here = [g for g in spec.cluster.groups if is_local(g.device_spec)]
     world = spec.cluster.world_size
-    from .allreduce_profile import ddp_key, measure_allreduce, measure_ddp_step
+    from qsync_opt.predictor.allreduce_profile import ddp_key, measure_allreduce, measure_ddp_step
 
     before = load_profile(path) if Path(path).exists() else None
     every_rank_here = world > 1 and local_ranks(spec) == world
@@ -305,7 +305,7 @@ def _profile_spec(spec_or_path, path, *, groups, allreduce, progress, log) -> Pr
     want_ddp = allreduce and every_rank_here and (before is None or ddp_key(spec) not in before.allreduce)
     ar_fit = None
     if local_ranks(spec) > 1:  # ranks train at once here: time them so (colocate.py)
-        from .colocate import rank_jobs, run_colocated
+        from qsync_opt.predictor.colocate import rank_jobs, run_colocated
 
         for g in profile:
             log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
@@ -365,13 +365,13 @@ def main(argv: list[str] | None = None) -> int:
         if "--busy-only" not in argv:
             profile_group(spec, group, path, progress="--quiet" not in argv)
         if busy is not None:
-            from .colocate import keep_busy
-            from .step_profile import fp32_step
+            from qsync_opt.predictor.colocate import keep_busy
+            from qsync_opt.predictor.step_profile import fp32_step
 
             keep_busy(fp32_step(spec, group), busy, int(argv[argv.index("--peers") + 1]),
                       done_name=None if "--busy-only" in argv else group)
             if "--allreduce" in argv:  # every rank, together (the DDP step is taken in fresh ranks)
-                from .allreduce_profile import collectives
+                from qsync_opt.predictor.allreduce_profile import collectives
 
                 collectives(spec, int(argv[argv.index("--rank") + 1]), int(argv[argv.index("--world") + 1]),
                             f"file://{busy / 'store'}", busy, ar=True, ddp=False)

@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..errors import SpecError
-from .casts import edge_cast_parts
-from .comm import CommTimeline, allreduce_ms, simulate_allreduce
-from .context import Context, GroupContext
-from .followers import follow_format
+from qsync_opt.errors import SpecError
+from qsync_opt.predictor.casts import edge_cast_parts
+from qsync_opt.predictor.comm import CommTimeline, allreduce_ms, simulate_allreduce
+from qsync_opt.predictor.context import Context, GroupContext
+from qsync_opt.predictor.followers import follow_format
 
 
 @dataclass(frozen=True)

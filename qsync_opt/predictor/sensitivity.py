@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ..errors import SpecError
-from ..models.graph import OpGraph
-from ..precision import PRECISIONS, sort_high_to_low
+from qsync_opt.errors import SpecError
+from qsync_opt.models.graph import OpGraph
+from qsync_opt.precision import PRECISIONS, sort_high_to_low
 
 GAMMA = 4.0
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..hardware.device import DeviceSpec
-from ..serving_spec import TransformerConfig
+from qsync_opt.hardware.device import DeviceSpec
+from qsync_opt.serving_spec import TransformerConfig
 
 KERNELS_PER_LAYER = 12
 """Launches per layer and step (norms, QKV, attention, output, FFN, residuals) for launch overhead."""

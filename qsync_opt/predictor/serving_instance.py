@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..hardware.device import DeviceSpec
-from ..serving_spec import ServingSpec
-from ..solver.serving import ServingInstance, StageData
-from . import serving_costs as C
+from qsync_opt.hardware.device import DeviceSpec
+from qsync_opt.serving_spec import ServingSpec
+from qsync_opt.solver.serving import ServingInstance, StageData
+from qsync_opt.predictor import serving_costs as C
 
 COST_SOURCE = (
     "roofline from the device catalog: prefill at the FP16 tensor rate, decode at memory bandwidth "

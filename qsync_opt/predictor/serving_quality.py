@@ -17,8 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import SpecError
-from ..serving_spec import TransformerConfig
+from qsync_opt.errors import SpecError
+from qsync_opt.serving_spec import TransformerConfig
 
 FFN_WEIGHT = 4.0
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..io import atomic_write_text
-from .replayer import Timeline
+from qsync_opt.io import atomic_write_text
+from qsync_opt.predictor.replayer import Timeline
 
 COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "cast": "#C44E52", "optimizer": "#8172B3",
           "allreduce": "#55A868", "idle": "#BBBBBB"}

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..models.graph import OpGraph
+from qsync_opt.models.graph import OpGraph
 import torch
 
-from ..models.lazy_weights import Recording, build_recorded, zero_stride_twin
-from ..spec import JobSpec
-from .indicator import _weight_of, weight_indicator, weight_stats
-from .sensitivity import Sensitivity
+from qsync_opt.models.lazy_weights import Recording, build_recorded, zero_stride_twin
+from qsync_opt.spec import JobSpec
+from qsync_opt.predictor.indicator import _weight_of, weight_indicator, weight_stats
+from qsync_opt.predictor.sensitivity import Sensitivity
 
 
 def light_capable(spec: JobSpec) -> bool:
@@ -30,7 +30,7 @@ def light_capable(spec: JobSpec) -> bool:
 def prepare_light(spec: JobSpec, seed: int) -> tuple[nn.Module, Recording, dict] | None:
     """(module with placeholder weights, its recorded init, {id(placeholder): meta tensor}), or
     None when the build cannot run on meta."""
-    from ..models.from_spec import build_from_spec
+    from qsync_opt.models.from_spec import build_from_spec
 
     try:
         module, rec = build_recorded(lambda: build_from_spec(spec), seed)

@@ -8,9 +8,9 @@
 
 from __future__ import annotations
 
-from .apply import Change, apply_plan, current_precisions, selectable_modules, strip
-from .qmodules import SWAPPABLE, QConv1d, QConv2d, QEmbedding, QLinear, QMatMul, QuantizedModule
-from .recipe import Recipe
+from qsync_opt.runtime.apply import Change, apply_plan, current_precisions, selectable_modules, strip
+from qsync_opt.runtime.qmodules import SWAPPABLE, QConv1d, QConv2d, QEmbedding, QLinear, QMatMul, QuantizedModule
+from qsync_opt.runtime.recipe import Recipe
 
 __all__ = [
     "Change", "apply_plan", "current_precisions", "selectable_modules", "strip",
@@ -21,7 +21,7 @@ __all__ = [
 
 def __getattr__(name):  # the launcher pulls in torch.distributed; load it only when asked for
     if name in ("run_job", "JobResult"):
-        from . import launch as _launch
+        from qsync_opt.runtime import launch as _launch
 
         return getattr(_launch, name)
     raise AttributeError(name)

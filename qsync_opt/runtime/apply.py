@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..errors import RuntimeSetupError
-from ..plan import GroupPlan, Plan, fingerprint_mismatch, op_signature
-from ..precision import PRECISIONS
-from .qfunctions import BOUNDARY
-from .qmodules import SWAPPABLE, QuantizedModule
-from .recipe import Recipe
+from qsync_opt.errors import RuntimeSetupError
+from qsync_opt.plan import GroupPlan, Plan, fingerprint_mismatch, op_signature
+from qsync_opt.precision import PRECISIONS
+from qsync_opt.runtime.qfunctions import BOUNDARY
+from qsync_opt.runtime.qmodules import SWAPPABLE, QuantizedModule
+from qsync_opt.runtime.recipe import Recipe
 
 _FUNCTIONAL = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)*_\d+$")
 
@@ -90,7 +90,7 @@ def check_boundary(plan: Plan) -> None:
             f"runtime.boundary: {BOUNDARY} (the default)")
 def module_fingerprint_ops(module: nn.Module) -> dict[str, str]:
     """FQN -> 'kind[weight shape]' of every swappable module, as `plan.graph_fingerprint` writes it."""
-    from ..models.flops import MODULE_KINDS
+    from qsync_opt.models.flops import MODULE_KINDS
 
     out = {}
     for fqn, m in selectable_modules(module).items():
@@ -186,7 +186,7 @@ def apply_plan(
         check_fingerprint(module, plan_or_mapping)
     problems = _problems(module, mapping, strict)
     if device is not None:
-        from .support import precision_refusal
+        from qsync_opt.runtime.support import precision_refusal
 
         problems += [f"{fqn}: {why}" for fqn, p in mapping.items() if p in PRECISIONS
                      and (why := precision_refusal(device, p)) is not None]

@@ -11,8 +11,8 @@ import contextlib
 
 import torch
 
-from ..kernels import ops as kops
-from .recipe import INT_BITS, Recipe
+from qsync_opt.kernels import ops as kops
+from qsync_opt.runtime.recipe import INT_BITS, Recipe
 
 _SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 

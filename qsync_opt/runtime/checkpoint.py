@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import RuntimeSetupError
-from ..io import atomic_write_bytes, atomic_write_text
+from qsync_opt.errors import RuntimeSetupError
+from qsync_opt.io import atomic_write_bytes, atomic_write_text
 
 LATEST = "latest"
 MARKER = "COMPLETE"

@@ -28,18 +28,18 @@ from pathlib import Path
 
 import torch
 
-from ..data.imported import add_to_sys_path, import_paths, with_pythonpath
-from ..errors import RuntimeSetupError
-from ..models.rewrite import applicable_model
-from ..io import atomic_write_text
-from ..plan import Plan
-from ..spec import JobSpec, load_spec
-from . import checkpoint as ckpt
-from .apply import apply_plan
-from .data import build_model
-from .spawn import Spawned, spawn_ranks
-from .support import precision_refusal
-from .trainer import EXIT_STOPPED, rank_batches
+from qsync_opt.data.imported import add_to_sys_path, import_paths, with_pythonpath
+from qsync_opt.errors import RuntimeSetupError
+from qsync_opt.models.rewrite import applicable_model
+from qsync_opt.io import atomic_write_text
+from qsync_opt.plan import Plan
+from qsync_opt.spec import JobSpec, load_spec
+from qsync_opt.runtime import checkpoint as ckpt
+from qsync_opt.runtime.apply import apply_plan
+from qsync_opt.runtime.data import build_model
+from qsync_opt.runtime.spawn import Spawned, spawn_ranks
+from qsync_opt.runtime.support import precision_refusal
+from qsync_opt.runtime.trainer import EXIT_STOPPED, rank_batches
 
 
 @dataclass
@@ -129,7 +129,7 @@ def validate(spec: JobSpec, plan: Plan | None, nproc: int | None = None, *, forc
                     + "\n  - ".join(refused[:10]) + ("\n  - ..." if len(refused) > 10 else "")
                     + f"\nre-solve the plan for this spec (the solver only offers {list(g.allowed_precisions)})")
             apply_plan(model, plan, g.name, dry_run=True, force=force)
-    from ..data.check import check_data
+    from qsync_opt.data.check import check_data
 
     check_data(spec)  # the data loads and fits the model: a bad data section exits 2 before any rank starts
     return batches
@@ -274,7 +274,7 @@ def launch(spec_path, plan_path=None, *, nproc: int | None = None, steps: int | 
               f"{result.samples_per_s:.0f} samples/s; per-rank mean step ms "
               + ", ".join(f"{r}: {ms:.1f}" for r, ms in result.step_ms.items())
               + f"; metrics in {result.metrics_dir}", file=out)
-        from ..data.evaluation import read_eval
+        from qsync_opt.data.evaluation import read_eval
 
         if evals := read_eval(result.metrics_dir):
             last = evals[-1]

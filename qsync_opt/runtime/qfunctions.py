@@ -24,10 +24,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..kernels import ops as kops
-from ..kernels.dispatch import Target, gemm_impl
-from .casts import Quantized, cast, quantize, scope, tf32_enabled
-from .recipe import Recipe
+from qsync_opt.kernels import ops as kops
+from qsync_opt.kernels.dispatch import Target, gemm_impl
+from qsync_opt.runtime.casts import Quantized, cast, quantize, scope, tf32_enabled
+from qsync_opt.runtime.recipe import Recipe
 
 #: The runtime.boundary this runtime implements: every quantized operator returns fp32.
 BOUNDARY = "fp32"

@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models.layers import FunctionalConv2d, FunctionalLinear, MatMul
-from .casts import Quantized, StraightThrough, cast, quantize
-from .qfunctions import ConvOp, LinearOp, MatMulOp, QuantizedGemm
-from .recipe import Recipe
+from qsync_opt.models.layers import FunctionalConv2d, FunctionalLinear, MatMul
+from qsync_opt.runtime.casts import Quantized, StraightThrough, cast, quantize
+from qsync_opt.runtime.qfunctions import ConvOp, LinearOp, MatMulOp, QuantizedGemm
+from qsync_opt.runtime.recipe import Recipe
 
 _LINEAR, _MATMUL = LinearOp(), MatMulOp()
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import RuntimeSetupError
-from ..precision import INTEGER, PRECISIONS
+from qsync_opt.errors import RuntimeSetupError
+from qsync_opt.precision import INTEGER, PRECISIONS
 
 #: Formats whose forward runs as a float GEMM in that dtype (backward in the same dtype, as AMP does).
 FLOAT_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}

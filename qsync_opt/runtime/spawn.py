@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .trainer import EXIT_STOPPED
+from qsync_opt.runtime.trainer import EXIT_STOPPED
 
 
 @dataclass

@@ -10,8 +10,8 @@ from the kernels' dispatch code is meant to answer here later, so callers never 
 
 from __future__ import annotations
 
-from ..hardware.device import DeviceSpec
-from ..precision import PRECISIONS
+from qsync_opt.hardware.device import DeviceSpec
+from qsync_opt.precision import PRECISIONS
 
 #: Formats the runtime executes on a device kind even without a native path, and how.
 EMULATED: dict[str, dict[str, str]] = {

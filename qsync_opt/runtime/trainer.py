@@ -23,14 +23,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..errors import KernelBuildError, SpecError
-from ..plan import Plan
-from ..spec import JobSpec, TrainingSpec
-from . import checkpoint as ckpt
-from .apply import apply_plan, current_precisions
-from ..data.evaluation import Evaluator
-from ..models.rewrite import applicable_model
-from .data import SyntheticTask, build_model, build_task, shard
+from qsync_opt.errors import KernelBuildError, SpecError
+from qsync_opt.plan import Plan
+from qsync_opt.spec import JobSpec, TrainingSpec
+from qsync_opt.runtime import checkpoint as ckpt
+from qsync_opt.runtime.apply import apply_plan, current_precisions
+from qsync_opt.data.evaluation import Evaluator
+from qsync_opt.models.rewrite import applicable_model
+from qsync_opt.runtime.data import SyntheticTask, build_model, build_task, shard
 
 
 def loss_weight(local_batch: int, world: int, global_batch: int) -> float:
@@ -239,7 +239,7 @@ def _resume_dir(cfg: WorkerConfig, rank: int) -> str:
             choice = [f"!{e}"]
     dist.broadcast_object_list(choice, src=0)
     if choice[0].startswith("!"):
-        from ..errors import RuntimeSetupError
+        from qsync_opt.errors import RuntimeSetupError
 
         raise RuntimeSetupError(choice[0][1:])
     return choice[0]
@@ -252,7 +252,7 @@ def prepare_kernels(kernels: str, counts: dict[str, int], note) -> None:
     """
     if kernels == "torch" or not any(p in counts for p in ("int8", "int4", "fp8_e4m3", "fp8_e5m2")):
         return
-    from ..kernels.registry import get_cpu_module
+    from qsync_opt.kernels.registry import get_cpu_module
 
     note("preparing the templated CPU kernels (compiled on first use, then cached; can take minutes)")
     t0 = time.perf_counter()

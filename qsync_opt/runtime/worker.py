@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from ..errors import ModelError, QSyncError, RuntimeSetupError, SpecError
+from qsync_opt.errors import ModelError, QSyncError, RuntimeSetupError, SpecError
 
 EXIT_FAIL, EXIT_BAD_INPUT = 1, 2
 
@@ -34,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(a) -> int:
-    from ..plan import Plan
-    from ..spec import load_spec
-    from .trainer import WorkerConfig, run_worker
+    from qsync_opt.plan import Plan
+    from qsync_opt.spec import load_spec
+    from qsync_opt.runtime.trainer import WorkerConfig, run_worker
 
     cfg = WorkerConfig(
         spec=load_spec(a.spec),
@@ -66,6 +66,6 @@ def guarded(fn) -> int:
 
 
 if __name__ == "__main__":
-    from .process_exit import exit_without_destructors
+    from qsync_opt.runtime.process_exit import exit_without_destructors
 
     exit_without_destructors(main())  # files closed, process group destroyed: see process_exit.py

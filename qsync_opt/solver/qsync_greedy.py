@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
-from .instance import Assignment, GroupInstance, TrainingInstance, group_mem_bytes, group_time_ms
+from qsync_opt.solver.instance import Assignment, GroupInstance, TrainingInstance, group_mem_bytes, group_time_ms
 
 START = ("fp16", "bf16")
 """QSync's start, in order of preference: the 'fastest safe' half-precision float."""

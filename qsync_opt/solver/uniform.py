@@ -6,9 +6,9 @@ every other backend must beat, and the fallback that needs no solver at all.
 
 from __future__ import annotations
 
-from ..errors import InfeasibleError
-from ..precision import rank
-from .instance import Assignment, GroupInstance, TrainingInstance, evaluate
+from qsync_opt.errors import InfeasibleError
+from qsync_opt.precision import rank
+from qsync_opt.solver.instance import Assignment, GroupInstance, TrainingInstance, evaluate
 
 
 def uniform_assignment(g: GroupInstance, precision: str) -> dict[str, str]:
