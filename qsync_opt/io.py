@@ -1,4 +1,5 @@
-"""Atomic file writes: a reader never sees a half-written plan, checkpoint or table.
+"""Atomic file writes: a reader never sees a half-written plan, checkpoint or table; and a
+lock for cache entries that several processes may want to compute at once (`entry_lock`).
 
 The temporary file mkstemp creates is private (0600); before it replaces the target it gets
 the target's existing mode, or for a new file the mode `open()` would give (0666 minus the
@@ -10,6 +11,8 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -55,3 +58,29 @@ def atomic_write_bytes(path: "str | Path", data: bytes) -> Path:
 
 def atomic_write_text(path: "str | Path", text: str) -> Path:
     return atomic_write_bytes(path, text.encode())
+
+
+@contextmanager
+def entry_lock(path: "str | Path", on_wait: "Callable[[], None] | None" = None) -> Iterator[None]:
+    """Hold an exclusive lock on `<path>.lock` (other processes and threads wait for it).
+
+    For a cache entry that is costly to compute: take the lock, look for the entry again (a
+    process that held the lock before may have written it), compute and write it atomically
+    only if still missing. `on_wait` is called once if another holder makes this one wait
+    (to say so to the user). The lock file stays (removing it would race a waiter).
+    """
+    from filelock import FileLock, Timeout
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path) + ".lock", thread_local=False, is_singleton=False)
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        if on_wait is not None:
+            on_wait()
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()

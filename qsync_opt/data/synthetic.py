@@ -53,12 +53,10 @@ class SyntheticTask:
         self.test_samples = test_samples
         self.seed = spec.training.seed if spec.training else 0
         self._make_inputs = input_maker(spec)
-        state = torch.random.get_rng_state()
-        torch.manual_seed(self.seed + _TEACHER_SEED_OFFSET)
-        try:
+        from qsync_opt.models.private_rng import private_rng
+
+        with private_rng(self.seed + _TEACHER_SEED_OFFSET):  # never torch's global RNG (thread-safe)
             self.teacher = build_model(spec).eval()
-        finally:
-            torch.random.set_rng_state(state)
         for p in self.teacher.parameters():
             p.requires_grad_(False)
         self._lm = spec.model.name is not None and _zoo_entry(spec).task == "language_modelling"

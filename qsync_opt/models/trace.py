@@ -25,6 +25,7 @@ import torch.fx as fx
 from torch import nn
 
 from qsync_opt.errors import ModelError, SpecError
+from qsync_opt.models.capture_lock import capturing
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.models.layers import FUNCTIONAL_LAYERS, MatMul
 from qsync_opt.models.trace_walk import (
@@ -142,7 +143,8 @@ def symbolic_trace(module: nn.Module, leaf_modules: Iterable = (), model_name: s
     """fx-trace `module`; a failure becomes a ModelError naming the module that broke it."""
     tracer = _Tracer(_leaf_matcher(module, leaf_modules))
     try:
-        graph = tracer.trace(module)
+        with capturing(tracer):  # fx patches torch process-wide while it traces (capture_lock.py)
+            graph = tracer.trace(module)
     except Exception as e:
         fqn, cls = getattr(e, _CULPRIT, ("", type(module).__name__))
         msg = f"{type(e).__name__}: {e}".strip()
@@ -203,7 +205,8 @@ def _trace_exported(module, inputs, leaf_modules, model_name, batch_size, fx_err
     from qsync_opt.models.export_trace import OutputNotATensor, export_graph
 
     try:
-        view, values = export_graph(module, inputs, _leaf_matcher(module, leaf_modules), model_name)
+        with capturing():  # torch.export's process-wide state (dynamo, fake modes) takes the same lock
+            view, values = export_graph(module, inputs, _leaf_matcher(module, leaf_modules), model_name)
     except OutputNotATensor:
         raise
     except ModelError as e:

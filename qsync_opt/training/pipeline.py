@@ -17,6 +17,7 @@ from torch import nn
 from qsync_opt.errors import InfeasibleError
 from qsync_opt.models.from_spec import build_from_spec, input_maker
 from qsync_opt.models.graph import OpGraph
+from qsync_opt.models.private_rng import private_rng
 from qsync_opt.models.trace import TRACE_BATCH, trace
 from qsync_opt.training.plan import GroupPlan, Plan, Provenance, SolverReport, graph_fingerprint
 from qsync_opt.training.predictor.indicators import compute_indicator
@@ -43,18 +44,61 @@ class Prepared:
 
 
 def prepare(spec: JobSpec) -> Prepared:
-    """Build the model, trace it and compute its indicator (the device-independent stages)."""
+    """Build the model, trace it and compute its indicator (the device-independent stages).
+
+    The weight indicator of random weights needs shapes and one weight at a time: the model is
+    then built on the meta device and traced with zero-stride placeholder weights, so
+    `Prepared.module` holds no weights (training/predictor/weight_stream.py); any other case
+    builds it for real, as below."""
     t0 = time.perf_counter()
-    torch.manual_seed(spec.training.seed if spec.training else 0)
-    module = build_from_spec(spec)
+    light = _prepare_light(spec, t0)
+    if light is not None:
+        return light
+    with private_rng(spec.training.seed if spec.training else 0):  # never torch's global RNG (private_rng.py)
+        module = build_from_spec(spec)
     t1 = time.perf_counter()
     inputs = input_maker(spec)(TRACE_BATCH, torch.Generator().manual_seed(0))
     name = spec.model.name or spec.model.import_
     graph = trace(module, inputs, model_name=name, leaf_modules=spec.model.leaf_modules)
     t2 = time.perf_counter()
     # the spec's method (indicators.py), cached; 'auto' reads its cache only (indicate/run compute it)
-    sensitivity, note = compute_indicator(spec, module, graph, compute=False)
+    with private_rng((spec.training.seed if spec.training else 0) + 1):  # e.g. gvar's dropout masks
+        sensitivity, note = compute_indicator(spec, module, graph, compute=False)
     t3 = time.perf_counter()
+    return Prepared(module, graph, sensitivity, {"build": t1 - t0, "trace": t2 - t1, "indicator": t3 - t2}, note)
+
+
+def _prepare_light(spec: JobSpec, t0: float) -> Prepared | None:
+    """prepare() without materialising the weights, or None where that cannot be exact."""
+    from qsync_opt.errors import ModelError
+    from qsync_opt.models.lazy_weights import dense_during_calls
+    from qsync_opt.precision import PRECISIONS
+    from qsync_opt.training.predictor.indicator_auto import weights_words
+    from qsync_opt.training.predictor.indicators import indicator_precisions
+    from qsync_opt.training.predictor.weight_stream import light_capable, prepare_light, streamed_weight_indicator
+
+    built = prepare_light(spec, spec.training.seed if spec.training else 0) if light_capable(spec) else None
+    if built is None:
+        return None
+    module, recording, meta_of = built
+    t1 = time.perf_counter()
+    inputs = input_maker(spec)(TRACE_BATCH, torch.Generator().manual_seed(0))
+    try:
+        with dense_during_calls(module):  # zeros for one module at a time while it runs (fast CPU kernels)
+            graph = trace(module, inputs, model_name=spec.model.name or spec.model.import_,
+                          leaf_modules=spec.model.leaf_modules)
+    except ModelError:
+        return None  # a forward that needs real values: traced on real tensors instead
+    t2 = time.perf_counter()
+    auto = spec.indicator.method == "auto"  # without data, auto is the weight indicator over every format
+    precisions = PRECISIONS if auto else indicator_precisions(spec)
+    sensitivity = streamed_weight_indicator(module, graph, recording, precisions, meta_of)
+    if sensitivity is None:
+        return None
+    t3 = time.perf_counter()
+    note = (f"indicator: weight on {weights_words(spec)} (auto: no data section, so no data-driven indicator; add "
+            "`data:` for the empirical one; weights read one tensor at a time)" if auto else
+            "indicator: weight (weight quantisation noise, no data; weights read one tensor at a time)")
     return Prepared(module, graph, sensitivity, {"build": t1 - t0, "trace": t2 - t1, "indicator": t3 - t2}, note)
 
 

@@ -27,8 +27,10 @@ def _graph(spec: JobSpec):
     from qsync_opt.models.trace import trace
     from qsync_opt.models.trace import TRACE_BATCH
 
-    torch.manual_seed(spec.training.seed)
-    module = build_from_spec(spec)
+    from qsync_opt.models.private_rng import private_rng
+
+    with private_rng(spec.training.seed):  # as pipeline.prepare: never torch's global RNG
+        module = build_from_spec(spec)
     inputs = input_maker(spec)(TRACE_BATCH, torch.Generator().manual_seed(0))
     return trace(module, inputs, model_name=spec.model.name or spec.model.import_, leaf_modules=spec.model.leaf_modules)
 

@@ -72,9 +72,11 @@ def _run(problem: Problem, lp, names: list[str], options: SolveOptions, hint, t0
         sol = highspy.HighsSolution()
         sol.col_value = [float(hint.get(n, 0.0)) for n in names]
         h.setSolution(sol)
-    # HiGHS keeps one process-wide thread pool; a run asking for another thread count
-    # than the pool's fails with "Not Set" unless the pool is reset first.
-    highspy.Highs.resetGlobalScheduler(True)
+    # HiGHS keeps a thread pool per calling thread; a run asking for another thread count than
+    # the pool's fails with "Not Set" unless the pool is reset first. Reset this thread's only:
+    # resetGlobalScheduler would pull the pool from under a run on another thread (HiGHS PR 3141).
+    reset = getattr(highspy.Highs, "resetThreadScheduler", None) or highspy.Highs.resetGlobalScheduler
+    reset(True)
     try:
         h.run()
     except Exception as e:  # highspy raises varied types on internal failures

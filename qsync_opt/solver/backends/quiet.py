@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from contextlib import contextmanager
 
 _highs_banner_done = False
+_highs_banner_lock = threading.Lock()
+"""fd 1 is process-wide: two threads redirecting it at once could leave it on /dev/null for good."""
 
 
 @contextmanager
@@ -40,6 +43,8 @@ def swallow_highs_banner() -> None:
         return
     import highspy
 
-    with fd1_redirected():
-        highspy.Highs()
-    _highs_banner_done = True
+    with _highs_banner_lock:
+        if not _highs_banner_done:
+            with fd1_redirected():
+                highspy.Highs()
+            _highs_banner_done = True

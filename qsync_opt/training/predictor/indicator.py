@@ -23,7 +23,7 @@ the result). The GVAR indicator (gvar.py) measures their real operands.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -84,8 +84,12 @@ def _weight_of(module: nn.Module, node: OpNode) -> torch.Tensor | None:
     return w if isinstance(w, torch.Tensor) else None
 
 
-def weight_indicator(module: nn.Module, graph: OpGraph, precisions: Iterable[str]) -> Sensitivity:
-    """ω[op][p] from the model's own weights, depth-loaded and normalised (sensitivity.py)."""
+def weight_indicator(module: nn.Module, graph: OpGraph, precisions: Iterable[str], *,
+                     stats: "Callable[[OpNode], tuple[int, float, float]] | None" = None) -> Sensitivity:
+    """ω[op][p] from the model's own weights, depth-loaded and normalised (sensitivity.py).
+
+    `stats(node)`: the node's weight_stats computed elsewhere (weight_stream.py: a meta-device
+    module whose weights are replayed one at a time); the module's weights are then not read."""
     ps = check_precisions(precisions)
     if not graph.selectable:
         raise ModelError(f"graph of {graph.model!r} has no selectable ops (conv, linear, matmul, embedding)")
@@ -94,7 +98,7 @@ def weight_indicator(module: nn.Module, graph: OpGraph, precisions: Iterable[str
     surrogates = []
     for node in graph.selectable:
         w = _weight_of(module, node)
-        if w is not None and w.device.type == "meta":
+        if w is not None and w.device.type == "meta" and stats is None:
             raise ModelError(
                 f"{node.name}: weights are on the meta device; build the model on a real device "
                 "to compute the weight indicator"
@@ -108,9 +112,9 @@ def weight_indicator(module: nn.Module, graph: OpGraph, precisions: Iterable[str
             numel = math.prod(node.input_shapes[-1]) if node.input_shapes else node.output_numel
             surrogates.append(node.name)
         fw, bw = loading[node.name]
-        stats = weight_stats(w) if w is not None else None
+        st = (stats(node) if stats is not None else weight_stats(w)) if w is not None else None
         raw[node.name] = {
-            p: (fw + bw) * (noise_from_stats(stats, p) if stats is not None else surrogate_noise(numel, p)) for p in ps
+            p: (fw + bw) * (noise_from_stats(st, p) if st is not None else surrogate_noise(numel, p)) for p in ps
         }
     omega, scale, ref = normalise(raw, ps)
     notes = ["B ≈ F (weights only); ω = (γ(L−d) + d)·F, γ = 4"]

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from qsync_opt.errors import SpecError
-from qsync_opt.io import atomic_write_text
+from qsync_opt.io import atomic_write_text, entry_lock
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.precision import PRECISIONS
 from qsync_opt.training.spec import JobSpec
@@ -102,8 +102,10 @@ def compute_indicator(spec: JobSpec, module: nn.Module | None = None, graph: OpG
         from qsync_opt.models.from_spec import build_from_spec, input_maker
         from qsync_opt.models.trace import trace
 
-        torch.manual_seed(spec.training.seed)
-        module = build_from_spec(spec)
+        from qsync_opt.models.private_rng import private_rng
+
+        with private_rng(spec.training.seed):  # never torch's global RNG
+            module = build_from_spec(spec)
         inputs = input_maker(spec)(TRACE_BATCH, torch.Generator().manual_seed(0))
         graph = trace(module, inputs, model_name=spec.model.name or spec.model.import_,
                       leaf_modules=spec.model.leaf_modules)
@@ -120,12 +122,29 @@ def compute_indicator(spec: JobSpec, module: nn.Module | None = None, graph: OpG
 
         return weight_indicator(module, graph, ps), "indicator: weight (weight quantisation noise, no data)"
     path = cache_dir() / "indicators" / f"{method}-{cache_key(spec, module, ps)}.json"
-    if use_cache and path.exists():
-        try:
-            sens = Sensitivity.from_dict(json.loads(path.read_text()))
-            return sens, f"indicator: {method} (cached {path})"
-        except (ValueError, KeyError, TypeError):
-            pass  # a damaged cache entry is recomputed
+    if not use_cache:
+        return _compute(spec, module, graph, ps, path, False, log)
+    if (sens := _read_cached(path)) is not None:
+        return sens, f"indicator: {method} (cached {path})"
+    # one process (or thread) computes an entry, the others wait for it and read it (io.entry_lock)
+    with entry_lock(path, on_wait=lambda: log and log(f"waiting: another process is computing {path}")):
+        if (sens := _read_cached(path)) is not None:
+            return sens, f"indicator: {method} (cached {path}, computed by another process meanwhile)"
+        return _compute(spec, module, graph, ps, path, True, log)
+
+
+def _read_cached(path) -> Sensitivity | None:
+    """The entry at `path`; None if absent or damaged (then it is recomputed). Entries are
+    written atomically, so a reader never sees half of one."""
+    try:
+        return Sensitivity.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _compute(spec: JobSpec, module: nn.Module, graph: OpGraph, ps: tuple[str, ...], path, use_cache: bool,
+             log) -> tuple[Sensitivity, str]:
+    method = spec.indicator.method
     if log:
         log(f"computing the {method} indicator from {spec.indicator.calibration.batches} calibration batches")
     from qsync_opt.runtime.data import build_task

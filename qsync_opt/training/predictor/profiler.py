@@ -250,7 +250,18 @@ class _progress:
 # --------------------------------------------------------------------------- whole spec
 def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None = None,
                  allreduce: bool = True, progress: bool = True, log=print) -> Profile:
-    """Profile every group of the spec whose device runs here, each in a subprocess with its env."""
+    """Profile every group of the spec whose device runs here, each in a subprocess with its env.
+
+    One profiling run per profile file at a time (io.entry_lock): two at once would each time
+    the other's load into its own figures, and the later save would drop the earlier's sections.
+    A run that waited resumes what the first one measured instead of measuring it again."""
+    from qsync_opt.io import entry_lock
+
+    with entry_lock(path, on_wait=lambda: log(f"waiting: another process is profiling into {path}")):
+        return _profile_spec(spec_or_path, path, groups=groups, allreduce=allreduce, progress=progress, log=log)
+
+
+def _profile_spec(spec_or_path, path, *, groups, allreduce, progress, log) -> Profile:
     spec = load_spec(spec_or_path)
     src = spec_or_path if isinstance(spec_or_path, (str, Path)) else None
     local = [g for g in spec.cluster.groups if is_local(g.device_spec) and (groups is None or g.name in groups)]

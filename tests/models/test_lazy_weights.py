@@ -1,0 +1,106 @@
+"""Weights one tensor at a time: the replayed init gives the real build's bits, or refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from qsync_opt.models.lazy_weights import build_recorded, dense_during_calls, zero_stride_twin
+from qsync_opt.models.private_rng import private_rng
+from qsync_opt.models.zoo import build_model, get_entry
+from qsync_opt.training.predictor.indicator import weight_stats
+
+
+def _exact(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone()
+
+
+@pytest.mark.parametrize("name", ["tiny-resnet", "tiny-bert", "tiny-gpt2", "tiny-cnn"])
+def test_replayed_tensors_are_the_real_builds_bit_for_bit(name):
+    module, rec = build_recorded(lambda: build_model(name), 11)
+    names = [n for n, _ in module.named_parameters()] + [n for n, _ in module.named_buffers()]
+    tensors = {n: (module.get_parameter(n) if n in dict(module.named_parameters()) else module.get_buffer(n))
+               for n in names}
+    got = rec.tensor_stats(tensors, _exact)
+    assert got is not None, rec.refused
+    with private_rng(11):
+        ref = build_model(name)
+    ref_tensors = {**dict(ref.named_parameters()), **dict(ref.named_buffers())}
+    for n in names:
+        assert torch.equal(got[n], ref_tensors[n].detach()), n
+    assert all(p.device.type == "meta" for p in module.parameters())  # and nothing was materialised in the module
+
+
+def test_stats_of_a_tied_weight_and_of_a_partly_written_one():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(50, 8, padding_idx=0)  # normal_, then row 0 filled: a partial write
+            self.head = nn.Linear(8, 50, bias=False)
+            self.head.weight = self.emb.weight  # tied
+
+    module, rec = build_recorded(M, 3)
+    got = rec.tensor_stats({"emb": module.emb.weight, "head": module.head.weight}, weight_stats)
+    with private_rng(3):
+        ref = M()
+    assert got["emb"] == got["head"] == weight_stats(ref.emb.weight)
+
+
+class _Trunc(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        nn.init.trunc_normal_(self.fc.weight)  # returns early on meta: no replay could know its draws
+
+
+class _OwnGenerator(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        nn.init.normal_(self.fc.weight, generator=torch.Generator().manual_seed(1))
+
+
+class _Uninitialised(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.empty(4, 4))
+
+
+@pytest.mark.parametrize("factory", [_Trunc, _OwnGenerator, _Uninitialised], ids=lambda f: f.__name__)
+def test_refuses_what_it_cannot_replay_exactly(factory):
+    module, rec = build_recorded(factory, 0)
+    tensors = dict(module.named_parameters())
+    assert rec.tensor_stats(tensors, weight_stats) is None
+
+
+def test_zero_stride_twin_traces_to_the_same_graph_holding_no_weights():
+    from qsync_opt.models.trace import trace
+
+    module, _ = build_recorded(lambda: build_model("tiny-bert"), 0)
+    meta_of = zero_stride_twin(module)
+    assert all(p.device.type == "cpu" and p.untyped_storage().nbytes() <= 8 for p in module.parameters())
+    assert len(meta_of) == len(list(module.parameters())) + len(list(module.buffers()))
+    x = get_entry("tiny-bert").example_inputs(1, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    reference = trace(build_model("tiny-bert"), x)
+    assert trace(module, x) == reference
+    with dense_during_calls(module):  # contiguous zeros only while each module runs
+        assert trace(module, x) == reference
+    assert all(p.untyped_storage().nbytes() <= 8 for p in module.parameters())
+
+
+def test_light_and_full_prepare_give_the_same_graph_and_indicator(monkeypatch):
+    from qsync_opt.training.pipeline import prepare
+    from qsync_opt.training.predictor import weight_stream
+    from qsync_opt.training.spec import load_spec
+
+    spec = load_spec({"cluster": {"groups": [{"name": "cpu", "device": "cpu-local"}]}, "model": {"name": "tiny-resnet"},
+                      "training": {"global_batch": 8}})
+    light = prepare(spec)
+    assert "one tensor at a time" in light.indicator_note
+    assert all(p.untyped_storage().nbytes() <= 8 for p in light.module.parameters())
+    monkeypatch.setattr(weight_stream, "light_capable", lambda spec: False)
+    full = prepare(spec)
+    assert full.graph == light.graph
+    assert full.sensitivity.omega == light.sensitivity.omega
