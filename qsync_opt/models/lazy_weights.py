@@ -211,10 +211,17 @@ class Recording:
             args, kwargs = tree_map(view, op.args), tree_map(view, op.kwargs)
             if "device" in kwargs:
                 kwargs["device"] = torch.device("cpu")
+            func = op.func
             if op.random:
+                if not any(a.name == "generator" for a in func._schema.arguments):
+                    # e.g. aten.randn.default from torch.randn(...) in a constructor: the same draw
+                    # through the overload that takes a generator (aten.randn.generator)
+                    func = getattr(func.overloadpacket, "generator", None)
+                    if func is None:
+                        raise _Unfaithful(f"{op.func} takes no generator")
                 kwargs["generator"] = g
             with torch.no_grad():
-                result = op.func(*args, **kwargs)
+                result = func(*args, **kwargs)
             for ref, t in zip(tree_flatten(op.outputs)[0], tree_flatten(result)[0]):
                 if isinstance(ref, _Ref) and isinstance(t, torch.Tensor) and ref.storage not in real and keep(ref.storage):
                     real[ref.storage] = t.untyped_storage()

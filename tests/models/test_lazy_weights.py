@@ -47,6 +47,24 @@ def test_stats_of_a_tied_weight_and_of_a_partly_written_one():
     assert got["emb"] == got["head"] == weight_stats(ref.emb.weight)
 
 
+def test_a_factory_drawing_with_torch_randn_replays_bit_for_bit():
+    """torch.randn(...) in a constructor records aten.randn.default, which takes no generator: the
+    replay draws through aten.randn.generator, the same values (ViT's position embedding does this)."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pos = nn.Parameter(torch.randn(1, 10, 32))
+            self.fc = nn.Linear(32, 8)
+
+    module, rec = build_recorded(M, 5)
+    got = rec.tensor_stats(dict(module.named_parameters()), _exact)
+    assert got is not None, rec.refused
+    with private_rng(5):
+        ref = M()
+    for n, p in ref.named_parameters():
+        assert torch.equal(got[n], p.detach()), n
+
+
 class _Trunc(nn.Module):
     def __init__(self):
         super().__init__()
