@@ -16,15 +16,12 @@ import math
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from qsync_opt.errors import SpecError
 from qsync_opt.serving.spec import BitWidth, TransformerConfig
 from qsync_opt.spec.base import SpecModel as _Model
 from qsync_opt.hardware.cluster import INTERCONNECTS, Cluster, Interconnect
-from qsync_opt.spec.errors import format_errors
-from qsync_opt.spec.yaml_loader import DuplicateKey, UniqueKeyLoader
+from qsync_opt.spec.load import read_document, validate
 
 POLICIES = ("sync", "one-step-off", "stale", "partial-rollout", "trajectory-async")
 STREAMING = ("stale", "partial-rollout", "trajectory-async")
@@ -264,30 +261,9 @@ class RolloutJob(_Model):
 
 
 def load_rollout_spec(source: str | Path | dict | RolloutJob) -> RolloutJob:
-    """Parse and validate a rollout job from a path, a YAML string or a dict; SpecError names the field."""
+    """Parse and validate a rollout job from a path, a YAML string or a dict; SpecError names the field
+    (the spec core's reader and validator, as every kind's loader uses)."""
     if isinstance(source, RolloutJob):
         return source
-    text = None
-    if isinstance(source, dict):
-        data, origin = source, "<dict>"
-    else:
-        if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source
-                                         and source.endswith((".yaml", ".yml", ".json"))):
-            path = Path(source)
-            if not path.exists():
-                raise SpecError(f"spec file {str(path)!r} does not exist; check the path (try examples/rollout_tiny.yaml)")
-            text, origin = path.read_text(), str(path)
-        else:
-            text, origin = str(source), "<string>"
-        try:
-            data = yaml.load(text, Loader=UniqueKeyLoader) or {}
-        except DuplicateKey as e:
-            raise SpecError(f"{origin}: {e}") from None
-        except yaml.YAMLError as e:
-            raise SpecError(f"{origin}: not valid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise SpecError(f"{origin}: the spec must be a mapping (key: value), got {type(data).__name__}")
-    try:
-        return RolloutJob.model_validate(data)
-    except ValidationError as e:
-        raise SpecError(format_errors(e, text, origin, RolloutJob)) from None
+    data, text, origin = read_document(source)
+    return validate(RolloutJob, data, text, origin)
