@@ -29,6 +29,7 @@ from qsync_opt.io import atomic_write_text
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.precision import PRECISIONS
 from qsync_opt.training.spec import JobSpec
+from qsync_opt.training.predictor.measuring import ProgressBar
 from qsync_opt.training.predictor.sensitivity import Sensitivity
 
 WARMUP_BATCH = 64
@@ -71,7 +72,7 @@ def warm_up(spec: JobSpec, module: nn.Module, task, *, progress: bool = True, lo
     torch.manual_seed(spec.training.seed)
     opt = make_optimizer(spec.training, net.parameters())
     size = _warmup_batch(spec)
-    bar = _Bar(progress, f"indicator warm-up: {steps} fp32 steps", steps)
+    bar = ProgressBar(progress, f"indicator warm-up: {steps} fp32 steps", steps)
     try:
         for step in range(steps):
             inputs, targets = task.samples(step * size, size)
@@ -130,25 +131,3 @@ def compute_auto(spec: JobSpec, module: nn.Module, graph: OpGraph, *, base_key: 
     if use_cache:
         atomic_write_text(path, json.dumps(sens.to_dict()))
     return sens, f"indicator: empirical on {on} (auto; {len(batches)} calibration batches; cached {path})"
-
-
-class _Bar:
-    """A rich progress bar on stderr (silent when off)."""
-
-    def __init__(self, on: bool, label: str, total: int):
-        self.p = None
-        if on and total:
-            from rich.console import Console
-            from rich.progress import Progress
-
-            self.p = Progress(console=Console(stderr=True), transient=False)
-            self.p.start()
-            self.task = self.p.add_task(label, total=total)
-
-    def advance(self):
-        if self.p:
-            self.p.advance(self.task)
-
-    def close(self):
-        if self.p:
-            self.p.stop()

@@ -1,5 +1,5 @@
 """Measuring helpers every profiler module shares: the timing estimator's settings, the cast
-sizes, a rank's thread count and a clamped least-squares line."""
+sizes, a rank's thread count and a clamped least-squares line and a progress bar."""
 
 from __future__ import annotations
 
@@ -38,3 +38,25 @@ def fit_line(xs, ys) -> tuple[float, float]:
     a = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
     a = max(a, 0.0)
     return a, max(my - a * mx, 0.0)
+
+
+class ProgressBar:
+    """A rich progress bar on stderr (silent when off): the profiler's ops, the auto indicator's warm-up."""
+
+    def __init__(self, on: bool, label: str, total: int):
+        self.p = None
+        if on and total:
+            from rich.console import Console
+            from rich.progress import Progress
+
+            self.p = Progress(console=Console(stderr=True), transient=False)
+            self.p.start()
+            self.task = self.p.add_task(label, total=total)
+
+    def advance(self):
+        if self.p:
+            self.p.advance(self.task)
+
+    def close(self):
+        if self.p:
+            self.p.stop()

@@ -35,7 +35,8 @@ from qsync_opt.errors import ModelError, SpecError
 from qsync_opt.models import trace_walk as walk  # trace's graph walk: its classification and naming
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.training.spec import JobSpec, load_spec
-from qsync_opt.training.predictor.measuring import CAST_PAIRS, CAST_SIZES, fit_line, group_threads, robust_ms  # noqa: F401
+from qsync_opt.training.predictor.measuring import (  # noqa: F401
+    CAST_PAIRS, CAST_SIZES, ProgressBar, fit_line, group_threads, robust_ms)
 from qsync_opt.training.predictor.profile import Profile, ProfileError, Section, load_profile, op_signature, section_key, step_key
 
 tr = importlib.import_module("qsync_opt.models.trace")  # the module (models/__init__ exports a function of that name)
@@ -188,7 +189,7 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
     todo = [(node, p) for node in gg.nodes for p in (g.allowed_precisions if node.selectable else ("fp32",))
             if op_signature(node, p) not in sec.ops]
     clone_cache: dict[str, float] = {}
-    bar = _progress(progress, f"profiling {group} ({spec.model.name or 'model'}, batch {lb})", len(todo))
+    bar = ProgressBar(progress, f"profiling {group} ({spec.model.name or 'model'}, batch {lb})", len(todo))
     for node, p in todo:
         n = names.get(node.name)
         if n is None:
@@ -223,28 +224,6 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
     prof.save(path)
     bar.close()
     return sec
-
-
-class _progress:
-    """A rich progress bar on stderr (silent when disabled)."""
-
-    def __init__(self, on: bool, label: str, total: int):
-        self.p = None
-        if on and total:
-            from rich.console import Console
-            from rich.progress import Progress
-
-            self.p = Progress(console=Console(stderr=True))
-            self.p.start()
-            self.task = self.p.add_task(label, total=total)
-
-    def advance(self):
-        if self.p:
-            self.p.advance(self.task)
-
-    def close(self):
-        if self.p:
-            self.p.stop()
 
 
 # --------------------------------------------------------------------------- whole spec
