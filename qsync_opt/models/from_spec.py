@@ -48,6 +48,21 @@ def build_from_spec(spec: JobSpec) -> nn.Module:
     return select_output(module, spec.model.output)
 
 
+def warm_imports(spec: JobSpec) -> None:
+    """Import the modules `build_from_spec(spec)` will import, without building anything (errors are
+    left for the build itself to report)."""
+    from qsync_opt.models import zoo_hf
+
+    try:
+        if spec.model.name is not None:
+            if spec.model.name in zoo_hf.SPECS:
+                zoo_hf.warm_imports(spec.model.name)
+        else:
+            load_factory(spec.model.import_)
+    except Exception:  # noqa: BLE001 - the build raises it again, with its message
+        pass
+
+
 def input_maker(spec: JobSpec) -> InputMaker:
     """`make(batch, generator) -> forward args` for the spec's model."""
     if spec.model.name is not None:

@@ -12,7 +12,9 @@ last write, `stats` reads it, and it is freed: peak memory is a few tensors, not
 The values are bit for bit those of the real build (tests/models/test_lazy_weights.py), or
 the replay refuses (`None`) and the caller builds the model for real:
 - an init that does nothing on meta tensors (`nn.init.trunc_normal_`, `orthogonal_`,
-  `dirac_`, `sparse_` return early on meta) would leave the log short;
+  `dirac_`, `sparse_` return early on meta) would leave the log short (transformers'
+  `init_weights` skips on meta too: it is told the CPU while the build records, see
+  `_hf_inits_run_on_meta`);
 - a draw with the caller's own generator, a tensor made outside the build, or a tensor
   whose storage is read under two dtypes, has no faithful replay here;
 - a wanted tensor that nothing wrote whole (torch.empty, never initialised) has no defined value.
@@ -21,6 +23,7 @@ the replay refuses (`None`) and the caller builds the model for real:
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -259,8 +262,60 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
-def build_recorded(build: Callable[[], nn.Module], seed: int) -> tuple[nn.Module, Recording]:
-    """`build()` on the meta device, its init recorded for `Recording.tensor_stats` (see the module doc)."""
+_RECORDING = threading.local()
+_HF_PATCH = threading.Lock()
+_hf_users = 0
+
+
+@contextmanager
+def _hf_inits_run_on_meta() -> Iterator[None]:
+    """transformers' `PreTrainedModel.init_weights` skips the model's own init (`_init_weights`: the
+    normal(0, 0.02) draws of BERT, GPT-2, Llama, ...) when the default device is meta, so a recorded
+    build would hold the constructors' init instead. While this thread records, transformers is told
+    the default device is the CPU (its only use in `init_weights`); other threads see the real answer.
+    Without transformers (or a version without that hook), nothing to do: such models refuse below."""
+    global _hf_users
+    mu = sys.modules.get("transformers.modeling_utils")
+    if mu is None or not hasattr(mu, "get_torch_context_manager_or_global_device"):
+        yield False  # not imported yet (the build imports it: warm it first) or no such hook
+        return
+    with _HF_PATCH:
+        if _hf_users == 0:
+            original = mu.get_torch_context_manager_or_global_device
+
+            def device_for_init():
+                got = original()
+                return torch.device("cpu") if getattr(_RECORDING, "on", False) and got == torch.device("meta") else got
+
+            device_for_init.__wrapped__ = original
+            mu.get_torch_context_manager_or_global_device = device_for_init
+        _hf_users += 1
+    _RECORDING.on = True
+    try:
+        yield True
+    finally:
+        _RECORDING.on = False
+        with _HF_PATCH:
+            _hf_users -= 1
+            if _hf_users == 0:
+                mu.get_torch_context_manager_or_global_device = mu.get_torch_context_manager_or_global_device.__wrapped__
+
+
+def _hf_init_skipped(module: nn.Module, hooked: bool) -> bool:
+    """A transformers model built while its init_weights was not told the CPU (see above)."""
+    mu = sys.modules.get("transformers.modeling_utils")
+    pretrained = getattr(mu, "PreTrainedModel", None) if mu is not None else None
+    return pretrained is not None and not hooked and any(isinstance(m, pretrained) for m in module.modules())
+
+
+def build_recorded(build: Callable[[], nn.Module], seed: int,
+                   warm: Callable[[], None] | None = None) -> tuple[nn.Module, Recording]:
+    """`build()` on the meta device, its init recorded for `Recording.tensor_stats` (see the module doc).
+
+    `warm()` runs first, unwatched: the watch below (sys.setprofile, to see an init that skips meta
+    tensors) costs on every Python call, so imports the build triggers belong in `warm`."""
+    if warm is not None:
+        warm()
     rec = Recording(seed)
     previous = sys.getprofile()
 
@@ -270,10 +325,12 @@ def build_recorded(build: Callable[[], nn.Module], seed: int) -> tuple[nn.Module
 
     sys.setprofile(watch)
     try:
-        with torch.device("meta"), _Recorder(rec):
+        with torch.device("meta"), _hf_inits_run_on_meta() as hooked, _Recorder(rec):
             module = build()
     finally:
         sys.setprofile(previous)
+    if not rec.refused and _hf_init_skipped(module, hooked):
+        rec.refused = "transformers' init_weights does nothing on the meta device"
     return module, rec
 
 
@@ -300,7 +357,7 @@ def zero_stride_twin(module: nn.Module) -> dict[int, torch.Tensor]:
 
 @contextmanager
 def dense_during_calls(module: nn.Module) -> Iterator[None]:
-    """While a submodule runs (not while fx traces it), its zero-stride placeholders are swapped
+    """While a submodule runs (not while fx traces or torch.export captures it), its zero-stride placeholders are swapped
     for contiguous zeros: CPU kernels (oneDNN convolution) take a slow path on stride-0 weights.
     One module's tensors at a time, freed when its forward returns."""
 
@@ -310,6 +367,8 @@ def dense_during_calls(module: nn.Module) -> Iterator[None]:
     def pre(m, args):
         if any(isinstance(a, torch.fx.Proxy) for a in args):
             return  # symbolic tracing: the graph must see the module's own parameters
+        if torch.compiler.is_exporting():
+            return  # torch.export runs on fake tensors: zeros would only cost time (half of BERT-base's export)
         saved = []
         for table, as_param in ((m._parameters, True), (m._buffers, False)):
             for name, t in list(table.items()):

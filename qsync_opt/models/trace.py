@@ -183,8 +183,12 @@ def trace(
     *,
     model_name: str = "custom",
     leaf_modules: Iterable = (),
+    on_export: "Callable[[], object] | None" = None,
 ) -> OpGraph:
-    """Trace `module` on `example_inputs` (a tensor or a tuple of forward arguments) to an OpGraph."""
+    """Trace `module` on `example_inputs` (a tensor or a tuple of forward arguments) to an OpGraph.
+
+    `on_export()` is called when fx cannot follow the model and torch.export (seconds of Python)
+    takes over: a caller can start work that overlaps it (training/pipeline.py's weight replay)."""
     inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     first = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
     if first is None or first.dim() == 0:
@@ -195,6 +199,8 @@ def trace(
     try:
         gm = symbolic_trace(module, leaf_modules, model_name)
     except ModelError as fx_error:  # fx cannot follow it (transformers models): capture with torch.export
+        if on_export is not None:
+            on_export()
         return _trace_exported(module, inputs, leaf_modules, model_name, int(first.shape[0]), fx_error)
     values = record_shapes(gm, inputs)
     return _build(gm, values, model_name, int(first.shape[0]))

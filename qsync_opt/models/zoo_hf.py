@@ -75,6 +75,15 @@ def build_hf(name: str, **kwargs: Any) -> nn.Module:
     return select_output(model, "logits")
 
 
+def warm_imports(name: str) -> None:
+    """Import what `build_hf(name)` imports (transformers loads a model's modules lazily, on first
+    attribute access): a build watched by a profiler (models/lazy_weights.build_recorded) then runs
+    only the constructor's calls under the watch, not seconds of module imports."""
+    model_cls, config_cls, *_ = SPECS[name]
+    T = need_transformers(f"model.name {name!r}")
+    getattr(T, config_cls), getattr(T, model_cls)
+
+
 def entries(entry_cls) -> list:
     """The ModelEntry rows for zoo.py."""
     return [entry_cls(name, _factory(name), task, "tokens", desc, dict(inputs))

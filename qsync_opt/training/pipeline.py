@@ -75,7 +75,8 @@ def _prepare_light(spec: JobSpec, t0: float) -> Prepared | None:
     from qsync_opt.precision import PRECISIONS
     from qsync_opt.training.predictor.indicator_auto import weights_words
     from qsync_opt.training.predictor.indicators import indicator_precisions
-    from qsync_opt.training.predictor.weight_stream import light_capable, prepare_light, streamed_weight_indicator
+    from qsync_opt.training.predictor.weight_stream import (light_capable, prepare_light, start_weight_stats,
+                                                             streamed_weight_indicator)
 
     built = prepare_light(spec, spec.training.seed if spec.training else 0) if light_capable(spec) else None
     if built is None:
@@ -83,16 +84,24 @@ def _prepare_light(spec: JobSpec, t0: float) -> Prepared | None:
     module, recording, meta_of = built
     t1 = time.perf_counter()
     inputs = input_maker(spec)(TRACE_BATCH, torch.Generator().manual_seed(0))
+    overlapped = []  # where torch.export captures (seconds of Python), the init replay runs beside it
+
+    def start_replay():
+        overlapped.append(start_weight_stats(module, recording, meta_of))
+
     try:
         with dense_during_calls(module):  # zeros for one module at a time while it runs (fast CPU kernels)
             graph = trace(module, inputs, model_name=spec.model.name or spec.model.import_,
-                          leaf_modules=spec.model.leaf_modules)
+                          leaf_modules=spec.model.leaf_modules, on_export=start_replay)
     except ModelError:
+        for f in overlapped:
+            f.cancel()
         return None  # a forward that needs real values: traced on real tensors instead
     t2 = time.perf_counter()
     auto = spec.indicator.method == "auto"  # without data, auto is the weight indicator over every format
     precisions = PRECISIONS if auto else indicator_precisions(spec)
-    sensitivity = streamed_weight_indicator(module, graph, recording, precisions, meta_of)
+    sensitivity = streamed_weight_indicator(module, graph, recording, precisions, meta_of,
+                                            overlapped[0] if overlapped else None)
     if sensitivity is None:
         return None
     t3 = time.perf_counter()

@@ -16,8 +16,17 @@ def _exact(t: torch.Tensor) -> torch.Tensor:
     return t.detach().clone()
 
 
-@pytest.mark.parametrize("name", ["tiny-resnet", "tiny-bert", "tiny-gpt2", "tiny-cnn"])
+_HF_TINY = [pytest.param(n, marks=pytest.mark.skipif(not __import__("importlib").util.find_spec("transformers"),
+                                                     reason="transformers not installed"))
+            for n in ("hf-tiny-bert", "hf-tiny-gpt2", "hf-tiny-llama")]
+
+
+@pytest.mark.parametrize("name", ["tiny-resnet", "tiny-bert", "tiny-gpt2", "tiny-cnn", *_HF_TINY])
 def test_replayed_tensors_are_the_real_builds_bit_for_bit(name):
+    """Every parameter and buffer; transformers models included (their init_weights skips on meta
+    unless told otherwise: lazy_weights._hf_inits_run_on_meta)."""
+    if name.startswith("hf-"):  # transformers imported before the recorded build (as pipeline's warm_imports does)
+        __import__("transformers.modeling_utils")
     module, rec = build_recorded(lambda: build_model(name), 11)
     names = [n for n, _ in module.named_parameters()] + [n for n, _ in module.named_buffers()]
     tensors = {n: (module.get_parameter(n) if n in dict(module.named_parameters()) else module.get_buffer(n))
@@ -122,3 +131,42 @@ def test_light_and_full_prepare_give_the_same_graph_and_indicator(monkeypatch):
     full = prepare(spec)
     assert full.graph == light.graph
     assert full.sensitivity.omega == light.sensitivity.omega
+
+
+@pytest.mark.parametrize("name", ["hf-tiny-bert", "hf-tiny-llama"])
+def test_light_prepare_of_an_exported_model_overlaps_the_replay_and_matches_the_full_one(monkeypatch, name):
+    """transformers models go through torch.export; there the init replay runs on a worker thread
+    beside the capture (pipeline._prepare_light): the same graph and ω as the full build, bit for bit."""
+    pytest.importorskip("transformers")
+    from qsync_opt.training.pipeline import prepare
+    from qsync_opt.training.predictor import weight_stream
+    from qsync_opt.training.spec import load_spec
+
+    started = []
+    real_start = weight_stream.start_weight_stats
+    monkeypatch.setattr(weight_stream, "start_weight_stats", lambda *a: started.append(1) or real_start(*a))
+    spec = load_spec({"cluster": {"groups": [{"name": "cpu", "device": "cpu-local"}]},
+                      "model": {"name": name}, "training": {"global_batch": 8}})
+    light = prepare(spec)
+    assert started == [1] and "one tensor at a time" in light.indicator_note
+    monkeypatch.setattr(weight_stream, "light_capable", lambda spec: False)
+    full = prepare(spec)
+    assert full.graph == light.graph
+    assert full.sensitivity.omega == light.sensitivity.omega
+
+
+def test_a_transformers_build_that_imports_transformers_itself_refuses_rather_than_lie():
+    """Imported inside the recorded build, transformers' init_weights could not be told the CPU: the
+    recording must refuse (the caller builds for real) instead of replaying the constructors' init."""
+    pytest.importorskip("transformers")
+    import sys
+    saved = {k: v for k, v in sys.modules.items() if k == "transformers" or k.startswith("transformers.")}
+    for k in saved:
+        del sys.modules[k]
+    try:
+        _, rec = build_recorded(lambda: build_model("hf-tiny-bert"), 0)
+        assert "init_weights" in rec.refused
+    finally:
+        for k in [k for k in sys.modules if k == "transformers" or k.startswith("transformers.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)

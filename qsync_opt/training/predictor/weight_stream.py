@@ -11,6 +11,8 @@ nothing on meta, a model whose forward needs real values, ...).
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
+
 from torch import nn
 
 from qsync_opt.models.graph import OpGraph
@@ -31,10 +33,10 @@ def light_capable(spec: JobSpec) -> bool:
 def prepare_light(spec: JobSpec, seed: int) -> tuple[nn.Module, Recording, dict] | None:
     """(module with placeholder weights, its recorded init, {id(placeholder): meta tensor}), or
     None when the build cannot run on meta."""
-    from qsync_opt.models.from_spec import build_from_spec
+    from qsync_opt.models.from_spec import build_from_spec, warm_imports
 
     try:
-        module, rec = build_recorded(lambda: build_from_spec(spec), seed)
+        module, rec = build_recorded(lambda: build_from_spec(spec), seed, warm=lambda: warm_imports(spec))
     except Exception:  # noqa: BLE001 - e.g. a factory reading values (.item()) at build time: build for real
         return None
     if rec.refused or any(p.device.type != "meta" for p in module.parameters()):
@@ -42,10 +44,41 @@ def prepare_light(spec: JobSpec, seed: int) -> tuple[nn.Module, Recording, dict]
     return module, rec, zero_stride_twin(module)
 
 
+def start_weight_stats(module: nn.Module, rec: Recording, meta_of: dict[int, "torch.Tensor"]) -> "Future":
+    """Replay the recorded init on a worker thread, reading weight_stats of every parameter, while
+    the caller traces (the replay is torch kernels that release the GIL; the trace is Python).
+    The result: {id(placeholder): stats}, or None where the replay cannot be exact."""
+    named = {name: meta_of[id(p)] for name, p in module.named_parameters() if id(p) in meta_of}
+    ids = {name: id(p) for name, p in module.named_parameters() if id(p) in meta_of}
+
+    def run():
+        got = rec.tensor_stats(named, weight_stats)
+        return None if got is None else {ids[name]: st for name, st in got.items()}
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qsync-weight-stats")
+    try:
+        return pool.submit(run)
+    finally:
+        pool.shutdown(wait=False)
+
+
 def streamed_weight_indicator(module: nn.Module, graph: OpGraph, rec: Recording, precisions: tuple[str, ...],
-                              meta_of: dict[int, "torch.Tensor"]) -> Sensitivity | None:
+                              meta_of: dict[int, "torch.Tensor"], stats: "Future | None" = None) -> Sensitivity | None:
     """weight_indicator(module, graph, precisions) of the recorded build, or None if it cannot be
-    replayed exactly. `module` holds placeholders; `meta_of` maps them to the recorded tensors."""
+    replayed exactly. `module` holds placeholders; `meta_of` maps them to the recorded tensors;
+    `stats`, from start_weight_stats, holds the replay already under way."""
+    if stats is not None:
+        by_id = stats.result()
+        if by_id is None:
+            return None
+        got = {}
+        for node in graph.selectable:
+            w = _weight_of(module, node)
+            if w is not None:
+                if id(w) not in by_id:
+                    return None
+                got[node.name] = by_id[id(w)]
+        return weight_indicator(module, graph, precisions, stats=lambda node: got[node.name])
     wanted = {}
     for node in graph.selectable:
         w = _weight_of(module, node)
