@@ -11,10 +11,20 @@ Public surface (what the CLI calls):
 * ``repack(state) -> RepackResult``: the per-tick library call
 """
 
-from qsync_opt.rollout.plan import RolloutPlan, print_plan, solve, write_report
-from qsync_opt.rollout.repack import RepackState, RepackTraj, RepackWorker, repack
-from qsync_opt.rollout.simulate import VARIANTS, SimResult, simulate
-from qsync_opt.rollout.spec import RolloutJob, load_rollout_spec
+from importlib import import_module
+
+_LAZY = {  # name -> module: imported on first use, so that reading any spec does not import the simulator
+    "RolloutPlan": "plan", "print_plan": "plan", "solve": "plan", "write_report": "plan",
+    "RepackState": "repack", "RepackTraj": "repack", "RepackWorker": "repack", "repack": "repack",
+    "VARIANTS": "simulate", "SimResult": "simulate", "simulate": "simulate",
+    "RolloutJob": "spec", "load_rollout_spec": "spec",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(f"qsync_opt.rollout.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'qsync_opt.rollout' has no attribute {name!r}")
 
 
 def run(job, out_dir, **kwargs):
