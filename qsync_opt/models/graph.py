@@ -72,6 +72,9 @@ class OpGraph:
     edge_numel: dict[tuple[str, str], int] = field(default_factory=dict)
     depth: int = 0
     """Total depth L: one more than the largest node depth."""
+    captured_by: str = "fx"
+    """How the graph was captured: 'fx' (symbolic tracing) or 'export' (torch.export, for models fx
+    cannot follow; the per-op profiler replays fx graphs only)."""
 
     def node(self, name: str) -> OpNode:
         for n in self.nodes:
@@ -117,6 +120,8 @@ class OpGraph:
     # --- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict:
         d = asdict(self)
+        if d["captured_by"] == "fx":  # the default stays out: fx graphs serialise as before
+            del d["captured_by"]
         d["edge_numel"] = [[a, b, n] for (a, b), n in self.edge_numel.items()]
         return d
 
@@ -141,6 +146,7 @@ class OpGraph:
             selectable_edges=tuple(tuple(e) for e in d["selectable_edges"]),
             edge_numel={(a, b): n for a, b, n in d["edge_numel"]},
             depth=d.get("depth", 0),
+            captured_by=d.get("captured_by", "fx"),
         )
 
 

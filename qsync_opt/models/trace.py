@@ -217,7 +217,9 @@ def _trace_exported(module, inputs, leaf_modules, model_name, batch_size, fx_err
         raise
     except ModelError as e:
         raise ModelError(f"{fx_error} torch.export could not capture it either: {e}") from e
-    return _build(view, values, model_name, batch_size, pin_functional=True)
+    from dataclasses import replace
+
+    return replace(_build(view, values, model_name, batch_size, pin_functional=True), captured_by="export")
 
 
 def op_names(gm: fx.GraphModule, inputs: Sequence) -> dict[str, str]:

@@ -104,6 +104,9 @@ def test_solve_plans_every_linear_and_embedding_as_its_own_operator(solved, mode
     assert set(plan.groups["low"].precisions.values()) <= set(LOW)  # the group without fp32 got none
     assert model != "gpt2" or tied == {"lm_head"}  # GPT-2's head shares the embedding and is still planned
     assert any("scaled_dot_product_attention" in n for n in plan.solver.notes)  # why attention stays fp32
+    costs = [n for n in plan.solver.notes if n.startswith("costs of")]
+    assert len(costs) == 2 and all("roofline" in n and "torch.export" in n for n in costs), costs
+    assert not any("qsync-opt profile" in n for n in plan.solver.notes)  # the profiler refuses exported models
 
 
 @pytest.mark.parametrize("model", ["bert", "gpt2", "llama"])

@@ -152,6 +152,9 @@ def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
             if spec.costs == "measured":
                 raise ProfileError(f"cluster.groups[{group.name}]: costs: measured, but {why}; "
                                    f"run `qsync-opt profile SPEC -o {path}`")
+            if gg.captured_by == "export":  # the profiler replays fx graphs: it refuses this model
+                return None, (f"roofline ({why}; this model is captured by torch.export, which the per-op profiler "
+                              "cannot replay, so its costs stay roofline: set costs: roofline to say so)")
             return None, f"roofline ({why}; run `qsync-opt profile SPEC`)"
         log = log or (lambda s: print(s, file=sys.stderr))
         log(f"note: {why}; profiling this machine now (first use; `qsync-opt profile SPEC` does it ahead)")
