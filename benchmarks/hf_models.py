@@ -89,13 +89,38 @@ def _graph_counts(spec_path: Path):
     return g
 
 
+def _omega(spec_path: Path) -> dict[str, dict[str, float]]:
+    """ω per operator (FQN without a wrapper's 'm.' prefix) of the spec's plan, as solve computes it."""
+    from qsync_opt.training.pipeline import prepare
+    from qsync_opt.training.spec import load_spec
+
+    omega = prepare(load_spec(spec_path)).sensitivity.omega
+    return {(k[2:] if k.startswith("m.") else k): v for k, v in omega.items()}
+
+
+def _omega_vs(zoo: dict, other: dict) -> str:
+    """How each common operator's share of Σω (over the common operators only) compares with the
+    zoo model's: median [min, max] of the ratio, at fp16 and int8. The absolute ω differ by
+    normalisation (ω sums to one over each model's own selectable ops; the zoo's 24 matmuls carry
+    most of it), so only shares over the same operators are comparable."""
+    import statistics
+
+    common = [k for k in zoo if k in other]
+    parts = []
+    for p in ("fp16", "int8"):
+        sz, so = sum(zoo[k][p] for k in common), sum(other[k][p] for k in common)
+        r = [(other[k][p] / so) / (zoo[k][p] / sz) for k in common if zoo[k][p] > 0 and sz > 0 and so > 0]
+        parts.append(f"{p} {statistics.median(r):.3f} [{min(r):.3f}, {max(r):.3f}]" if r else f"{p} -")
+    return f"{len(common)} common ops: " + "; ".join(parts)
+
+
 def _formats(plan: dict) -> str:
     return "; ".join(f"{k}: " + ",".join(f"{p}x{n}" for p, n in sorted(Counter(g["precisions"].values()).items()))
                      for k, g in plan["groups"].items())
 
 
 def part1(folder: Path) -> list[dict]:
-    rows, zoo_lowered = [], set()
+    rows, zoo_lowered, zoo_omega = [], set(), {}
     base = yaml.safe_load(EXAMPLE.read_text())
     for label, name, extra in (("bert-base", "bert-base", {}), ("hf-bert-base", "hf-bert-base", {}),
                                ("hf-bert-base eager", "hf-bert-base", {"attn_implementation": "eager"})):
@@ -125,6 +150,9 @@ def part1(folder: Path) -> list[dict]:
             "gflops_fwd": round(sum(n.fwd_flops for n in g.nodes) / 1e9, 3),
             "lowered_same_fqn_as_zoo": f"{len(lowered & zoo_lowered)} of {len(lowered)} (zoo {len(zoo_lowered)})",
         })
+        omega = _omega(path)
+        zoo_omega = zoo_omega if len(rows) > 1 else omega
+        rows[-1]["omega_share_vs_zoo"] = _omega_vs(zoo_omega, omega) if len(rows) > 1 else "reference"
     return rows
 
 
@@ -162,6 +190,7 @@ def part2(folder: Path) -> list[dict]:
             "groups_ms": "; ".join(f"{k}: {v['iteration_ms']:.2f}" for k, v in plan["groups"].items()) if plan else "",
             "formats": _formats(plan) if plan else err, "status": plan["solver"]["status"] if plan else "error",
             "gflops_fwd": round(sum(n.fwd_flops for n in g.nodes) / 1e9, 3) if g else "", "lowered_same_fqn_as_zoo": "",
+            "omega_share_vs_zoo": "",
         })
         print(f"  {label}: {rows[-1]['status']} in {wall:.1f}s, {rows[-1]['selectable']} selectable, {rows[-1]['formats']}")
     return rows
@@ -184,6 +213,7 @@ def main(argv=None) -> int:
             print(f"{r['model']:18s} {r['wall_s']:6.2f} s wall ({r['cpu_s']:.2f} s CPU)  ops {r['ops']}  selectable {r['selectable']} ({r['selectable_by_kind']})"
                   f"  indicator {r['indicator']:.5g}  iteration {r['iteration_ms']:.2f} ms [{r['groups_ms']}]  {r['formats']}")
             print(f"{'':18s} all ops by kind: {r['ops_by_kind']}; lowered ops with the zoo's FQNs: {r['lowered_same_fqn_as_zoo']}")
+            print(f"{'':18s} ω share per op vs the zoo's: {r['omega_share_vs_zoo']}")
         if not a.quick:
             rows += part2(folder)
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="hf_models-"))
