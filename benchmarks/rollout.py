@@ -1,13 +1,15 @@
 """RL rollout policies side by side (Laminar): simulated at scale, and a real Ray run here vs the
 calibrated simulator.
 
-    python benchmarks/rollout.py --out DIR [--sim-steps 10] [--skip-real]
+    python benchmarks/rollout.py --out DIR [--sim-steps 10] [--skip-real] [--real-rounds 3] [--real-steps N]
 
 Simulated cases: a 7B-class policy (Qwen2.5-7B shape: 28 layers, GQA with 4 KV heads, 57,344 KV
 bytes per token), response lengths lognormal with p99/median = 10, on 64 A100, 128 H100, and hybrid
 fleets of A100 with L4 (8-bit) or T4 (4-bit); 16 H100 train. Every policy variant runs on the same
 drawn lengths. Real: examples/rollout_cpu_tiny.yaml (4 rollout actors and a trainer on this machine),
-each variant measured, then the simulator calibrated from that run's timings predicts each one.
+each variant measured in interleaved rounds (the machine's load drifts over minutes: it falls on every variant
+alike), the median round reported with the rounds' range, then the simulator calibrated from every round's
+timings predicts each one.
 
 Writes DIR/rollout.csv (mode, case, policy, trajectories_per_s, tokens_per_s, rollout_idle_frac,
 trainer_idle_frac, staleness_mean, ...) and DIR/rollout_repack.csv (repack decision time for 64
@@ -37,7 +39,7 @@ QWEN7B = {"layers": 28, "hidden": 3584, "ffn": 18944, "heads": 28, "kv_heads": 4
           "max_positions": 32768, "ffn_matrices": 3, "tied_embeddings": False, "learned_positions": False}
 COLUMNS = ["mode", "case", "policy", "trajectories_per_s", "tokens_per_s", "rollout_idle_frac", "trainer_idle_frac",
            "staleness_mean", "staleness_max", "kv_util_mean", "repacks", "moves", "solver_ms_mean", "solver_ms_max",
-           "steps", "time_s", "wall_s"]
+           "steps", "time_s", "wall_s", "runs", "tps_min", "tps_max"]
 
 
 def case(name, groups, workers, interconnect="infiniband-hdr", per_worker=32, median=1000, ratio=10.0):
@@ -115,6 +117,9 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--sim-steps", type=int, default=10)
     ap.add_argument("--skip-real", action="store_true")
+    ap.add_argument("--real-rounds", type=int, default=3,
+                    help="interleaved rounds of the real run (each variant once per round); the median round is reported")
+    ap.add_argument("--real-steps", type=int, default=None, help="trainer steps of the real run (default: the spec's)")
     ap.add_argument("--cases", nargs="*", default=None, help="subset of case names")
     args = ap.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
@@ -156,27 +161,45 @@ def main(argv=None):
                   f"{res[v].trajectories_per_s / res['trajectory-async'].trajectories_per_s:.3f}x trajectory-async")
 
     if not args.skip_real:
-        from qsync_opt.rollout.ray_run import calibrate, run
+        from qsync_opt.rollout.ray_run import calibrate, run_rounds
 
-        job = load_rollout_spec(Path(__file__).resolve().parents[1] / "examples" / "rollout_cpu_tiny.yaml")
-        real = run(job)
+        import yaml
+
+        d = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "rollout_cpu_tiny.yaml").read_text())
+        if args.real_steps:
+            d["rollout"]["steps"] = args.real_steps
+        job = load_rollout_spec(d)
+        load0 = os.getloadavg()[0]
+        real = run_rounds(job, args.real_rounds)
         costs, sync_c, train_s, info = calibrate(job, real)
-        print(f"\nreal run ({job.name}: 4 rollout actors + trainer), calibration: {info}")
-        for v, r in real.items():
-            rows.append(row("real", job.name, v, r, r.wall_s))
-            p = simulate(job, v, costs=costs, sync=sync_c, train_s=train_s)
+        print(f"\nreal run ({job.name}: 4 rollout actors + trainer, {job.rollout.steps} steps, {args.real_rounds} "
+              f"interleaved rounds, load {load0:.1f} -> {os.getloadavg()[0]:.1f}), calibration from every round: {info}")
+        pred = {}
+        for v, rs in real.items():
+            rs = sorted(rs, key=lambda x: x.trajectories_per_s)
+            r = rs[len(rs) // 2]  # the median round
+            tps = [x.trajectories_per_s for x in rs]
+            rows.append(row("real", job.name, v, r, r.wall_s) | {"runs": len(rs), "tps_min": tps[0], "tps_max": tps[-1]})
+            p = pred[v] = simulate(job, v, costs=costs, sync=sync_c, train_s=train_s)
             rows.append(row("predicted", job.name, v, p, p.sim_time_s))
-            print(f"  {v:17s} real {r.trajectories_per_s:7.2f} traj/s  predicted {p.trajectories_per_s:7.2f}  "
-                  f"({p.trajectories_per_s / r.trajectories_per_s - 1:+.0%})  rollout idle {r.rollout_idle_frac:.0%} / "
-                  f"{p.rollout_idle_frac:.0%}  staleness {r.staleness_mean:.2f} / {p.staleness_mean:.2f}")
-        ranked_real = sorted(real, key=lambda v: -real[v].trajectories_per_s)
-        ranked_pred = sorted(real, key=lambda v: -next(x for x in rows if x["mode"] == "predicted" and x["policy"] == v)
-                             ["trajectories_per_s"])
+            print(f"  {v:17s} real {r.trajectories_per_s:7.2f} traj/s (rounds {tps[0]:.1f}-{tps[-1]:.1f})  predicted "
+                  f"{p.trajectories_per_s:7.2f} ({p.trajectories_per_s / r.trajectories_per_s - 1:+.0%})  rollout idle "
+                  f"{r.rollout_idle_frac:.0%} / {p.rollout_idle_frac:.0%}  trainer idle {r.trainer_idle_frac:.0%} / "
+                  f"{p.trainer_idle_frac:.0%}  staleness {r.staleness_mean:.2f} / {p.staleness_mean:.2f}  "
+                  f"repacks {sum(x.repacks for x in rs)} / {p.repacks}")
+        med = {v: sorted(x.trajectories_per_s for x in rs)[len(rs) // 2] for v, rs in real.items()}
+        ranked_real = sorted(real, key=lambda v: -med[v])
+        ranked_pred = sorted(real, key=lambda v: -pred[v].trajectories_per_s)
         print(f"  ranking real:      {ranked_real}\n  ranking predicted: {ranked_pred}")
+        same = [v for v in ("repack-best-fit", "repack-program") if v in real and not any(x.repacks for x in real[v])]
+        for v in same:  # no repack happened: the same schedule as trajectory-async, so their gap is the run's noise
+            gaps = [abs(a.trajectories_per_s / b.trajectories_per_s - 1) for a, b in zip(real[v], real["trajectory-async"])]
+            print(f"  {v} made no repack: it ran trajectory-async's schedule; per round it measured "
+                  f"{', '.join(f'{g:.0%}' for g in gaps)} away from trajectory-async (the real run's own noise)")
 
     with open(out / "rollout.csv", "w", newline="") as f:
         header(f, argv)
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w = csv.DictWriter(f, fieldnames=COLUMNS, restval="")
         w.writeheader()
         for r in rows:
             w.writerow({k: fmt(v) for k, v in r.items()})
