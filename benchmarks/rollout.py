@@ -23,6 +23,7 @@ import argparse
 import csv
 import os
 import random
+import resource
 import statistics
 import sys
 import time
@@ -39,7 +40,7 @@ QWEN7B = {"layers": 28, "hidden": 3584, "ffn": 18944, "heads": 28, "kv_heads": 4
           "max_positions": 32768, "ffn_matrices": 3, "tied_embeddings": False, "learned_positions": False}
 COLUMNS = ["mode", "case", "policy", "trajectories_per_s", "tokens_per_s", "rollout_idle_frac", "trainer_idle_frac",
            "staleness_mean", "staleness_max", "kv_util_mean", "repacks", "moves", "solver_ms_mean", "solver_ms_max",
-           "steps", "time_s", "wall_s", "runs", "tps_min", "tps_max"]
+           "steps", "time_s", "wall_s", "repack_clock_stops", "tail_extension_s", "runs", "tps_min", "tps_max"]
 
 
 def case(name, groups, workers, interconnect="infiniband-hdr", per_worker=32, median=1000, ratio=10.0):
@@ -76,7 +77,8 @@ def row(mode, case_name, policy, r, time_s):
             "staleness_max": r.staleness_max, "kv_util_mean": getattr(r, "kv_util_mean", ""),
             "repacks": r.repacks, "moves": r.moves, "solver_ms_mean": getattr(r, "solver_wall_ms_mean", ""),
             "solver_ms_max": getattr(r, "solver_wall_ms_max", ""), "steps": r.steps, "time_s": time_s,
-            "wall_s": r.wall_s}
+            "wall_s": r.wall_s, "repack_clock_stops": getattr(r, "repack_clock_stops", ""),
+            "tail_extension_s": getattr(r, "tail_extension_s", "")}
 
 
 def fmt(v):
@@ -94,18 +96,43 @@ def repack_timing(reps: int = 5):
     ws = [RepackWorker(f"w{i}", 400000, 64, rng.uniform(1e4, 2e4), rng.choice([0.01, 0.012])) for i in range(64)]
     ts = [RepackTraj(f"t{k}", f"w{rng.randrange(64)}", rng.randint(600, 8000), rng.randint(0, 6000))
           for k in range(2000)]
-    st = RepackState(ws, ts, 0.9, max_freed=None)
     out = []
-    bf = [repack(st, method="best-fit") for _ in range(reps)]
-    out.append({"method": "best-fit", "backend": "", "limit_ms": "", "median_ms": 1e3 * statistics.median(r.wall_s for r in bf),
+    for guard in (False, True):  # a fresh state per call: a state caches its caps and loads
+        out += _timing(lambda g=guard: RepackState(ws, ts, 0.9, max_freed=None, tail_guard=g), reps)
+    return out
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (CBC runs as a subprocess): a decision's own work,
+    which a loaded machine stretches in wall time but not in CPU time."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _timed(reps, call):
+    rs, cpu = [], []
+    for _ in range(reps):
+        c0 = _cpu_s()
+        rs.append(call())
+        cpu.append(_cpu_s() - c0)
+    return rs, 1e3 * statistics.median(cpu)
+
+
+def _timing(make, reps):
+    out = []
+    st = make()
+    bf, bf_cpu = _timed(reps, lambda: repack(make(), method="best-fit"))
+    out.append({"method": "best-fit", "tail_guard": st.tail_guard, "backend": "", "limit_ms": "",
+                "median_ms": 1e3 * statistics.median(r.wall_s for r in bf), "cpu_ms_median": bf_cpu,
                 "max_ms": 1e3 * max(r.wall_s for r in bf), "freed": len(bf[0].freed), "objective": bf[0].objective,
                 "vs_best_fit": 1.0, "status": "feasible", "gap": ""})
     for be in [b for b in EXACT if available()[b]]:
         for limit in (0.05, 1.0):
-            rs = [repack(st, backend=be, time_limit_s=limit) for _ in range(reps)]
+            rs, cpu = _timed(reps, lambda: repack(make(), backend=be, time_limit_s=limit))
             r = rs[-1]
-            out.append({"method": "program", "backend": be, "limit_ms": limit * 1e3,
-                        "median_ms": 1e3 * statistics.median(x.wall_s for x in rs), "max_ms": 1e3 * max(x.wall_s for x in rs),
+            out.append({"method": "program", "tail_guard": st.tail_guard, "backend": be, "limit_ms": limit * 1e3,
+                        "median_ms": 1e3 * statistics.median(x.wall_s for x in rs), "cpu_ms_median": cpu,
+                        "max_ms": 1e3 * max(x.wall_s for x in rs),
                         "freed": len(r.freed), "objective": r.objective,
                         "vs_best_fit": r.objective / bf[0].objective if bf[0].objective else "",
                         "status": r.status, "gap": "" if r.gap is None else r.gap})
@@ -155,9 +182,12 @@ def main(argv=None):
                   f"idle {x.rollout_idle_frac:5.1%}  trainer idle {x.trainer_idle_frac:5.1%}  "
                   f"stale {x.staleness_mean:.2f}/{x.staleness_max}  KV {x.kv_util_mean:5.1%}  "
                   f"repacks {x.repacks} ({x.solver_wall_ms_mean:.1f} ms mean)  [{x.wall_s:.1f} s]")
+        # no policy can train faster than the trainer steps: over `best_other` at most 1 / (its trainer busy share)
+        ceiling = 1 / max(1e-9, 1 - res[best_other].trainer_idle_frac)
         for v in ("repack-best-fit", "repack-program"):
             print(f"  {v}: {res[v].trajectories_per_s / sync:.2f}x sync, "
-                  f"{res[v].trajectories_per_s / res[best_other].trajectories_per_s:.2f}x {best_other}, "
+                  f"{res[v].trajectories_per_s / res[best_other].trajectories_per_s:.2f}x {best_other} "
+                  f"(trainer-bound ceiling {ceiling:.2f}x), "
                   f"{res[v].trajectories_per_s / res['trajectory-async'].trajectories_per_s:.3f}x trajectory-async")
 
     if not args.skip_real:
@@ -206,8 +236,8 @@ def main(argv=None):
     timing = repack_timing()
     print("\nrepack decision, 64 workers x 2,000 in-flight trajectories:")
     for t in timing:
-        print(f"  {t['method']:8s} {t['backend']:6s} limit {t['limit_ms']!s:>6} ms: median {t['median_ms']:6.1f} ms, "
-              f"max {t['max_ms']:6.1f} ms, freed {t['freed']}, objective {t['objective']:.0f} "
+        print(f"  {t['method']:8s} {'guard ' if t['tail_guard'] else '      '}{t['backend']:6s} limit {t['limit_ms']!s:>6} ms: median {t['median_ms']:6.1f} ms, "
+              f"max {t['max_ms']:6.1f} ms, CPU {t['cpu_ms_median']:6.1f} ms, freed {t['freed']}, objective {t['objective']:.0f} "
               f"({t['vs_best_fit'] if t['vs_best_fit'] == '' else format(t['vs_best_fit'], '.3f')}x best-fit), "
               f"{t['status']}, gap {t['gap'] if t['gap'] == '' else format(t['gap'], '.1e')}")
     with open(out / "rollout_repack.csv", "w", newline="") as f:
