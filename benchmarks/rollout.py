@@ -1,7 +1,7 @@
 """RL rollout policies side by side (Laminar): simulated at scale, and a real Ray run here vs the
 calibrated simulator.
 
-    python benchmarks/rollout.py --out DIR [--sim-steps 10] [--skip-real] [--real-rounds 3] [--real-steps N]
+    python benchmarks/rollout.py --out DIR [--sim-steps 10] [--skip-real] [--real-rounds 3] [--real-steps N] [--eta 1]
 
 Simulated cases: a 7B-class policy (Qwen2.5-7B shape: 28 layers, GQA with 4 KV heads, 57,344 KV
 bytes per token), response lengths lognormal with p99/median = 10, on 64 A100, 128 H100, and hybrid
@@ -148,6 +148,7 @@ def main(argv=None):
                     help="interleaved rounds of the real run (each variant once per round); the median round is reported")
     ap.add_argument("--real-steps", type=int, default=None, help="trainer steps of the real run (default: the spec's)")
     ap.add_argument("--cases", nargs="*", default=None, help="subset of case names")
+    ap.add_argument("--eta", type=int, default=1, help="staleness bound η of every asynchronous policy (simulated cases)")
     args = ap.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     out = Path(args.out)
@@ -168,6 +169,7 @@ def main(argv=None):
         if args.cases and name not in args.cases:
             continue
         d["rollout"]["steps"] = args.sim_steps
+        d["rollout"]["policy"]["eta"] = args.eta
         job = load_rollout_spec(d)
         res = {}
         for v in VARIANTS:
