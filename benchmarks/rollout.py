@@ -1,13 +1,15 @@
 """RL rollout policies side by side (Laminar): simulated at scale, and a real Ray run here vs the
 calibrated simulator.
 
-    python benchmarks/rollout.py --out DIR [--sim-steps 10] [--skip-real]
+    python benchmarks/rollout.py --out DIR [--sim-steps 10] [--skip-real] [--real-rounds 3] [--real-steps N] [--eta 1]
 
 Simulated cases: a 7B-class policy (Qwen2.5-7B shape: 28 layers, GQA with 4 KV heads, 57,344 KV
 bytes per token), response lengths lognormal with p99/median = 10, on 64 A100, 128 H100, and hybrid
 fleets of A100 with L4 (8-bit) or T4 (4-bit); 16 H100 train. Every policy variant runs on the same
 drawn lengths. Real: examples/rollout_cpu_tiny.yaml (4 rollout actors and a trainer on this machine),
-each variant measured, then the simulator calibrated from that run's timings predicts each one.
+each variant measured in interleaved rounds (the machine's load drifts over minutes: it falls on every variant
+alike), the median round reported with the rounds' range, then the simulator calibrated from every round's
+timings predicts each one.
 
 Writes DIR/rollout.csv (mode, case, policy, trajectories_per_s, tokens_per_s, rollout_idle_frac,
 trainer_idle_frac, staleness_mean, ...) and DIR/rollout_repack.csv (repack decision time for 64
@@ -21,6 +23,7 @@ import argparse
 import csv
 import os
 import random
+import resource
 import statistics
 import sys
 import time
@@ -37,7 +40,7 @@ QWEN7B = {"layers": 28, "hidden": 3584, "ffn": 18944, "heads": 28, "kv_heads": 4
           "max_positions": 32768, "ffn_matrices": 3, "tied_embeddings": False, "learned_positions": False}
 COLUMNS = ["mode", "case", "policy", "trajectories_per_s", "tokens_per_s", "rollout_idle_frac", "trainer_idle_frac",
            "staleness_mean", "staleness_max", "kv_util_mean", "repacks", "moves", "solver_ms_mean", "solver_ms_max",
-           "steps", "time_s", "wall_s"]
+           "steps", "time_s", "wall_s", "repack_clock_stops", "tail_extension_s", "runs", "tps_min", "tps_max"]
 
 
 def case(name, groups, workers, interconnect="infiniband-hdr", per_worker=32, median=1000, ratio=10.0):
@@ -74,7 +77,8 @@ def row(mode, case_name, policy, r, time_s):
             "staleness_max": r.staleness_max, "kv_util_mean": getattr(r, "kv_util_mean", ""),
             "repacks": r.repacks, "moves": r.moves, "solver_ms_mean": getattr(r, "solver_wall_ms_mean", ""),
             "solver_ms_max": getattr(r, "solver_wall_ms_max", ""), "steps": r.steps, "time_s": time_s,
-            "wall_s": r.wall_s}
+            "wall_s": r.wall_s, "repack_clock_stops": getattr(r, "repack_clock_stops", ""),
+            "tail_extension_s": getattr(r, "tail_extension_s", "")}
 
 
 def fmt(v):
@@ -92,18 +96,43 @@ def repack_timing(reps: int = 5):
     ws = [RepackWorker(f"w{i}", 400000, 64, rng.uniform(1e4, 2e4), rng.choice([0.01, 0.012])) for i in range(64)]
     ts = [RepackTraj(f"t{k}", f"w{rng.randrange(64)}", rng.randint(600, 8000), rng.randint(0, 6000))
           for k in range(2000)]
-    st = RepackState(ws, ts, 0.9, max_freed=None)
     out = []
-    bf = [repack(st, method="best-fit") for _ in range(reps)]
-    out.append({"method": "best-fit", "backend": "", "limit_ms": "", "median_ms": 1e3 * statistics.median(r.wall_s for r in bf),
+    for guard in (False, True):  # a fresh state per call: a state caches its caps and loads
+        out += _timing(lambda g=guard: RepackState(ws, ts, 0.9, max_freed=None, tail_guard=g), reps)
+    return out
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (CBC runs as a subprocess): a decision's own work,
+    which a loaded machine stretches in wall time but not in CPU time."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _timed(reps, call):
+    rs, cpu = [], []
+    for _ in range(reps):
+        c0 = _cpu_s()
+        rs.append(call())
+        cpu.append(_cpu_s() - c0)
+    return rs, 1e3 * statistics.median(cpu)
+
+
+def _timing(make, reps):
+    out = []
+    st = make()
+    bf, bf_cpu = _timed(reps, lambda: repack(make(), method="best-fit"))
+    out.append({"method": "best-fit", "tail_guard": st.tail_guard, "backend": "", "limit_ms": "",
+                "median_ms": 1e3 * statistics.median(r.wall_s for r in bf), "cpu_ms_median": bf_cpu,
                 "max_ms": 1e3 * max(r.wall_s for r in bf), "freed": len(bf[0].freed), "objective": bf[0].objective,
                 "vs_best_fit": 1.0, "status": "feasible", "gap": ""})
     for be in [b for b in EXACT if available()[b]]:
         for limit in (0.05, 1.0):
-            rs = [repack(st, backend=be, time_limit_s=limit) for _ in range(reps)]
+            rs, cpu = _timed(reps, lambda: repack(make(), backend=be, time_limit_s=limit))
             r = rs[-1]
-            out.append({"method": "program", "backend": be, "limit_ms": limit * 1e3,
-                        "median_ms": 1e3 * statistics.median(x.wall_s for x in rs), "max_ms": 1e3 * max(x.wall_s for x in rs),
+            out.append({"method": "program", "tail_guard": st.tail_guard, "backend": be, "limit_ms": limit * 1e3,
+                        "median_ms": 1e3 * statistics.median(x.wall_s for x in rs), "cpu_ms_median": cpu,
+                        "max_ms": 1e3 * max(x.wall_s for x in rs),
                         "freed": len(r.freed), "objective": r.objective,
                         "vs_best_fit": r.objective / bf[0].objective if bf[0].objective else "",
                         "status": r.status, "gap": "" if r.gap is None else r.gap})
@@ -115,7 +144,11 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--sim-steps", type=int, default=10)
     ap.add_argument("--skip-real", action="store_true")
+    ap.add_argument("--real-rounds", type=int, default=3,
+                    help="interleaved rounds of the real run (each variant once per round); the median round is reported")
+    ap.add_argument("--real-steps", type=int, default=None, help="trainer steps of the real run (default: the spec's)")
     ap.add_argument("--cases", nargs="*", default=None, help="subset of case names")
+    ap.add_argument("--eta", type=int, default=1, help="staleness bound η of every asynchronous policy (simulated cases)")
     args = ap.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     out = Path(args.out)
@@ -136,6 +169,7 @@ def main(argv=None):
         if args.cases and name not in args.cases:
             continue
         d["rollout"]["steps"] = args.sim_steps
+        d["rollout"]["policy"]["eta"] = args.eta
         job = load_rollout_spec(d)
         res = {}
         for v in VARIANTS:
@@ -150,41 +184,62 @@ def main(argv=None):
                   f"idle {x.rollout_idle_frac:5.1%}  trainer idle {x.trainer_idle_frac:5.1%}  "
                   f"stale {x.staleness_mean:.2f}/{x.staleness_max}  KV {x.kv_util_mean:5.1%}  "
                   f"repacks {x.repacks} ({x.solver_wall_ms_mean:.1f} ms mean)  [{x.wall_s:.1f} s]")
+        # no policy can train faster than the trainer steps: over `best_other` at most 1 / (its trainer busy share)
+        ceiling = 1 / max(1e-9, 1 - res[best_other].trainer_idle_frac)
         for v in ("repack-best-fit", "repack-program"):
             print(f"  {v}: {res[v].trajectories_per_s / sync:.2f}x sync, "
-                  f"{res[v].trajectories_per_s / res[best_other].trajectories_per_s:.2f}x {best_other}, "
+                  f"{res[v].trajectories_per_s / res[best_other].trajectories_per_s:.2f}x {best_other} "
+                  f"(trainer-bound ceiling {ceiling:.2f}x), "
                   f"{res[v].trajectories_per_s / res['trajectory-async'].trajectories_per_s:.3f}x trajectory-async")
 
     if not args.skip_real:
-        from qsync_opt.rollout.ray_run import calibrate, run
+        from qsync_opt.rollout.ray_run import calibrate, run_rounds
 
-        job = load_rollout_spec(Path(__file__).resolve().parents[1] / "examples" / "rollout_cpu_tiny.yaml")
-        real = run(job)
+        import yaml
+
+        d = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "rollout_cpu_tiny.yaml").read_text())
+        if args.real_steps:
+            d["rollout"]["steps"] = args.real_steps
+        job = load_rollout_spec(d)
+        load0 = os.getloadavg()[0]
+        real = run_rounds(job, args.real_rounds)
         costs, sync_c, train_s, info = calibrate(job, real)
-        print(f"\nreal run ({job.name}: 4 rollout actors + trainer), calibration: {info}")
-        for v, r in real.items():
-            rows.append(row("real", job.name, v, r, r.wall_s))
-            p = simulate(job, v, costs=costs, sync=sync_c, train_s=train_s)
+        print(f"\nreal run ({job.name}: 4 rollout actors + trainer, {job.rollout.steps} steps, {args.real_rounds} "
+              f"interleaved rounds, load {load0:.1f} -> {os.getloadavg()[0]:.1f}), calibration from every round: {info}")
+        pred = {}
+        for v, rs in real.items():
+            rs = sorted(rs, key=lambda x: x.trajectories_per_s)
+            r = rs[len(rs) // 2]  # the median round
+            tps = [x.trajectories_per_s for x in rs]
+            rows.append(row("real", job.name, v, r, r.wall_s) | {"runs": len(rs), "tps_min": tps[0], "tps_max": tps[-1]})
+            p = pred[v] = simulate(job, v, costs=costs, sync=sync_c, train_s=train_s)
             rows.append(row("predicted", job.name, v, p, p.sim_time_s))
-            print(f"  {v:17s} real {r.trajectories_per_s:7.2f} traj/s  predicted {p.trajectories_per_s:7.2f}  "
-                  f"({p.trajectories_per_s / r.trajectories_per_s - 1:+.0%})  rollout idle {r.rollout_idle_frac:.0%} / "
-                  f"{p.rollout_idle_frac:.0%}  staleness {r.staleness_mean:.2f} / {p.staleness_mean:.2f}")
-        ranked_real = sorted(real, key=lambda v: -real[v].trajectories_per_s)
-        ranked_pred = sorted(real, key=lambda v: -next(x for x in rows if x["mode"] == "predicted" and x["policy"] == v)
-                             ["trajectories_per_s"])
+            print(f"  {v:17s} real {r.trajectories_per_s:7.2f} traj/s (rounds {tps[0]:.1f}-{tps[-1]:.1f})  predicted "
+                  f"{p.trajectories_per_s:7.2f} ({p.trajectories_per_s / r.trajectories_per_s - 1:+.0%})  rollout idle "
+                  f"{r.rollout_idle_frac:.0%} / {p.rollout_idle_frac:.0%}  trainer idle {r.trainer_idle_frac:.0%} / "
+                  f"{p.trainer_idle_frac:.0%}  staleness {r.staleness_mean:.2f} / {p.staleness_mean:.2f}  "
+                  f"repacks {sum(x.repacks for x in rs)} / {p.repacks}")
+        med = {v: sorted(x.trajectories_per_s for x in rs)[len(rs) // 2] for v, rs in real.items()}
+        ranked_real = sorted(real, key=lambda v: -med[v])
+        ranked_pred = sorted(real, key=lambda v: -pred[v].trajectories_per_s)
         print(f"  ranking real:      {ranked_real}\n  ranking predicted: {ranked_pred}")
+        same = [v for v in ("repack-best-fit", "repack-program") if v in real and not any(x.repacks for x in real[v])]
+        for v in same:  # no repack happened: the same schedule as trajectory-async, so their gap is the run's noise
+            gaps = [abs(a.trajectories_per_s / b.trajectories_per_s - 1) for a, b in zip(real[v], real["trajectory-async"])]
+            print(f"  {v} made no repack: it ran trajectory-async's schedule; per round it measured "
+                  f"{', '.join(f'{g:.0%}' for g in gaps)} away from trajectory-async (the real run's own noise)")
 
     with open(out / "rollout.csv", "w", newline="") as f:
         header(f, argv)
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w = csv.DictWriter(f, fieldnames=COLUMNS, restval="")
         w.writeheader()
         for r in rows:
             w.writerow({k: fmt(v) for k, v in r.items()})
     timing = repack_timing()
     print("\nrepack decision, 64 workers x 2,000 in-flight trajectories:")
     for t in timing:
-        print(f"  {t['method']:8s} {t['backend']:6s} limit {t['limit_ms']!s:>6} ms: median {t['median_ms']:6.1f} ms, "
-              f"max {t['max_ms']:6.1f} ms, freed {t['freed']}, objective {t['objective']:.0f} "
+        print(f"  {t['method']:8s} {'guard ' if t['tail_guard'] else '      '}{t['backend']:6s} limit {t['limit_ms']!s:>6} ms: median {t['median_ms']:6.1f} ms, "
+              f"max {t['max_ms']:6.1f} ms, CPU {t['cpu_ms_median']:6.1f} ms, freed {t['freed']}, objective {t['objective']:.0f} "
               f"({t['vs_best_fit'] if t['vs_best_fit'] == '' else format(t['vs_best_fit'], '.3f')}x best-fit), "
               f"{t['status']}, gap {t['gap'] if t['gap'] == '' else format(t['gap'], '.1e')}")
     with open(out / "rollout_repack.csv", "w", newline="") as f:

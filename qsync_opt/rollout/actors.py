@@ -81,8 +81,10 @@ class _Rollout:
         self.slots: dict[int, dict] = {}  # tid -> {slot, tokens, target}
         self.free = list(range(cap))
         self.version = 0
-        self.step_log: list[tuple[int, int, float]] = []
-        self.prefill_log: list[tuple[int, float, float]] = []
+        self.step_log: list[tuple] = []
+        """(batch, ΣL, wall s, busy, CPU s of this thread, start perf_counter, longest context) per decode step"""
+        self.prefill_log: list[tuple] = []
+        """(sequences, mean tokens, wall s, CPU s, start perf_counter) per admission"""
         self.load_log: list[float] = []
 
     def load(self, version: int, state) -> float:
@@ -96,7 +98,7 @@ class _Rollout:
     def admit(self, items) -> float:
         """items: (tid, context tokens, target total length). Prefills each context into a free slot."""
         torch = self.torch
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         with torch.no_grad():
             for tid, ctx, target in items:
                 slot = self.free.pop()
@@ -113,7 +115,8 @@ class _Rollout:
                 self.slots[tid] = {"slot": slot, "tokens": list(ctx) + [nxt], "target": target}
         dt = time.perf_counter() - t0
         if items:
-            self.prefill_log.append((len(items), float(np.mean([len(c) for _, c, _ in items])), dt))
+            self.prefill_log.append((len(items), float(np.mean([len(c) for _, c, _ in items])), dt,
+                                     time.thread_time() - c0, t0))
         return dt
 
     def reset(self, seed: int):
@@ -132,7 +135,7 @@ class _Rollout:
             self.admit(admit)
         with torch.no_grad():
             while self.slots and steps < max_steps:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 tids = list(self.slots)
                 slots = torch.tensor([self.slots[t]["slot"] for t in tids])
                 pos = torch.tensor([len(self.slots[t]["tokens"]) - 1 for t in tids])
@@ -158,7 +161,8 @@ class _Rollout:
                         self.free.append(s["slot"])
                         del self.slots[tid]
                 steps += 1
-                self.step_log.append((len(tids), total, time.perf_counter() - t0, busy))
+                self.step_log.append((len(tids), total, time.perf_counter() - t0, busy, time.thread_time() - c0, t0,
+                                      lmax))
                 if finished:
                     break
         return {"finished": finished, "steps": steps, "elapsed": time.perf_counter() - t_call,
@@ -210,7 +214,7 @@ class _Trainer:
         import ray
 
         torch = self.torch
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         n = max(len(s) for s in seqs)
         toks = torch.zeros(len(seqs), n, dtype=torch.long)
         mask = torch.zeros(len(seqs), n)
@@ -228,8 +232,9 @@ class _Trainer:
         self.version += 1
         ref = ray.put(self.weights())
         dt = time.perf_counter() - t0
-        self.log.append((int(sum(len(s) for s in seqs)), dt))
-        return [self.version, ref, float(loss)]
+        cpu = time.thread_time() - c0
+        self.log.append((int(sum(len(s) for s in seqs)), dt, cpu, t0))
+        return [self.version, ref, float(loss), cpu, t0, dt]
 
     def logs(self):
         return self.log

@@ -7,6 +7,7 @@ the broadcast and pull times; `CalibratedCosts` gives them the interface the sim
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,47 +29,78 @@ class CalibratedCosts:
     pre: tuple[float, float]
     """prefill ms per sequence = a + b·tokens"""
     share: tuple = ()
-    """share[k − 1]: the (a, b, c) of decode_ms when k actors decode at once on this host's shared cores."""
+    """share[k − 1]: the (a, b, c) of decode_ms when k processes (actors decoding, the trainer training) compute at
+    once on this host's shared cores."""
+    call_overhead_ms: float = 0.0
+    """What the driver waits per step call beyond the actor's own time (the Ray round trip, the driver's loop)."""
+    steps_per_call: int = 16
+    """Decode steps per call at most (rollout.driver.MAX_STEPS_PER_CALL): a call also ends at a finish."""
 
     def decode_ms(self, batch, total_ctx):
         a, b, c = self.dec
         return max(1e-3, a + b * batch + c * total_ctx)
 
     def decode_ms_shared(self, batch, total_ctx, busy):
-        """decode_ms when `busy` actors decode at once (they share this machine's cores)."""
+        """decode_ms when `busy` processes compute at once (they share this machine's cores)."""
         if not self.share:
             return self.decode_ms(batch, total_ctx)
         a, b, c = self.share[max(1, min(busy, len(self.share))) - 1]
         return max(1e-3, a + b * batch + c * total_ctx)
+
+    def call_ms(self, steps: int) -> float:
+        """The driver's overhead for `steps` decode steps run without a finish: one round trip per call."""
+        return self.call_overhead_ms * math.ceil(max(1, steps) / self.steps_per_call)
 
     def prefill_ms(self, m, tokens):
         a, b = self.pre
         return max(1e-3, m * (a + b * tokens))
 
     def full_rate(self, batch, mean_ctx):
-        return batch / (self.decode_ms(batch, batch * mean_ctx) / 1e3)
+        return batch / ((self.decode_ms(batch, batch * mean_ctx) + self.call_overhead_ms / self.steps_per_call) / 1e3)
+
+
+@dataclass(frozen=True)
+class CalibratedTrain:
+    """Trainer step seconds = a + b·tokens + g·(actors decoding beside it): the trainer shares the host's cores
+    with the rollout actors, so its step is slower while they decode (measured, not assumed)."""
+
+    a: float
+    b: float
+    g: float = 0.0
+
+    def __call__(self, tokens, beside: int = 0) -> float:
+        return max(1e-3, self.a + self.b * tokens + self.g * beside)
+
+
+def _flat(results: dict) -> list:
+    out = []
+    for r in results.values():
+        out += r if isinstance(r, list) else [r]
+    return out
 
 
 def calibrate(job, results: dict):
-    """(costs, sync, train_s) fitted to the rollouts', trainer's and loads' timings of `results`."""
+    """(costs, sync, train_s) fitted to the rollouts', trainer's and loads' timings of `results`
+    (variant -> RunResult, or variant -> list of RunResult from repeated rounds: every run's timings are pooled)."""
     from qsync_opt.rollout.costs import SyncCosts
+    from qsync_opt.rollout.driver import MAX_STEPS_PER_CALL
 
     steps, pre, loads, train, calls, pulls = [], [], [], [], [], []
-    for r in results.values():
+    for r in _flat(results):
         for lg in r.logs["rollout"]:
-            steps += lg["step"]
-            pre += lg["prefill"]
+            steps += [s[:4] for s in lg["step"]]
+            pre += [p[:3] for p in lg["prefill"]]
         loads += r.logs["broadcast"]
         pulls += r.logs["pull"]
-        train += r.logs["train"]
-        calls += r.logs["calls"]
+        train += [(t[0], t[1], t[5] if len(t) > 5 else 0) for t in r.logs["train"]]
+        calls += [c[:2] for c in r.logs["calls"]]
     S = np.asarray(steps, dtype=float)
     X = np.c_[np.ones(len(S)), S[:, 0], S[:, 1]]
     dec = np.linalg.lstsq(X, S[:, 2] * 1e3, rcond=None)[0]
-    # the actors share this machine's cores: one fit per number k of actors decoding at once
+    # the actors and the trainer share this machine's cores: one fit per number k of them computing at once
     n_act = sum(g.count for g in job.cluster.groups if g.name in {w.group for w in job.rollout.workers})
     share = []
-    for k in range(1, n_act + 1):
+    for k in range(1, n_act + 2):
         sel = S[:, 3] == k
         if sel.sum() >= 30 and len(set(S[sel, 0])) >= 3:
             share.append(tuple(float(x) for x in np.linalg.lstsq(X[sel], S[sel, 2] * 1e3, rcond=None)[0]))
@@ -76,23 +108,24 @@ def calibrate(job, results: dict):
             share.append(share[-1] if share else tuple(float(x) for x in dec))
     share = tuple(share)
     dec = share[0]
-    # what the driver waits beyond the actor's own time (Ray call, scheduling on shared cores), per step
+    # what the driver waits beyond the actor's own time (Ray call, the driver's loop), per call
     C = np.asarray(calls, dtype=float)
-    overhead_ms = 1e3 * C[:, 0].sum() / max(1.0, C[:, 1].sum())
-    dec = (float(dec[0] + overhead_ms), float(dec[1]), float(dec[2]))
-    share = tuple((a + overhead_ms, b, c) for a, b, c in share)
+    overhead_ms = 1e3 * float(C[:, 0].mean()) if len(C) else 0.0
     P = np.asarray(pre, dtype=float)
     # per-sequence prefill: dt / m against mean tokens
     pa = np.linalg.lstsq(np.c_[np.ones(len(P)), P[:, 1]], P[:, 2] * 1e3 / P[:, 0], rcond=None)[0]
     T = np.asarray(train, dtype=float)
-    ta = np.linalg.lstsq(np.c_[np.ones(len(T)), T[:, 0]], T[:, 1], rcond=None)[0]
+    if len(set(T[:, 2])) > 1:
+        ta = np.linalg.lstsq(np.c_[np.ones(len(T)), T[:, 0], T[:, 2]], T[:, 1], rcond=None)[0]
+    else:
+        ta = np.r_[np.linalg.lstsq(np.c_[np.ones(len(T)), T[:, 0]], T[:, 1], rcond=None)[0], 0.0]
     load = float(np.median(loads)) if loads else 0.0
     pull = float(np.median(pulls)) if pulls else load
-    n = sum(g.count for g in job.cluster.groups if g.name in {w.group for w in job.rollout.workers})
-    costs = [CalibratedCosts("rollout", "cpu", 32, n, 1e12, 1.0, pull, dec, (float(pa[0]), float(pa[1])), share)]
+    costs = [CalibratedCosts("rollout", "cpu", 32, n_act, 1e12, 1.0, pull, (float(dec[0]), float(dec[1]), float(dec[2])),
+                             (float(pa[0]), float(pa[1])), share, overhead_ms, MAX_STEPS_PER_CALL)]
     sync = SyncCosts(broadcast_s=load, push_s=0.0, relay_fanout_s=0.0, kv_link_gbs=1e-9, kv_link_latency_s=1e9)
-    train_s = (lambda tokens, a=float(ta[0]), b=float(ta[1]): max(1e-3, a + b * tokens))
-    return costs, sync, train_s, {"decode_ms": dec, "share_by_busy": share, "call_overhead_ms_per_step": overhead_ms,
+    train_s = CalibratedTrain(float(ta[0]), float(ta[1]), float(ta[2]))
+    return costs, sync, train_s, {"decode_ms": dec, "share_by_busy": share, "call_overhead_ms": overhead_ms,
                                   "prefill_ms_per_seq": tuple(map(float, pa)), "train_s": tuple(map(float, ta)),
                                   "broadcast_s": load, "pull_s": pull,
-                                  "samples": {"steps": len(S), "prefills": len(P), "train": len(T)}}
+                                  "samples": {"steps": len(S), "prefills": len(P), "train": len(T), "calls": len(C)}}

@@ -117,7 +117,8 @@ class Driver:
     def _issue(self, i):
         a = self.w[i]
         if a["call"] is None and a["inflight"] and i in self.alive and not a["loading"]:
-            busy = 1 + sum(self.w[j]["call"] is not None for j in self.alive)  # actors decoding at once
+            # processes computing at once on the host's shared cores: the actors decoding and the trainer
+            busy = 1 + sum(self.w[j]["call"] is not None for j in self.alive) + (self.train_call is not None)
             ref = self.actors[i].step.remote(MAX_STEPS_PER_CALL, a["to_admit"], busy)
             a["to_admit"] = []
             a["call"] = ref
@@ -169,7 +170,7 @@ class Driver:
     def _account(self, i, res):
         a = self.w[i]
         a["gen_time"] += res["elapsed"]
-        self.call_log.append((time.perf_counter() - a["issued"] - res["elapsed"], res["steps"]))
+        self.call_log.append((time.perf_counter() - a["issued"] - res["elapsed"], res["steps"], a["issued"]))
         for tid, tokens in res["finished"]:
             a["inflight"].discard(tid)
             self.buffer.append((tid, tokens))
@@ -207,6 +208,7 @@ class Driver:
         seqs = [tok for _, tok in batch]
         plens = [len(self.trajs[tid]["prompt"]) for tid, _ in batch]
         self.train_tokens = sum(len(x) for x in seqs)
+        self.train_gen = sum(self.w[j]["call"] is not None for j in self.alive)  # actors decoding beside it
         self.train_call = self.trainer.train.remote(seqs, plens)
         self.pending[self.train_call] = ("train", None)
         self.train_started = time.perf_counter()
@@ -248,6 +250,8 @@ class Driver:
         self.w = [{"inflight": set(), "version": 0, "call": None, "loading": False, "gen_time": 0.0, "load_to": 0,
                    "to_admit": []} for _ in range(n)]
         self.call_log, self.bcast_log, self.pull_log, self.train_log = [], [], [], []
+        # train_log: (tokens, wall seen by the driver, trainer CPU s, trainer start, driver issue, actors decoding at
+        # issue, the trainer's own wall s incl. publishing the weights)
         self.trajs, self.queue, self.buffer = {}, [], []
         self.next_id = self.round = self.version = self.rollout_version = self.relay_version = 0
         self.round_done, self.pending = {}, {}
@@ -259,6 +263,7 @@ class Driver:
         self.train_time = 0.0
         interval = self.job.rollout.repack.interval_s
         t_start = time.perf_counter()
+        cpu_start = time.process_time()
         last_tick = t_start
         t_end = t_start
         self._dispatch()
@@ -295,9 +300,10 @@ class Driver:
                     self._dispatch([i])
                     self._issue(i)
                 elif what == "train":
-                    version, wref, _ = ray.get(ref)
+                    version, wref, _, cpu, t0, own = ray.get(ref)
                     self.train_time += time.perf_counter() - self.train_started
-                    self.train_log.append((self.train_tokens, time.perf_counter() - self.train_started))
+                    self.train_log.append((self.train_tokens, time.perf_counter() - self.train_started, cpu, t0,
+                                           self.train_started, self.train_gen, own))
                     self.train_call = None
                     self.trained_steps += 1
                     self.version = version
@@ -311,6 +317,8 @@ class Driver:
                         self._on_publish()
                     self._maybe_train()
         wall = t_end - t_start
+        self.driver_cpu_s = time.process_time() - cpu_start
+        self.t_start, self.t_end = t_start, t_end
         gen = sum(self.w[i]["gen_time"] for i in range(n))
         return RunResult(self.variant, self.trained_steps, wall, self.trained_steps * self.B / wall, self.tokens / wall,
                          1 - gen / (n * wall), 1 - self.train_time / wall, float(np.mean(self.staleness)),

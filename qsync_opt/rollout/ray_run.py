@@ -41,6 +41,7 @@ __all__ = [
     "make_actors",
     "model_dict",
     "run",
+    "run_rounds",
     "start_ray",
 ]
 
@@ -68,33 +69,43 @@ def make_actors(job, seed: int = 0):
 def run(job, out_dir=None, variants=None, kill_after_steps: int | None = None, seed: int = 0) -> dict:
     """Run each variant for real (the same actors, reset between variants); returns variant -> RunResult
     with the timing logs (for `calibrate`), and writes out_dir/run.csv when out_dir is given."""
+    out = {v: rs[0] for v, rs in run_rounds(job, 1, variants, kill_after_steps, seed).items()}
+    if out_dir is not None:
+        _write_results(out, out_dir)
+    return out
+
+
+def run_rounds(job, rounds: int, variants=None, kill_after_steps: int | None = None, seed: int = 0) -> dict:
+    """`rounds` runs of every variant, interleaved (round 1 runs each variant once, then round 2, ...), so that
+    the load of a shared machine, which drifts over minutes, falls on every variant alike; returns
+    variant -> [RunResult per round] (the same drawn lengths and seed in every round)."""
     from qsync_opt.rollout.simulate import VARIANTS
 
     ray = start_ray()
-    out = {}
+    out: dict = {}
     actors, trainer = make_actors(job, seed)
-    for v in variants or VARIANTS:
-        ray.get([a.reset.remote(seed) for a in actors] + [trainer.reset.remote(seed)])
-        d = Driver(job, v, actors, trainer, kill_after_steps=kill_after_steps, seed=seed)
-        res = d.run()
-        logs = {"rollout": [], "calls": d.call_log, "broadcast": d.bcast_log, "pull": d.pull_log, "train": d.train_log}
-        for i in sorted(d.alive):
-            try:
-                logs["rollout"].append(ray.get(actors[i].logs.remote()))
-            except ray.exceptions.RayActorError:
-                pass
-        res.logs = logs
-        out[v] = res
-        if d.lost:  # a killed actor is not reused: start the next variant on a fresh set
-            for a in actors:
-                ray.kill(a)
-            ray.kill(trainer)
-            actors, trainer = make_actors(job, seed)
+    for _ in range(rounds):
+        for v in variants or VARIANTS:
+            ray.get([a.reset.remote(seed) for a in actors] + [trainer.reset.remote(seed)])
+            d = Driver(job, v, actors, trainer, kill_after_steps=kill_after_steps, seed=seed)
+            res = d.run()
+            logs = {"rollout": [], "calls": d.call_log, "broadcast": d.bcast_log, "pull": d.pull_log,
+                    "train": d.train_log, "driver_cpu_s": d.driver_cpu_s, "span": (d.t_start, d.t_end)}
+            for i in sorted(d.alive):
+                try:
+                    logs["rollout"].append(ray.get(actors[i].logs.remote()))
+                except ray.exceptions.RayActorError:
+                    pass
+            res.logs = logs
+            out.setdefault(v, []).append(res)
+            if d.lost:  # a killed actor is not reused: start the next variant on a fresh set
+                for a in actors:
+                    ray.kill(a)
+                ray.kill(trainer)
+                actors, trainer = make_actors(job, seed)
     for a in actors:
         ray.kill(a)
     ray.kill(trainer)
-    if out_dir is not None:
-        _write_results(out, out_dir)
     return out
 
 

@@ -70,12 +70,15 @@ FULL_LIMIT = 1500
 
 
 def repack(state: RepackState, method: Literal["program", "best-fit"] = "program", backend: str = "highs",
-           time_limit_s: float = 0.05, form: Literal["auto", "full", "aggregate"] = "auto") -> RepackResult:
+           time_limit_s: float = 0.05, form: Literal["auto", "full", "aggregate"] = "auto",
+           max_rounds: int | None = None) -> RepackResult:
     """Decide which workers keep running and where each in-flight trajectory goes.
 
     method 'best-fit' is Laminar's heuristic; 'program' solves the integer program above (form 'full'
     when trajectories × workers ≤ FULL_LIMIT, else 'aggregate') with best-fit as warm start, within
     `time_limit_s`, and never returns less than best-fit. Status 'optimal' only when proven.
+    `max_rounds` bounds the aggregate form's solve-and-pack rounds (a deterministic budget beside the clock:
+    the simulator uses it so that its plans do not depend on the machine's load).
     """
     if not 0 < state.kv_threshold <= 1:
         raise SolverError(f"kv_threshold {state.kv_threshold} must be in (0, 1]")
@@ -99,13 +102,15 @@ def repack(state: RepackState, method: Literal["program", "best-fit"] = "program
     use = form if form != "auto" else ("full" if len(state.trajectories) * len(ids) <= FULL_LIMIT else "aggregate")
     if use == "full":
         placement, bound, status = _full(state, backend, time_limit_s, start)
-        if placement is None or evaluate(state, placement)[2] or evaluate(state, placement)[0] < base:
-            placement = start
-        obj = evaluate(state, placement)[0]
+        got = evaluate(state, placement) if placement is not None else None
+        if got is None or got[2] or got[0] < base:
+            placement, obj = start, base
+        else:
+            obj = got[0]
         # signed on the true gap (as solver.solve does): CP-SAT's own status speaks for a rounded copy
         proven = bound is not None and obj >= bound - 1e-6 * max(1.0, abs(bound))
     else:
-        placement, bound, proven = _aggregate(state, backend, time_limit_s, start, t0)
+        placement, bound, proven = _aggregate(state, backend, time_limit_s, start, t0, max_rounds)
         obj = evaluate(state, placement)[0]
     if bound is not None:
         bound = max(bound, obj)

@@ -15,6 +15,7 @@ class _Bins:
 
     def __init__(self, state: RepackState, open_ids, kv: dict, n: dict, caps: dict):
         self.caps, self.kv, self.n = caps, dict(kv), dict(n)
+        self.tail = state.tail if state.tail_guard else None
         self.rate = {w.id: w.move_cost_per_token for w in state.workers}
         self.classes: dict[float, list] = {}
         for w in open_ids:
@@ -26,7 +27,8 @@ class _Bins:
 
     def copy(self) -> _Bins:
         c = object.__new__(_Bins)
-        c.caps, c.kv, c.n, c.rate, c.order = self.caps, dict(self.kv), dict(self.n), self.rate, self.order
+        c.caps, c.kv, c.n, c.rate, c.order, c.tail = self.caps, dict(self.kv), dict(self.n), self.rate, self.order, \
+            self.tail
         c.classes = {r: list(lst) for r, lst in self.classes.items()}
         return c
 
@@ -38,11 +40,14 @@ class _Bins:
         if i < len(lst) and lst[i][1] == w:
             lst.pop(i)
 
-    def place(self, need: float, exclude: str | None = None) -> str | None:
+    def place(self, need: float, exclude: str | None = None, remaining: int = 0) -> str | None:
+        """The open worker `need` fits most tightly (cheapest group first); under the state's tail guard only one
+        whose longest remaining trajectory is at least `remaining`."""
+        tail = self.tail
         for r in self.order:
             lst = self.classes[r]
             i = bisect.bisect_left(lst, (need - 1e-9, ""))
-            while i < len(lst) and lst[i][1] == exclude:
+            while i < len(lst) and (lst[i][1] == exclude or (tail is not None and tail(lst[i][1]) < remaining)):
                 i += 1
             if i >= len(lst):
                 continue
@@ -56,6 +61,23 @@ class _Bins:
 
 
 def _loads(state: RepackState):
+    """(KV held, trajectories held, trajectories on) per worker, computed once per state (callers copy before
+    changing them)."""
+    got = state.__dict__.get("_loads")
+    if got is None:
+        got = state.__dict__["_loads"] = _count_loads(state)
+    return got
+
+
+def _by_need(state: RepackState) -> list[RepackTraj]:
+    """The state's trajectories, largest need first (ties by id), sorted once per state."""
+    got = state.__dict__.get("_by_need")
+    if got is None:
+        got = state.__dict__["_by_need"] = sorted(state.trajectories, key=lambda t: (-t.need, t.id))
+    return got
+
+
+def _count_loads(state: RepackState):
     kv = {w.id: 0.0 for w in state.workers}
     n = {w.id: 0 for w in state.workers}
     on: dict[str, list[RepackTraj]] = {w.id: [] for w in state.workers}
@@ -74,6 +96,7 @@ def best_fit(state: RepackState) -> dict[str, str]:
     caps = state.caps()
     wk = {w.id: w for w in state.workers}
     kv, n, on = _loads(state)
+    on = {w: list(ts) for w, ts in on.items()}  # changed below
     placement = {t.id: t.worker for t in state.trajectories}
     freed = {w for w in wk if n[w] == 0}
     bins = _Bins(state, [w for w in wk if w not in freed], kv, n, caps)
@@ -88,7 +111,7 @@ def best_fit(state: RepackState) -> dict[str, str]:
         trial.close(cand)
         moved, cost = {}, 0.0
         for t in sorted(on[cand], key=lambda t: (-t.need, t.id)):
-            d = trial.place(t.need, exclude=cand)
+            d = trial.place(t.need, exclude=cand, remaining=t.remaining)
             if d is None:
                 break
             moved[t.id] = d
@@ -111,14 +134,11 @@ def _pack(state: RepackState, keep: set[str]) -> dict[str, str] | None:
     kv, n, on = _loads(state)
     bins = _Bins(state, [w for w in keep], kv, n, caps)
     placement = {}
-    movers = []
-    for t in state.trajectories:
+    for t in _by_need(state):
         if t.worker in keep:
             placement[t.id] = t.worker
-        else:
-            movers.append(t)
-    for t in sorted(movers, key=lambda t: (-t.need, t.id)):
-        d = bins.place(t.need)
+            continue
+        d = bins.place(t.need, remaining=t.remaining)
         if d is None:
             return None
         placement[t.id] = d

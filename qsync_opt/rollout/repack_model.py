@@ -5,6 +5,7 @@ See rollout.repack for the program and the entry point."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -49,12 +50,36 @@ class RepackState:
     """Fraction of each worker's KV capacity a repack may fill, in (0, 1]."""
     max_freed: int | None = None
     """Most workers worth freeing (e.g. as many as the queued work can fill); None: no limit."""
+    tail_guard: bool = False
+    """True: a trajectory may move only onto a worker whose own longest remaining trajectory is at least as long,
+    so no receiver drains later than it would have (the objective prices a freed worker's drain, not a
+    receiver's longer one)."""
+
+    def allowed(self, t: RepackTraj, w: str) -> bool:
+        """May t end on worker w (its own worker always; another under `tail_guard` only if w's tail is longer)."""
+        return t.worker == w or not self.tail_guard or t.remaining <= self.tail(w)
+
+    def tail(self, w: str) -> int:
+        """The longest remaining trajectory worker w holds now (0 if none)."""
+        return self._tails.get(w, 0)
+
+    @functools.cached_property
+    def _tails(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.trajectories:
+            out[t.worker] = max(out.get(t.worker, 0), t.remaining)
+        return out
 
     def cost(self, t: RepackTraj, w: RepackWorker) -> float:
         return 0.0 if t.worker == w.id else t.context * w.move_cost_per_token
 
     def caps(self) -> dict[str, tuple[float, int]]:
-        """worker -> (KV tokens, trajectories) it may hold after the repack."""
+        """worker -> (KV tokens, trajectories) it may hold after the repack (computed once per state: a state is
+        one tick's snapshot, not to be changed in place)."""
+        return self._caps
+
+    @functools.cached_property
+    def _caps(self) -> dict[str, tuple[float, int]]:
         own_kv: dict[str, float] = {w.id: 0.0 for w in self.workers}
         own_n: dict[str, int] = {w.id: 0 for w in self.workers}
         for t in self.trajectories:
@@ -105,13 +130,16 @@ def evaluate(state: RepackState, placement: dict[str, str]) -> tuple[float, list
     kv = {w: 0.0 for w in wk}
     n = {w: 0 for w in wk}
     cost = 0.0
+    bad: list[str] = []
     for t in state.trajectories:
         d = placement[t.id]
         kv[d] += t.context + t.remaining
         n[d] += 1
         if d != t.worker:
             cost += t.context * rate[d]
-    bad = [f"{w}: KV {kv[w]:.0f} > {caps[w][0]:.0f}" for w in wk if kv[w] > caps[w][0] + 1e-6]
+            if state.tail_guard and t.remaining > state.tail(d):
+                bad.append(f"{t.id}: {t.remaining} remaining onto {d}, whose longest is {state.tail(d)} (tail guard)")
+    bad += [f"{w}: KV {kv[w]:.0f} > {caps[w][0]:.0f}" for w in wk if kv[w] > caps[w][0] + 1e-6]
     bad += [f"{w}: batch {n[w]} > {caps[w][1]}" for w in wk if n[w] > caps[w][1]]
     freed = [w for w in wk if n[w] == 0]
     return sum(wk[w].value for w in freed) - cost, freed, bad

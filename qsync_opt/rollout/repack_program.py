@@ -40,9 +40,12 @@ def _full(state: RepackState, backend: str, time_limit_s: float, start: dict[str
     for w in state.workers:
         p.add_var(f"keep_{w.id}")  # 1: worker w keeps running trajectories
         p.objective[f"keep_{w.id}"] = w.value
+    allowed = {(t.id, w.id) for t in state.trajectories for w in state.workers if state.allowed(t, w.id)}
     for t in state.trajectories:
         names = []
         for w in state.workers:
+            if (t.id, w.id) not in allowed:
+                continue
             v = p.add_var(f"x_{t.id}_{w.id}")  # 1: trajectory t runs on worker w after the repack
             names.append(v)
             c = state.cost(t, w)
@@ -51,16 +54,17 @@ def _full(state: RepackState, backend: str, time_limit_s: float, start: dict[str
             p.add_constraint(f"on_kept_{t.id}_{w.id}", {v: 1.0, f"keep_{w.id}": -1.0}, "<=", 0.0)
         p.add_onehot(f"one_{t.id}", names)
     for w in state.workers:
-        kv = {f"x_{t.id}_{w.id}": float(t.need) for t in state.trajectories}
+        kv = {f"x_{t.id}_{w.id}": float(t.need) for t in state.trajectories if (t.id, w.id) in allowed}
         kv[f"keep_{w.id}"] = -caps[w.id][0]
         p.add_constraint(f"kv_{w.id}", kv, "<=", 0.0)
-        nb = {f"x_{t.id}_{w.id}": 1.0 for t in state.trajectories}
+        nb = {f"x_{t.id}_{w.id}": 1.0 for t in state.trajectories if (t.id, w.id) in allowed}
         nb[f"keep_{w.id}"] = -float(caps[w.id][1])
         p.add_constraint(f"batch_{w.id}", nb, "<=", 0.0)
     p.objective_constant = -total_value
     _limit_row(p, state)
     hint = {f"keep_{w}": float(any(d == w for d in start.values())) for w in wk}
-    hint.update({f"x_{t.id}_{w}": float(start[t.id] == w) for t in state.trajectories for w in wk})
+    hint.update({f"x_{t.id}_{w}": float(start[t.id] == w) for t in state.trajectories for w in wk
+                 if (t.id, w) in allowed})
     raw = get_backend(backend).solve(p, _opts(time_limit_s, hint))
     if raw.values is None:
         return None, None, raw.status
@@ -71,7 +75,8 @@ def _full(state: RepackState, backend: str, time_limit_s: float, start: dict[str
     return placement, bound, raw.status
 
 
-def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dict[str, str], t0: float):
+def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dict[str, str], t0: float,
+               max_rounds: int | None = None):
     caps = state.caps()
     wk = {w.id: w for w in state.workers}
     need_total = sum(t.need for t in state.trajectories)
@@ -95,7 +100,11 @@ def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dic
     hint_keep = set(start.values())
     first = True
     last = 0.0
+    rounds = 0
     while time_limit_s - (time.perf_counter() - t0) > last:  # stop when another round would overrun
+        if max_rounds is not None and rounds >= max_rounds:
+            break
+        rounds += 1
         t_it = time.perf_counter()
         left = time_limit_s - (t_it - t0)
         hint = {f"keep_{w}": float(w in hint_keep) for w in wk}
@@ -114,18 +123,25 @@ def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dic
             if obj > best_obj:
                 best, best_obj = placement, obj
             break
-        # repair: keep back the freed workers worth least, one at a time, until the packing succeeds
+        # repair: keep back the k freed workers worth least, for the least k (found by bisection: O(log F) packings
+        # instead of F; keeping every one back always packs, as every trajectory then stays put) that packs
         freed = [w for w in wk if w not in keep]
         worth = {w: wk[w].value - move_cost[w] for w in freed}
-        repaired = set(keep)
-        for w in sorted(freed, key=lambda w: (worth[w], w)):
-            repaired.add(w)
-            placement = _pack(state, repaired)
-            if placement is not None:
-                obj = evaluate(state, placement)[0]
-                if obj > best_obj:
-                    best, best_obj = placement, obj
-                break
+        order = sorted(freed, key=lambda w: (worth[w], w))
+        lo, hi, packed = 0, len(order), None  # pack(keep + order[:hi]) succeeds; pack(keep + order[:lo]) failed
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            placement = _pack(state, set(keep) | set(order[:mid]))
+            if placement is None:
+                lo = mid
+            else:
+                hi, packed = mid, placement
+        if packed is None:
+            packed = _pack(state, set(keep) | set(order[:hi]))
+        if packed is not None:
+            obj = evaluate(state, packed)[0]
+            if obj > best_obj:
+                best, best_obj = packed, obj
         # no-good cut: best-fit could not pack this keep set; keep at least one of its freed workers
         p.add_constraint(f"cut_{len(p.constraints)}", {f"keep_{w}": 1.0 for w in freed}, ">=", 1.0)
         last = time.perf_counter() - t_it

@@ -41,6 +41,10 @@ class SimResult:
     timeline: list[list[tuple[float, float, str]]] = field(default_factory=list, repr=False)
     """Per worker: (start, end, state) segments up to `timeline_until`."""
     worker_labels: list[str] = field(default_factory=list, repr=False)
+    repack_clock_stops: int = 0
+    tail_extension_s: float = 0.0
+    """Σ over repack receivers of how much later each drains (its longest remaining trajectory grew), seconds."""
+    """Repack solves stopped by the clock (rollout.sim_repack.SIM_HANG_S): 0 means the run is deterministic."""
 
     def row(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("kv_series", "timeline", "worker_labels")}
@@ -81,4 +85,5 @@ class Metrics:
             repack_overhead_s=self.repack_overhead, solver_wall_ms_mean=1e3 * float(np.mean(walls)),
             solver_wall_ms_max=1e3 * max(walls), wall_s=wall,
             kv_series=[(t, u) for t, u in self.kv_series if t <= T],
-            timeline=[w.segments for w in self.workers], worker_labels=[w.label for w in self.workers])
+            timeline=[w.segments for w in self.workers], worker_labels=[w.label for w in self.workers],
+            repack_clock_stops=self.repack_clock_stops, tail_extension_s=self.tail_extension_s)

@@ -60,7 +60,11 @@ class PolicyRules:
             self.stale.append(self.version - t.version)
         tokens = sum(t.prompt + t.target for t in batch)
         self.tokens_trained += sum(t.target for t in batch)
-        dur = self.train_s(tokens)
+        # calibrated on a shared host: the step is slower while rollouts decode beside it
+        if self.shared_host and hasattr(self.train_s, "g"):  # a worker whose last trajectory just ended is not beside
+            dur = self.train_s(tokens, beside=sum(1 for w in self.workers if w.state == GEN and w.batch))
+        else:
+            dur = self.train_s(tokens)
         self.trainer_busy = True
         self.trainer_time += dur
         self._push(self.now + dur, "train_done")

@@ -119,6 +119,8 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.repacks = self.moves = 0
         self.repack_overhead = 0.0
         self.solver_walls: list[float] = []
+        self.repack_clock_stops = 0
+        self.tail_extension_s = 0.0
         self.kv_series: list = []
         self.t_end = 0.0
 
@@ -177,8 +179,9 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         b = len(w.batch)
         n = max(1, w.heap[0][0] - w.steps)
         self._set_state(w, GEN)
-        if self.shared_host:  # costs measured on one machine whose cores the workers share
-            dt = w.c.decode_ms_shared(b, w.total_ctx() + b * (n - 1) / 2, self.n_gen) / 1e3
+        if self.shared_host:  # costs measured on one machine whose cores the workers and the trainer share
+            busy = self.n_gen + self.trainer_busy
+            dt = (w.c.decode_ms_shared(b, w.total_ctx() + b * (n - 1) / 2, busy) + w.c.call_ms(n) / n) / 1e3
         else:
             dt = w.c.decode_ms(b, w.total_ctx() + b * (n - 1) / 2) / 1e3
         w.chunk = (self.now, dt, n)

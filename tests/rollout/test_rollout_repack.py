@@ -101,3 +101,49 @@ def test_docstring_example():
     assert r.freed == ["w1"] and r.status == "optimal"
     assert [(m.traj, m.src, m.dst) for m in r.moves] == [("t1", "w1", "w0")]
     assert r.objective == pytest.approx(500 - 700 * 0.01)
+
+
+def _guarded(seed: int) -> RepackState:
+    st = _state(seed, max_freed=seed % 3 == 0)
+    return RepackState(st.workers, st.trajectories, st.kv_threshold, st.max_freed, tail_guard=True)
+
+
+def test_tail_guard_optimal_vs_brute_force():
+    """Under the tail guard (no receiver drains later), the full program is still exact and best-fit still
+    feasible: the guard is part of the state that brute force, best-fit and the program all respect."""
+    for seed in range(25):
+        st = _guarded(seed)
+        best = brute_force(st)
+        r = repack(st, backend="highs", form="full", time_limit_s=120.0)
+        assert r.objective == pytest.approx(best, rel=1e-6, abs=1e-6), seed
+        assert r.status == "optimal"
+        assert not evaluate(st, best_fit(st))[2], seed
+        for m in r.moves:  # no trajectory lands on a worker whose own tail is shorter
+            t = next(t for t in st.trajectories if t.id == m.traj)
+            assert t.remaining <= st.tail(m.dst), (seed, m)
+        a = repack(st, backend="highs", form="aggregate", time_limit_s=5.0)
+        assert evaluate(st, best_fit(st))[0] - 1e-9 <= a.objective <= best + 1e-6
+
+
+def test_tail_guard_refuses_a_longer_tail():
+    ws = [RepackWorker("w0", 10000, 8, 500.0, 0.0), RepackWorker("w1", 10000, 8, 500.0, 0.0)]
+    ts = [RepackTraj("long", "w0", 100, 3000), RepackTraj("short", "w1", 100, 50)]
+    free = RepackState(ws, ts, 1.0)
+    guarded = RepackState(ws, ts, 1.0, tail_guard=True)
+    assert repack(free).objective == pytest.approx(500.0)  # either may move
+    r = repack(guarded)
+    assert [(m.traj, m.dst) for m in r.moves] == [("short", "w0")]  # only the short one may join the long tail
+    assert evaluate(guarded, {"long": "w1", "short": "w1"})[2]  # the other way breaks the guard
+
+
+def test_max_rounds_gives_the_same_plan_under_any_clock():
+    """A round budget makes the aggregate form's plan independent of how fast the machine is (the simulator
+    relies on it): the same state gives the same plan whatever the clock limit beyond what the rounds need."""
+    rng = random.Random(11)
+    ws = [RepackWorker(f"w{i}", 100000, 32, rng.uniform(1e4, 2e4), rng.choice([0.01, 0.02])) for i in range(32)]
+    ts = [RepackTraj(f"t{k}", f"w{rng.randrange(32)}", rng.randint(200, 4000), rng.randint(0, 3000))
+          for k in range(600)]
+    st = RepackState(ws, ts, 0.9)
+    plans = {tuple((m.traj, m.dst) for m in repack(st, form="aggregate", time_limit_s=lim, max_rounds=2).moves)
+             for lim in (30.0, 60.0)}
+    assert len(plans) == 1
