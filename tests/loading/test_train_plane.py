@@ -32,7 +32,7 @@ def _spec(path: Path):
         "cluster": {"groups": [{"name": "fast", "device": "cpu-local", "count": 1},
                                {"name": "slow", "device": "cpu-local", "count": 1}], "interconnect": "loopback"},
         "model": {"name": "tiny-gpt2", "kwargs": MODEL_KW},
-        "training": {"global_batch": 8, "optimizer": "adamw", "lr": 0.01, "steps": 4, "seq_len": 32, "seed": 1},
+        "training": {"global_batch": 8, "optimizer": "sgd", "lr": 0.5, "steps": 4, "seq_len": 32, "seed": 1},
         "data": {"sources": [
             {"name": "short", "builtin": "pysource-lm", "weight": 3,
              "kwargs": {"median": 12, "min_len": 4, "max_len": 24, "train_bytes": 20000}},
@@ -85,7 +85,7 @@ def test_train_through_the_plane_is_single_process_training_and_resumes_exactly(
     from qsync_opt.models.from_spec import build_from_spec
 
     ref = build_from_spec(spec)
-    opt = torch.optim.AdamW(ref.parameters(), lr=spec.training.lr)
+    opt = torch.optim.SGD(ref.parameters(), lr=spec.training.lr)  # SGD: a wrong gradient scale shows
     ref_losses = []
     for s in log:
         opt.zero_grad()
