@@ -69,6 +69,7 @@ def solve(spec_or_path: "str | Path | dict | BaseModel", *, export_problem: "str
         if export_problem is not None:
             raise SpecError("--export-problem is for training specs; a rollout plan simulates every policy")
         return solve_rollout(spec)
+    from qsync_opt.training.data_plane import with_data_plane
     from qsync_opt.training.pipeline import solve as solve_training
 
-    return solve_training(spec, export_problem=export_problem)
+    return with_data_plane(spec, solve_training(spec, export_problem=export_problem))

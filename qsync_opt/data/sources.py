@@ -21,7 +21,7 @@ from pydantic import (
 
 _CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True)
 
-BUILTIN_SOURCES = ("synthetic-lm",)
+BUILTIN_SOURCES = ("synthetic-lm", "pysource-lm")
 
 
 class SourceSpec(BaseModel):
@@ -31,9 +31,13 @@ class SourceSpec(BaseModel):
 
     name: str = Field(min_length=1)
     """Label of the source, unique in data.sources (reports, checkpoints and errors use it)."""
-    builtin: Literal["synthetic-lm"] | None = None
+    builtin: Literal["synthetic-lm", "pysource-lm"] | None = None
     """'synthetic-lm': token sequences generated locally with log-normal lengths; kwargs:
-    num_samples, median, sigma, min_len, max_len, vocab, seed."""
+    num_samples, median, sigma, min_len, max_len, vocab, seed. 'pysource-lm': the training
+    files of data set 'pysource' (the Python standard library's own sources, bytes as tokens,
+    vocabulary 256) cut into consecutive pieces of log-normal lengths; kwargs: median, sigma,
+    min_len, max_len, train_bytes (1,000,000), skip_bytes (0: where in the text this source
+    starts, so that two sources read different text), seed."""
     import_: str | None = Field(default=None, alias="import")
     """'pkg.module:factory' returning a dataset whose item i is a 1-D tensor of token ids."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -147,6 +151,12 @@ class MixSpec(BaseModel):
     heuristic split (Karmarkar-Karp / LPT with local search) stands."""
     mix_seed: int = 0
     """Seed of the per-source shuffles."""
+    loader_cpus: int | None = Field(default=None, ge=1)
+    """CPU budget of the source loaders: the plan picks how many loader workers each source
+    gets within it so that no source starves the mix (default: this machine's CPU count)."""
+    checkpoint_full_every: int = Field(default=8, ge=1)
+    """The data plane's state goes into every training checkpoint; whole every N-th time, in
+    between only what changed since the last whole one."""
 
     @model_validator(mode="after")
     def _mix(self) -> MixSpec:

@@ -43,6 +43,52 @@ class SyntheticLM:
         return torch.from_numpy(rng.integers(0, self.vocab, int(self.lengths[i]), dtype=np.int64))
 
 
+class PySourceLM:
+    """The training files of data set 'pysource' (bytes as tokens) cut into consecutive,
+    non-overlapping pieces with log-normal lengths: real text of varying length, no download.
+    Sample i is bytes [offset_i, offset_i + length_i) of the text from `skip_bytes` on."""
+
+    def __init__(self, median: float = 64, sigma: float = 0.8, min_len: int = 8, max_len: int = 512,
+                 train_bytes: int = 1_000_000, skip_bytes: int = 0, seed: int = 0):
+        for name, v, lo in (("min_len", min_len, 2), ("max_len", max_len, 2), ("train_bytes", train_bytes, 2),
+                            ("skip_bytes", skip_bytes, 0)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise SpecError(f"builtin pysource-lm: {name} must be an integer >= {lo}, got {v!r}")
+        if max_len < min_len or not median > 0 or not sigma >= 0:
+            raise SpecError(f"builtin pysource-lm: need 2 <= min_len <= max_len, median > 0 and sigma >= 0; got "
+                            f"min_len={min_len}, max_len={max_len}, median={median}, sigma={sigma}")
+        from qsync_opt.data.text import _read, is_test_file, stdlib_files
+
+        text = _read([f for f in stdlib_files() if not is_test_file(f.name)], skip_bytes + train_bytes)[skip_bytes:]
+        if len(text) < min_len:
+            raise SpecError(f"builtin pysource-lm: skip_bytes={skip_bytes} leaves {len(text)} bytes of text, less than "
+                            f"one sample of min_len={min_len}; lower skip_bytes")
+        rng = np.random.default_rng([seed, 0x53])
+        lengths, have = [], 0
+        while True:
+            L = int(np.clip(round(float(np.exp(np.log(median) + sigma * rng.standard_normal()))), min_len, max_len))
+            if have + L > len(text):
+                break
+            lengths.append(L)
+            have += L
+        self.lengths = np.asarray(lengths, dtype=np.int32)
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
+        self.text = np.frombuffer(text, dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int):
+        import torch
+
+        o, L = int(self.offsets[i]), int(self.lengths[i])
+        return torch.from_numpy(self.text[o:o + L].astype(np.int64))
+
+
+BUILTIN_CLASSES = {"synthetic-lm": (SyntheticLM, "num_samples, median, sigma, min_len, max_len, vocab, seed"),
+                   "pysource-lm": (PySourceLM, "median, sigma, min_len, max_len, train_bytes, skip_bytes, seed")}
+
+
 class Source:
     """A named dataset and its lengths, read by index."""
 
@@ -63,12 +109,14 @@ class Source:
 
 def open_source(spec: SourceSpec, index: int, base_dir: str | Path | None = None) -> Source:
     field = f"data.sources.{index}"
-    if spec.builtin == "synthetic-lm":
+    if spec.builtin is not None:
+        cls, takes = BUILTIN_CLASSES[spec.builtin]
         try:
-            ds = SyntheticLM(**spec.kwargs)
+            ds = cls(**spec.kwargs)
         except TypeError as e:
-            raise SpecError(f"{field}.kwargs: {e}; synthetic-lm takes num_samples, median, sigma, min_len, max_len, "
-                            "vocab, seed") from None
+            raise SpecError(f"{field}.kwargs: {e}; {spec.builtin} takes {takes}") from None
+        if len(ds) == 0:
+            raise SpecError(f"{field}.kwargs: builtin {spec.builtin} made no samples; raise train_bytes or lower min_len")
         return Source(spec.name, ds, ds.lengths)
     factory = resolve_callable(spec.import_, f"{field}.import")
     try:

@@ -75,15 +75,17 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_rank_files(root, step: int, rank: int, *, model_state=None, optimizer_state=None, meta=None) -> dict[str, str]:
+def save_rank_files(root, step: int, rank: int, *, model_state=None, optimizer_state=None, meta=None,
+                    extra: dict | None = None) -> dict[str, str]:
     """Write this rank's part of checkpoint `step` (rank 0 also passes model and optimizer state).
 
+    `extra`: more plain values for state.pt (e.g. the data plane's checkpoint record).
     Returns file name -> SHA-256 of what was written, for the completion marker.
     """
     d = step_dir(root, step)
     sums = {f"rng_rank{rank}.pt": _save(rng_state(), d / f"rng_rank{rank}.pt")}
     if model_state is not None:
-        sums["state.pt"] = _save({"step": step, "model": model_state, "optimizer": optimizer_state,
+        sums["state.pt"] = _save({**(extra or {}), "step": step, "model": model_state, "optimizer": optimizer_state,
                                   "meta": meta or {}}, d / "state.pt")
     return sums
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from qsync_opt.errors import SpecError
 from qsync_opt.io import atomic_write_text
@@ -90,6 +90,46 @@ class Baseline(BaseModel):
     """Per-device batch of each group under this baseline."""
 
 
+class DataPlaneGroup(BaseModel):
+    model_config = _CONFIG
+
+    speed: float
+    """Relative speed (the fastest group 1.0), from this group's plan."""
+    seconds_per_flop: float
+    c0: float
+    a: float
+    b: float
+    """c_g(L) = c0 + a·L + b·L² seconds per sample of L tokens on one rank of this group."""
+
+
+class DataPlanePlan(BaseModel):
+    """With data.sources: how the data plane balances samples over ranks and feeds the mix."""
+
+    model_config = _CONFIG
+
+    policy: str
+    """Balancer policy: 'ours' (Σ c_g(L) per rank), 'tokens' or 'stride'."""
+    balance: str
+    """data.balance as resolved (none | tokens | attention)."""
+    reference_length: int
+    """Tokens per sample the plan's compute_ms was predicted at (the traced length)."""
+    flops_a: float
+    flops_b: float
+    """FLOPs(L) = flops_a·L + flops_b·L² of forward+backward of one sample."""
+    speeds_from: str
+    groups: dict[str, DataPlaneGroup]
+    loader_cpus: int
+    loader_workers: dict[str, int]
+    """Loader workers per source within loader_cpus (the integer program of loading.sizing)."""
+    preprocess_ms: dict[str, float]
+    """Measured CPU time to read and preprocess one sample, per source."""
+    demand_samples_per_s: dict[str, float]
+    supply_ratio: float
+    """min over sources of supply / demand at these worker counts (>= 1: no source starves the mix)."""
+    sizing_status: str
+    notes: list[str] = Field(default_factory=list)
+
+
 class Provenance(BaseModel):
     model_config = _CONFIG
 
@@ -123,6 +163,16 @@ class Plan(BaseModel):
     indicator_used: str = ""
     """Which indicator made ω and on what weights and data, e.g. 'indicator: empirical on weights
     trained 400 fp32 steps on the job's data (auto; cached ...)'; empty in hand-written plans."""
+    data_plane: DataPlanePlan | None = None
+    """With data.sources: rank speeds and cost curves from the groups' plans, and the loader
+    workers per source (left out of the file when absent, so other plans read as before)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_empty_data_plane(self, handler):
+        out = handler(self)
+        if isinstance(out, dict) and out.get("data_plane", 0) is None:
+            del out["data_plane"]
+        return out
 
     # --- views ---------------------------------------------------------------------------
     def to_fqn_config(self, group: str) -> dict[str, str]:

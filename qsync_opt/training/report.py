@@ -48,6 +48,30 @@ def baseline_table(plan: Plan) -> Table:
     return t
 
 
+def data_plane_table(plan: Plan):
+    """The plan's data-plane section: each group's speed and c(L), and the loader workers per source."""
+    from rich.console import Group
+
+    dp = plan.data_plane
+    L = dp.reference_length
+    t = Table()
+    for col in ("group", "speed", "c(L) seconds = c0 + a·L + b·L²", f"ms at L={L}"):
+        t.add_column(col, justify="left" if col == "group" or col.startswith("c(L)") else "right")
+    for name, g in dp.groups.items():
+        t.add_row(name, f"{g.speed:.3f}", f"{g.c0:.3g} + {g.a:.3g}·L + {g.b:.3g}·L²",
+                  f"{(g.c0 + g.a * L + g.b * L * L) * 1e3:.3f}")
+    w = Table()
+    for col in ("source", "loader workers", "preprocess ms/sample", "demand samples/s"):
+        w.add_column(col, justify="left" if col == "source" else "right")
+    for name, n in dp.loader_workers.items():
+        w.add_row(name, str(n), f"{dp.preprocess_ms[name]:.4f}", f"{dp.demand_samples_per_s[name]:.1f}")
+    return Group(
+        Text(f"data plane: balance {dp.balance} (policy {dp.policy}); rank speeds from the plan", style="bold"),
+        t, Text(f"speeds from {dp.speeds_from}"),
+        Text(f"loader workers within {dp.loader_cpus} CPUs ({dp.sizing_status}; supply/demand of the "
+             f"slowest source {dp.supply_ratio:.3g})", style="bold"), w)
+
+
 INTERNAL_NOTES = ("warm-started from", "cpsat integer scaling", "build ", "highs:", "cbc:", "scip:", "cpsat:",
                   "greedy:")
 """Prefixes of solver notes that are detail for whoever tunes the solver, not for the plan's user:
@@ -70,6 +94,10 @@ def print_plan(plan: Plan, console: Console, verbose: bool = False) -> None:
         f"solver: {s.backend} -> {s.status}{gap}, objective {s.objective:.6g}, "
         f"{s.wall_s * 1000:.0f} ms, refine rounds {s.refine_rounds}"
     )
+    if plan.data_plane is not None:
+        console.print(data_plane_table(plan))
+        for note in plan.data_plane.notes:
+            console.print(f"  data plane: {note}")
     shown, internal = user_notes(s.notes)
     for note in shown + (internal if verbose else []):
         console.print(f"  note: {note}")

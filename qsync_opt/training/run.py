@@ -50,9 +50,10 @@ def _indicate(ctx: RunContext) -> str:
 
 
 def _solve(ctx: RunContext) -> str:
+    from qsync_opt.training.data_plane import with_data_plane
     from qsync_opt.training.pipeline import solve
 
-    plan = solve(ctx.spec)
+    plan = with_data_plane(ctx.spec, solve(ctx.spec))
     return str(plan.save(ctx.out / "plan.json"))
 
 

@@ -192,7 +192,7 @@ def _train(cfg: WorkerConfig, rank: int, world: int, stop: _StopFlag, use_cuda: 
     torch.manual_seed(spec.training.seed * 7_919 + 1 + rank)  # per-rank stream: dropout, stochastic rounding
     meta = {"world_size": world, "local_batches": batches, "model": spec.model.name or spec.model.import_}
 
-    start = 0
+    start, plane_record = 0, None
     if cfg.resume:
         state, rng = ckpt.load(cfg.checkpoint_dir, rank, expect_meta=meta, path=_resume_dir(cfg, rank))
         model.load_state_dict(state["model"])
@@ -200,8 +200,16 @@ def _train(cfg: WorkerConfig, rank: int, world: int, stop: _StopFlag, use_cuda: 
         if rng is not None:
             ckpt.set_rng_state(rng)
         start = state["step"]
+        plane_record = state.get("data_plane")
 
     metrics = _Metrics(cfg.metrics_dir, rank, group, resume=cfg.resume)
+    feed = None
+    if spec.data is not None and spec.data.sources:  # variable-length samples through the data plane
+        from qsync_opt.training.runtime.plane_feed import PlaneFeed
+
+        feed = PlaneFeed(spec, plan, rank, world, global_batch, device, checkpoint_dir=cfg.checkpoint_dir,
+                         metrics_dir=cfg.metrics_dir, note=metrics.note)
+        feed.resume(plane_record, start, cfg.resume)
     evaluator = Evaluator(spec, task, cfg.metrics_dir, rank, resume=cfg.resume, total_steps=cfg.steps)
     counts = _counts(current_precisions(model))
     metrics.note(f"rank {rank}/{world} group={group} local_batch={local} threads={torch.get_num_threads()} "
@@ -213,34 +221,49 @@ def _train(cfg: WorkerConfig, rank: int, world: int, stop: _StopFlag, use_cuda: 
     step = start
     while step < cfg.steps:
         t0 = time.perf_counter()  # the whole iteration, this rank's data included: what the planner predicts
-        inputs, targets = task.batch(step, global_batch, offset, local)
-        inputs = tuple(t.to(device) for t in inputs)
-        targets = targets.to(device)
         optimizer.zero_grad(set_to_none=True)
-        local_loss = forward_backward(ddp, task, inputs, targets, weight)
+        if feed is None:
+            inputs, targets = task.batch(step, global_batch, offset, local)
+            inputs = tuple(t.to(device) for t in inputs)
+            targets = targets.to(device)
+            local_loss = forward_backward(ddp, task, inputs, targets, weight)
+            contribution, denominator, n_local, extra = local_loss.float() * local, global_batch, local, {}
+        else:  # this rank's sample ids from the coordinator; loss over the global token count
+            loss_sum, denominator, extra = feed.step(ddp, step)
+            n_local = extra["samples"]
+            local_loss = loss_sum / max(extra["tokens"] - n_local, 1)
+            contribution = loss_sum.float()
         optimizer.step()
         # one scalar all-reduce: the global-batch loss and whether any rank was asked to stop
-        summary = torch.stack([local_loss.float() * local, torch.tensor(float(stop.set), device=device)])
+        summary = torch.stack([contribution, torch.tensor(float(stop.set), device=device)])
         dist.all_reduce(summary)
         if use_cuda:
             torch.cuda.synchronize()
         step_s = time.perf_counter() - t0
         stop.stepped = True  # from here a stop finishes the step and checkpoints
         step += 1
-        metrics.step(step, summary[0].item() / global_batch, local_loss.item(), step_s, local)
+        metrics.step(step, summary[0].item() / denominator, local_loss.item(), step_s, n_local, **extra)
         stopping = summary[1].item() > 0
-        if (ev := evaluator.after_step(step, summary[0].item() / global_batch, model)) is not None:
+        if (ev := evaluator.after_step(step, summary[0].item() / denominator, model)) is not None:
             metrics.note(f"eval step {step} test_loss {ev['test_loss']:.4f} test_accuracy {ev['test_accuracy']:.4f}"
                          + (f" test_perplexity {ev['test_perplexity']:.3f}" if "test_perplexity" in ev else ""))
         due = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
         if cfg.checkpoint_dir and (due or stopping or step == cfg.steps):
-            _checkpoint(cfg.checkpoint_dir, step, rank, model, optimizer, meta)
+            record = feed.checkpoint_record(step) if feed is not None else None
+            _checkpoint(cfg.checkpoint_dir, step, rank, model, optimizer, meta,
+                        extra=None if record is None else {"data_plane": record})
+            if feed is not None:
+                feed.after_publish()
         if stopping:
             metrics.note(f"stopped on signal after step {step}", event="stopped", step=step)
             metrics.close()
+            if feed is not None:
+                feed.close()
             return EXIT_STOPPED
     metrics.note(f"completed {step} steps", event="completed", step=step)
     metrics.close()
+    if feed is not None:
+        feed.close()
     return 0
 
 
@@ -289,11 +312,11 @@ def prepare_kernels(kernels: str, counts: dict[str, int], note) -> None:
          seconds=round(time.perf_counter() - t0, 3))
 
 
-def _checkpoint(root, step, rank, model, optimizer, meta):
+def _checkpoint(root, step, rank, model, optimizer, meta, extra=None):
     if rank == 0:
         state = master_state(model)
         sums = ckpt.save_rank_files(root, step, rank, model_state=state, optimizer_state=optimizer.state_dict(),
-                                    meta=meta)
+                                    meta=meta, extra=extra)
     else:
         sums = ckpt.save_rank_files(root, step, rank)
     gathered = [None] * dist.get_world_size()
@@ -332,9 +355,9 @@ class _Metrics:
             self.file.write(json.dumps({"event": event, **fields}) + "\n")
             self.file.flush()
 
-    def step(self, step, loss, local_loss, step_s, local_batch):
+    def step(self, step, loss, local_loss, step_s, local_batch, **extra):
         rec = {"step": step, "loss": loss, "local_loss": local_loss, "step_ms": step_s * 1e3,
-               "samples_per_s": local_batch / step_s if step_s > 0 else None, "group": self.group}
+               "samples_per_s": local_batch / step_s if step_s > 0 else None, "group": self.group, **extra}
         self.note(f"step {step} loss {loss:.6f} step_ms {rec['step_ms']:.1f} samples/s {rec['samples_per_s']:.0f}")
         if self.file:
             self.file.write(json.dumps(rec) + "\n")
