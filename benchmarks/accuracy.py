@@ -54,6 +54,9 @@ from qsync_opt.training.spec import load_spec  # noqa: E402
 TASKS = {  # name -> model section, data input shape
     "cnn": ({"import": "accuracy_models:resnet1d", "input_shape": [1, 40], "kwargs": {"width": 16}}, [1, 40]),
     "vit": ({"import": "accuracy_models:vit1d", "input_shape": [10, 4], "kwargs": {"dim": 32}}, [10, 4]),
+    # deeper: three residual blocks per stage (15 selectable ops), for the master-weights search (issue 20 item 3)
+    "cnn-deep": ({"import": "accuracy_models:resnet1d", "input_shape": [1, 40], "kwargs": {"width": 16, "depth": 3}},
+                 [1, 40]),
 }
 CLUSTERS = {  # name -> strong device, local batches at planning scale (the T4 keeps pace only with fewer samples)
     "v100-t4": ("V100-32GB", (2560, 1536)),
