@@ -9,7 +9,12 @@ split of the global batch scaled to the training batch. Numerics do not depend o
 ran them; times are the replayer's predictions for the cluster, not measured here.
 
     python benchmarks/accuracy.py --out DIR [--quick] [--seeds 3] [--steps 200] [--tail N]
-        [--indicator weight,empirical@400,...]
+        [--indicator auto,weight,empirical@400,...] [--policies fp32,uniform-lowest,...]
+
+The planners' indicator is the library's default, `indicator.method: auto` (with the task's data:
+the empirical indicator on weights warmed up in fp32 for `indicator.warmup_steps`, computed here
+before planning as `qsync-opt run` computes it; a plan that fell back to `weight` is an error);
+the `indicator_used` column says what each plan was made with.
 
 Two accuracies per training: `test_accuracy` of the trained fp32 master weights (what training
 produced; QSync's reading) and `weak_accuracy` of the network as the T4's rank runs it, its
@@ -49,6 +54,9 @@ from qsync_opt.training.spec import load_spec  # noqa: E402
 TASKS = {  # name -> model section, data input shape
     "cnn": ({"import": "accuracy_models:resnet1d", "input_shape": [1, 40], "kwargs": {"width": 16}}, [1, 40]),
     "vit": ({"import": "accuracy_models:vit1d", "input_shape": [10, 4], "kwargs": {"dim": 32}}, [10, 4]),
+    # deeper: three residual blocks per stage (15 selectable ops), for the master-weights search (issue 20 item 3)
+    "cnn-deep": ({"import": "accuracy_models:resnet1d", "input_shape": [1, 40], "kwargs": {"width": 16, "depth": 3}},
+                 [1, 40]),
 }
 CLUSTERS = {  # name -> strong device, local batches at planning scale (the T4 keeps pace only with fewer samples)
     "v100-t4": ("V100-32GB", (2560, 1536)),
@@ -75,10 +83,18 @@ SETTINGS = {  # name -> T4 precisions (None: all it runs), split rule ('fixed': 
     "qsync-intonly": (("int8", "int4"), "equal"),
 }
 PLAN_BATCH = 4096
+METHODS = ("auto", "weight", "gvar", "hessian", "empirical")
+
+
+def planning_training(lr: float) -> dict:
+    """The planning spec's optimizer and lr: the trainings' own (Adam), which auto's fp32 warm-up also uses."""
+    return {"optimizer": "adam", "lr": lr}
+
+
 RESULT_FIELDS = ("test_accuracy", "test_accuracy_tail", "test_loss", "weak_accuracy", "weak_accuracy_tail", "train_s")
 FIELDS = ("task", "cluster", "setting", "policy", "seed", "test_accuracy", "test_accuracy_tail", "test_loss",
           "weak_accuracy", "weak_accuracy_tail",
-          "predicted_ms", "indicator",
+          "predicted_ms", "indicator", "indicator_used",
           "t4_precisions", "local_batches", "same_as", "train_s", "note")
 
 
@@ -153,13 +169,16 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true", help="keep the trainings DIR/accuracy.csv already holds")
     ap.add_argument("--tail", type=int, default=0,
                     help=f"also report test_accuracy_tail: the mean test accuracy over the last N steps (evaluated every {TAIL_EVERY})")
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help="the policies to train and report (all are planned; default: all)")
     ap.add_argument("--plan-only", action="store_true", help="plan the policies, write DIR/policies.json, train nothing")
-    ap.add_argument("--indicator", default="weight",
-                    help="the planners' indicators, comma-separated: METHOD or METHOD@STEPS, METHOD one of weight, "
-                         "gvar, hessian, empirical (gvar/hessian/empirical read the task's training data), @STEPS: "
-                         "on weights trained in fp32 for that many steps (DIR/checkpoint-TASK-STEPS.pt), not random "
-                         "ones. Each plans its own policies, reported under setting 'SETTING/INDICATOR' (plain "
-                         "SETTING for 'weight')")
+    ap.add_argument("--indicator", default="auto",
+                    help="the planners' indicators, comma-separated: METHOD or METHOD@STEPS, METHOD one of auto "
+                         "(the library's default: empirical on weights warmed up in fp32 on the task's data, "
+                         "indicator.warmup_steps, @STEPS sets it), weight, gvar, hessian, empirical (gvar/hessian/"
+                         "empirical read the task's training data; @STEPS: on weights trained in fp32 for that many "
+                         "steps, DIR/checkpoint-TASK-STEPS.pt, not random ones). Each plans its own policies, "
+                         "reported under setting 'SETTING/INDICATOR' (plain SETTING for 'auto')")
     a = ap.parse_args(argv)
     if a.quick:
         a.seeds, a.steps, a.tasks, a.clusters, a.settings = 1, 20, "cnn", "v100-t4", "int4"
@@ -170,11 +189,13 @@ def main(argv=None) -> int:
     t_start = time.time()
 
     methods = a.indicator.split(",")
-    bad = [m for m in methods if m.split("@")[0] not in ("weight", "gvar", "hessian", "empirical")
-           or ("@" in m and not m.split("@", 1)[1].isdigit())]
+    bad = [m for m in methods if m.split("@")[0] not in METHODS or ("@" in m and not m.split("@", 1)[1].isdigit())]
+    wanted = a.policies.split(",")
+    if unknown := [p for p in wanted if p not in POLICIES]:
+        ap.error(f"--policies: {', '.join(unknown)} unknown; give a comma-separated subset of {', '.join(POLICIES)}")
     if bad:
-        ap.error(f"--indicator: {', '.join(bad)} unknown; give METHOD or METHOD@STEPS, METHOD one of weight, gvar, "
-                 "hessian, empirical")
+        ap.error(f"--indicator: {', '.join(bad)} unknown; give METHOD or METHOD@STEPS, METHOD one of "
+                 + ", ".join(METHODS))
     jobs = []  # (task, cluster, setting label, Policy)
     for task in a.tasks.split(","):
         for cl in a.clusters.split(","):
@@ -194,15 +215,17 @@ def main(argv=None) -> int:
                 else:
                     split = fixed if rule == "fixed" else pace_split(model, strong, weak, PLAN_BATCH, extra)
                 batch = split[0] + n_weak * split[1] if rule == "equal" else PLAN_BATCH
-                pols = plan_policies(model, strong, split, weak, batch, extra, weak_count=n_weak, bound=bound)
-                label = st if method == "weight" else f"{st}/{method}"
+                pols = plan_policies(model, strong, split, weak, batch, extra, weak_count=n_weak, bound=bound,
+                                     training=planning_training(a.lr))
+                label = st if method == "auto" else f"{st}/{method}"
                 print(f"planned {task} {cl} {label} (split {split}) in {time.time() - t0:.1f}s: "
-                      + ", ".join(f"{p}={counts(pols[p].precisions['t4']) if pols[p].precisions else 'none'}" for p in POLICIES),
-                      flush=True)
-                jobs.extend((task, cl, label, pols[p]) for p in POLICIES)
+                      + ", ".join(f"{p}={counts(pols[p].precisions['t4']) if pols[p].precisions else 'none'}" for p in POLICIES)
+                      + f"; {pols['ilp'].indicator_used}", flush=True)
+                jobs.extend((task, cl, label, pols[p]) for p in POLICIES if p in wanted)
     atomic_write_text(out / "policies.json", json.dumps(
         [dict(task=t, cluster=c, setting=s, policy=p.name, precisions=p.precisions, local_batches=p.local_batches,
-              predicted_ms=p.predicted_ms, indicator=p.indicator, note=p.note) for t, c, s, p in jobs], indent=1))
+              predicted_ms=p.predicted_ms, indicator=p.indicator, indicator_used=p.indicator_used, note=p.note)
+         for t, c, s, p in jobs], indent=1))
     if a.plan_only:
         for t, c, s, p in jobs:
             print(f"  {t} {c} {s} {p.name:15} {'-' if p.predicted_ms is None else format(p.predicted_ms, '.3f'):>7} ms  "
@@ -215,7 +238,8 @@ def main(argv=None) -> int:
     for seed in range(a.seeds):  # seed-major: a partial run still has every policy for the first seeds
         for task, cl, st, pol in jobs:
             row = dict(task=task, cluster=cl, setting=st, policy=pol.name, seed=seed, predicted_ms=pol.predicted_ms,
-                       indicator=pol.indicator, local_batches=json.dumps(pol.local_batches), note=pol.note,
+                       indicator=pol.indicator, indicator_used=pol.indicator_used,
+                       local_batches=json.dumps(pol.local_batches), note=pol.note,
                        t4_precisions=counts(pol.precisions["t4"]) if pol.precisions else "")
             key = None
             if pol.precisions is not None:
@@ -275,6 +299,10 @@ def planning_inputs(task: str, method: str, steps: int, lr: float, out: Path) ->
     model, shape = TASKS[task]
     model = dict(model)
     extra = {"indicator": {"method": method}, "data": {"name": "mnist1d", "input_shape": shape}}
+    if method == "auto":  # the library's own warm-up (indicator_auto.warm_up), not a harness checkpoint
+        if steps:
+            extra["indicator"]["warmup_steps"] = steps
+        return model, extra
     if steps:
         path = out / f"checkpoint-{task}-{steps}.pt"
         if not path.exists():

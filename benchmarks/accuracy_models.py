@@ -1,7 +1,8 @@
 """The two networks of the accuracy harness, small enough to train here in seconds per run.
 
 Both read MNIST-1D (40 points per sample). `resnet1d` is a ResNet-style CNN (stem, two
-residual blocks with BatchNorm, a strided downsampling conv, a linear head). `vit1d` is a
+residual blocks with BatchNorm, a strided downsampling conv, a linear head; `depth` blocks per
+stage for a deeper one). `vit1d` is a
 ViT-style transformer over 10 patches of 4 points whose attention products are written as
 `q @ k.transpose(-2, -1)` and `attn @ v`, the way users write them: the planner selects them
 and the runtime can only lower them because models.rewrite gives them modules.
@@ -27,14 +28,17 @@ class _Block(nn.Module):
 
 
 class ResNet1d(nn.Module):
-    def __init__(self, width: int = 32, length: int = 40, classes: int = 10):
+    def __init__(self, width: int = 32, length: int = 40, classes: int = 10, depth: int = 1):
+        """`depth` residual blocks per stage (1: the harness's `cnn`, its FQNs `layer1.conv1`...;
+        more: `layer1.0.conv1`..., the deeper `cnn-deep`)."""
         super().__init__()
+        stage = lambda c: _Block(c) if depth == 1 else nn.Sequential(*[_Block(c) for _ in range(depth)])  # noqa: E731
         self.stem = nn.Conv1d(1, width, 5, padding=2, bias=False)
         self.bn = nn.BatchNorm1d(width)
-        self.layer1 = _Block(width)
+        self.layer1 = stage(width)
         self.down = nn.Conv1d(width, 2 * width, 3, stride=2, padding=1, bias=False)
         self.bn_down = nn.BatchNorm1d(2 * width)
-        self.layer2 = _Block(2 * width)
+        self.layer2 = stage(2 * width)
         self.fc = nn.Linear(2 * width * (length // 2), classes)
 
     def forward(self, x):

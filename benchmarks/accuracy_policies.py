@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qsync_opt.training.pipeline import prepare, solve
+from qsync_opt.training.predictor.indicators import compute_indicator
 from qsync_opt.training.solving import as_baseline
 from qsync_opt.training.predictor.instance_builder import baseline, build_instance
 from qsync_opt.training.predictor.replayer import replay
@@ -48,12 +49,16 @@ class Policy:
     predicted_ms: float | None
     indicator: float | None
     note: str = ""
+    indicator_used: str = ""
+    """The planner's indicator, as the plan records it (Plan.indicator_used, the cache path dropped)."""
 
 
 def cluster_spec(model: dict, strong: str, split: tuple[int, int], weak_precisions, *, global_batch: int,
-                 batch_split="fixed", bound=None, extra: dict | None = None, weak_count: int = 1) -> dict:
+                 batch_split="fixed", bound=None, extra: dict | None = None, weak_count: int = 1,
+                 training: dict | None = None) -> dict:
     """The cluster's job spec; `extra` adds top-level sections (data, indicator) to plan with;
-    `weak_count` T4s (one strong device), each at split[1] samples."""
+    `weak_count` T4s (one strong device), each at split[1] samples; `training` more training fields
+    (optimizer, lr: what indicator auto's fp32 warm-up trains with)."""
     t4 = {"name": "t4", "device": "T4", "role": "inference", "count": weak_count}
     if weak_precisions:
         t4["precisions"] = list(weak_precisions)
@@ -61,7 +66,7 @@ def cluster_spec(model: dict, strong: str, split: tuple[int, int], weak_precisio
     if batch_split == "fixed":
         groups[0]["local_batch"], groups[1]["local_batch"] = split
     spec = {"name": "accuracy", "cluster": {"groups": groups, "interconnect": "ethernet-100g"}, "model": model,
-            "training": {"global_batch": global_batch, "seed": 0, "batch_split": batch_split},
+            "training": {"global_batch": global_batch, "seed": 0, "batch_split": batch_split, **(training or {})},
             "solver": {"backend": "highs", "time_limit_s": 30},
             # The plans are for GPU clusters running QSync's runtime (activations at low precision
             # between same-format ops); training here only reproduces their numerics, which do not
@@ -73,14 +78,22 @@ def cluster_spec(model: dict, strong: str, split: tuple[int, int], weak_precisio
 
 
 def plan_policies(model: dict, strong: str, split: tuple[int, int], weak_precisions, global_batch: int,
-                  extra: dict | None = None, weak_count: int = 1, bound: float | None = None) -> dict[str, Policy]:
+                  extra: dict | None = None, weak_count: int = 1, bound: float | None = None,
+                  training: dict | None = None) -> dict[str, Policy]:
     fixed = load_spec(cluster_spec(model, strong, split, weak_precisions, global_batch=global_batch, extra=extra,
-                                   weak_count=weak_count, bound=bound))
+                                   weak_count=weak_count, bound=bound, training=training))
+    if fixed.indicator.method == "auto" and fixed.data is not None:
+        # what `qsync-opt run` / `indicate` do before planning: compute the auto indicator once (cached), so
+        # `solve` below reads it instead of falling back to the weight indicator
+        compute_indicator(fixed, compute=True)
     plan = solve(fixed)
+    used = _indicator_used(plan.indicator_used)
+    if fixed.indicator.method == "auto" and fixed.data is not None and "fell back" in plan.indicator_used:
+        raise RuntimeError(f"the plan fell back from the auto indicator: {plan.indicator_used}")
     lbs = {n: g.local_batch for n, g in plan.groups.items()}
     ceiling_only = weak_precisions is not None and "fp32" not in weak_precisions
     out = {"ilp": Policy("ilp", {n: dict(g.precisions) for n, g in plan.groups.items()}, lbs, plan.iteration_ms,
-                         plan.indicator, f"{plan.solver.backend} {plan.solver.status}")}
+                         plan.indicator, f"{plan.solver.backend} {plan.solver.status}", used)}
     for pol, name in FROM_BASELINE.items():
         b = plan.baselines.get(name)
         if pol == "fp32" and ceiling_only:
@@ -91,19 +104,27 @@ def plan_policies(model: dict, strong: str, split: tuple[int, int], weak_precisi
             out[pol] = Policy(pol, None, lbs, None, None, "the heuristic found no plan within the bounds")
         else:
             out[pol] = Policy(pol, b.precisions, b.local_batches or lbs, b.iteration_ms, b.indicator,
-                              "" if b.feasible else "misses a bound")
+                              "" if b.feasible else "misses a bound", used)
     bound = plan.groups["t4"].time_bound_ms
     auto = load_spec(cluster_spec(model, strong, split, weak_precisions, global_batch=global_batch,
-                                  batch_split="auto", bound=bound, extra=extra, weak_count=weak_count))
+                                  batch_split="auto", bound=bound, extra=extra, weak_count=weak_count,
+                                  training=training))
     try:
         joint = solve(auto)
         out["joint"] = Policy("joint", {n: dict(g.precisions) for n, g in joint.groups.items()},
                               {n: g.local_batch for n, g in joint.groups.items()}, joint.iteration_ms, joint.indicator,
-                              f"bound {bound:.3f} ms")
+                              f"bound {bound:.3f} ms", _indicator_used(joint.indicator_used))
     except Exception as e:  # noqa: BLE001 - an infeasible joint plan is a result, not a crash
         out["joint"] = Policy("joint", None, lbs, None, None, f"{type(e).__name__}: {str(e).splitlines()[0]}")
     out["batching"] = _batching_alone(auto)
     return out
+
+
+def _indicator_used(note: str) -> str:
+    """The plan's indicator note without its cache path (`...; cached /path`)."""
+    import re
+
+    return re.sub(r";? ?cached \S+?(?=\)|$)", "", note).replace(" ()", "").strip()
 
 
 def equal_split(model: dict, strong: str, weak_precisions, global_batch: int, weak_count: int,

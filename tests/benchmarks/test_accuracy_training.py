@@ -60,3 +60,23 @@ def test_planning_on_trained_weights_and_the_tasks_data_gives_a_spec_the_library
     with pytest.raises(SystemExit) as e:
         main(["--out", str(tmp_path), "--plan-only", "--indicator", "weight,fisher,gvar@x"])
     assert e.value.code == 2
+
+
+def test_the_harness_plans_with_the_librarys_default_indicator_and_never_silently_falls_back(tmp_path, monkeypatch):
+    """--indicator auto (the default): the ILP plan is made with the empirical indicator on fp32-warmed
+    weights, as `qsync-opt run` makes it, and every policy records that indicator."""
+    from accuracy import planning_inputs, planning_training
+    from accuracy_policies import plan_policies
+
+    from qsync_opt.training.spec import IndicatorSpec
+
+    monkeypatch.setenv("QSYNC_OPT_PROFILE_DIR", str(tmp_path / "cache"))
+    assert IndicatorSpec().method == "auto"  # the library's default is what the harness's default stands for
+    model, extra = planning_inputs("cnn", "auto", 5, 3e-3, tmp_path)
+    assert extra["indicator"] == {"method": "auto", "warmup_steps": 5} and "checkpoint" not in model
+    pols = plan_policies(model, "V100-32GB", (3072, 1024), ("int8", "int4"), 4096, extra,
+                         training=planning_training(3e-3))
+    used = pols["ilp"].indicator_used
+    assert "empirical" in used and "auto" in used and "fell back" not in used, used
+    assert "5 fp32 steps" in used and "cached" not in used  # the cache path is dropped from the CSV's note
+    assert pols["greedy"].indicator_used == used == pols["joint"].indicator_used
