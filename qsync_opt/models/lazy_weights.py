@@ -334,6 +334,28 @@ def build_recorded(build: Callable[[], nn.Module], seed: int,
     return module, rec
 
 
+class _SkipMetaDraws(TorchDispatchMode):
+    """A draw into a meta tensor changes nothing; torch's meta `normal_` imports torch._dynamo
+    (seconds, ~200 MB) on first use, so a shapes-only build skips them."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name.endswith("_") and name in _RANDOM_OPS and args and getattr(args[0], "is_meta", False):
+            return args[0]
+        return func(*args, **(kwargs or {}))
+
+
+def meta_parameter_bytes(build: Callable[[], nn.Module]) -> int:
+    """Bytes of the parameters `build()` creates, built on the meta device (nothing recorded)."""
+    with torch.device("meta"), _SkipMetaDraws():
+        module = build()
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
 def zero_stride_twin(module: nn.Module) -> dict[int, torch.Tensor]:
     """Swap `module`'s meta parameters and buffers, in place, for CPU zeros of their shapes that
     take one element each (stride 0), so that it runs on real CPU inputs for its shapes (a trace
@@ -405,4 +427,4 @@ def dense_during_calls(module: nn.Module) -> Iterator[None]:
             h.remove()
 
 
-__all__ = ["Recording", "build_recorded", "dense_during_calls", "zero_stride_twin"]
+__all__ = ["Recording", "build_recorded", "dense_during_calls", "meta_parameter_bytes", "zero_stride_twin"]

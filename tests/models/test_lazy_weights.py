@@ -122,6 +122,7 @@ def test_light_and_full_prepare_give_the_same_graph_and_indicator(monkeypatch):
     from qsync_opt.training.predictor import weight_stream
     from qsync_opt.training.spec import load_spec
 
+    monkeypatch.setattr(weight_stream, "LIGHT_MIN_BYTES", 0)  # tiny models are built for real by default
     spec = load_spec({"cluster": {"groups": [{"name": "cpu", "device": "cpu-local"}]}, "model": {"name": "tiny-resnet"},
                       "training": {"global_batch": 8}})
     light = prepare(spec)
@@ -142,6 +143,7 @@ def test_light_prepare_of_an_exported_model_overlaps_the_replay_and_matches_the_
     from qsync_opt.training.predictor import weight_stream
     from qsync_opt.training.spec import load_spec
 
+    monkeypatch.setattr(weight_stream, "LIGHT_MIN_BYTES", 0)  # tiny models are built for real by default
     started = []
     real_start = weight_stream.start_weight_stats
     monkeypatch.setattr(weight_stream, "start_weight_stats", lambda *a: started.append(1) or real_start(*a))
@@ -170,3 +172,18 @@ def test_a_transformers_build_that_imports_transformers_itself_refuses_rather_th
         for k in [k for k in sys.modules if k == "transformers" or k.startswith("transformers.")]:
             del sys.modules[k]
         sys.modules.update(saved)
+
+
+def test_only_models_big_enough_to_matter_are_streamed(monkeypatch):
+    """A small model is built for real (faster than recording and replaying); from LIGHT_MIN_BYTES up
+    the weights are streamed. The plan is the same either way (the test above)."""
+    from qsync_opt.training.pipeline import prepare
+    from qsync_opt.training.predictor import weight_stream
+    from qsync_opt.training.spec import load_spec
+
+    spec = load_spec({"cluster": {"groups": [{"name": "cpu", "device": "cpu-local"}]}, "model": {"name": "tiny-resnet"},
+                      "training": {"global_batch": 8}})
+    assert weight_stream._parameter_bytes(spec) < weight_stream.LIGHT_MIN_BYTES
+    assert "one tensor at a time" not in prepare(spec).indicator_note
+    monkeypatch.setattr(weight_stream, "LIGHT_MIN_BYTES", int(weight_stream._parameter_bytes(spec)))
+    assert "one tensor at a time" in prepare(spec).indicator_note

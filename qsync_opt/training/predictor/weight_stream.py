@@ -24,10 +24,32 @@ from qsync_opt.training.predictor.indicator import _weight_of, weight_indicator,
 from qsync_opt.training.predictor.sensitivity import Sensitivity
 
 
+LIGHT_MIN_BYTES = 256 << 20
+"""Models whose parameters take less are built for real: recording a meta build and replaying its
+init costs more time than a real build of a small model (ResNet-50, 102 MB: 1.0 s against 0.65 s
+here), and its weights are small to hold; from BERT-base (440 MB) up, streaming holds a few tensors
+instead of all of them in about the same time."""
+
+
 def light_capable(spec: JobSpec) -> bool:
-    """Only the weight indicator, from random weights, needs no more than shapes and one tensor at a time."""
+    """Only the weight indicator, from random weights, needs no more than shapes and one tensor at a
+    time; and only a model of LIGHT_MIN_BYTES or more is worth streaming."""
     method = spec.indicator.method
-    return (method == "weight" or (method == "auto" and spec.data is None)) and not spec.model.checkpoint
+    if not ((method == "weight" or (method == "auto" and spec.data is None)) and not spec.model.checkpoint):
+        return False
+    return LIGHT_MIN_BYTES <= 0 or _parameter_bytes(spec) >= LIGHT_MIN_BYTES
+
+
+def _parameter_bytes(spec: JobSpec) -> float:
+    """The model's parameter bytes from a plain meta build (no weights, no recording: milliseconds);
+    infinity where that build fails, so prepare_light decides (it refuses what it cannot replay)."""
+    from qsync_opt.models.from_spec import build_from_spec
+    from qsync_opt.models.lazy_weights import meta_parameter_bytes
+
+    try:
+        return float(meta_parameter_bytes(lambda: build_from_spec(spec)))
+    except Exception:  # noqa: BLE001 - e.g. a factory reading values at build time
+        return float("inf")
 
 
 def prepare_light(spec: JobSpec, seed: int) -> tuple[nn.Module, Recording, dict] | None:
