@@ -1,4 +1,4 @@
-"""transformers models on the A100+T4 example: `PYTHONPATH=. python benchmarks/hf_models.py [--out DIR] [--quick]`.
+"""transformers models on the A100+T4 example: `PYTHONPATH=. python benchmarks/hf_models.py [--out DIR] [--quick] [--repeat N]`.
 
 Part 1 (end to end, one `qsync-opt solve --json` process per model, timed from outside):
 examples/hybrid_a100_t4_bert_base.yaml as shipped (the zoo's hand-written bert-base) and with
@@ -21,6 +21,7 @@ import csv
 import io
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -119,7 +120,7 @@ def _formats(plan: dict) -> str:
                      for k, g in plan["groups"].items())
 
 
-def part1(folder: Path) -> list[dict]:
+def part1(folder: Path, repeat: int = 1) -> list[dict]:
     rows, zoo_lowered, zoo_omega = [], set(), {}
     base = yaml.safe_load(EXAMPLE.read_text())
     for label, name, extra in (("bert-base", "bert-base", {}), ("hf-bert-base", "hf-bert-base", {}),
@@ -127,13 +128,16 @@ def part1(folder: Path) -> list[dict]:
         spec = {**base, "model": {**base["model"], "name": name, "kwargs": {**base["model"]["kwargs"], **extra}}}
         path = folder / f"{label.replace(' ', '_')}.yaml"
         path.write_text(yaml.safe_dump(spec))
-        t0, cpu0 = time.perf_counter(), _child_cpu()
-        r = subprocess.run([sys.executable, "-m", "qsync_opt.cli", "solve", str(path), "--json"], cwd=ROOT,
-                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        cpu = _child_cpu() - cpu0
-        wall = time.perf_counter() - t0
-        if r.returncode != 0:
-            raise SystemExit(f"{label}: solve failed ({r.returncode}): {r.stderr[-2000:]}")
+        walls, cpus = [], []
+        for _ in range(repeat):  # fresh processes; the median is the row's figure, every run is kept
+            t0, cpu0 = time.perf_counter(), _child_cpu()
+            r = subprocess.run([sys.executable, "-m", "qsync_opt.cli", "solve", str(path), "--json"], cwd=ROOT,
+                               capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            cpus.append(_child_cpu() - cpu0)
+            walls.append(time.perf_counter() - t0)
+            if r.returncode != 0:
+                raise SystemExit(f"{label}: solve failed ({r.returncode}): {r.stderr[-2000:]}")
+        wall, cpu = statistics.median(walls), statistics.median(cpus)
         plan = json.loads(r.stdout)
         lowered = {(grp, op) for grp, gp in plan["groups"].items() for op, p in gp["precisions"].items() if p != "fp32"}
         zoo_lowered = zoo_lowered if rows else lowered  # the first row is the zoo's hand-written model
@@ -141,7 +145,8 @@ def part1(folder: Path) -> list[dict]:
         kinds = Counter(n.kind for n in g.nodes)
         sel = Counter(n.kind for n in g.selectable)
         rows.append({
-            "part": "bert-base A100+T4", "model": label, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "ops": len(g.nodes),
+            "part": "bert-base A100+T4", "model": label, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+            "wall_runs_s": " ".join(f"{w:.2f}" for w in walls), "ops": len(g.nodes),
             "selectable": len(g.selectable), "selectable_by_kind": " ".join(f"{k}:{v}" for k, v in sorted(sel.items())),
             "ops_by_kind": " ".join(f"{k}:{v}" for k, v in sorted(kinds.items())),
             "indicator": plan["indicator"], "iteration_ms": plan["iteration_ms"],
@@ -182,7 +187,8 @@ def part2(folder: Path) -> list[dict]:
         sel = Counter(n.kind for n in g.selectable) if g else {}
         pinned = [n.name for n in g.nodes if n.kind in ("linear", "matmul", "bmm", "embedding") and not n.selectable] if g else []
         rows.append({
-            "part": "more models", "model": label, "wall_s": round(wall, 2), "cpu_s": "", "ops": len(g.nodes),
+            "part": "more models", "model": label, "wall_s": round(wall, 2), "cpu_s": "", "wall_runs_s": "",
+            "ops": len(g.nodes),
             "selectable": len(g.selectable),
             "selectable_by_kind": " ".join(f"{k}:{v}" for k, v in sorted(sel.items())),
             "ops_by_kind": f"pinned GEMMs: {len(pinned)}" + (f" (e.g. {pinned[0]})" if pinned else ""),
@@ -201,6 +207,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="folder for hf_models.csv (default: a temporary folder)")
     ap.add_argument("--quick", action="store_true", help="part 1 only (the BERT-base plans)")
     ap.add_argument("--more-only", action="store_true", help="part 2 only (more architectures)")
+    ap.add_argument("--repeat", type=int, default=1, help="part 1: solve processes per row (median reported, all kept)")
     a = ap.parse_args(argv)
     command = "PYTHONPATH=. python benchmarks/hf_models.py " + " ".join(sys.argv[1:] if argv is None else argv)
     load0 = _load()
@@ -208,9 +215,9 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # hf_models:build for part 2's specs
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        rows = [] if a.more_only else part1(folder)
+        rows = [] if a.more_only else part1(folder, a.repeat)
         for r in rows:
-            print(f"{r['model']:18s} {r['wall_s']:6.2f} s wall ({r['cpu_s']:.2f} s CPU)  ops {r['ops']}  selectable {r['selectable']} ({r['selectable_by_kind']})"
+            print(f"{r['model']:18s} {r['wall_s']:6.2f} s wall median [{r['wall_runs_s']}] ({r['cpu_s']:.2f} s CPU)  ops {r['ops']}  selectable {r['selectable']} ({r['selectable_by_kind']})"
                   f"  indicator {r['indicator']:.5g}  iteration {r['iteration_ms']:.2f} ms [{r['groups_ms']}]  {r['formats']}")
             print(f"{'':18s} all ops by kind: {r['ops_by_kind']}; lowered ops with the zoo's FQNs: {r['lowered_same_fqn_as_zoo']}")
             print(f"{'':18s} ω share per op vs the zoo's: {r['omega_share_vs_zoo']}")

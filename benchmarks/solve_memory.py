@@ -34,7 +34,9 @@ def rss(field):
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
-import torch, qsync_opt, qsync_opt.training.pipeline
+import importlib, torch, qsync_opt
+here = Path(qsync_opt.__file__).parent  # the layout moved the pipeline (issue 18): import the tree's own, never the other's
+importlib.import_module("qsync_opt.training.pipeline" if (here / "training" / "pipeline.py").exists() else "qsync_opt.pipeline")
 base = rss("VmRSS")
 t0, c0 = time.perf_counter(), time.process_time()
 p = qsync_opt.solve(sys.argv[1])
