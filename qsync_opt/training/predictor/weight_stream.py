@@ -26,8 +26,8 @@ from qsync_opt.training.predictor.sensitivity import Sensitivity
 
 LIGHT_MIN_BYTES = 256 << 20
 """Models whose parameters take less are built for real: recording a meta build and replaying its
-init costs more time than a real build of a small model (ResNet-50, 102 MB: 1.0 s against 0.65 s
-here), and its weights are small to hold; from BERT-base (440 MB) up, streaming holds a few tensors
+init costs more time than a real build of a small model (ResNet-50 has 102 MB), and its weights
+are small to hold; from BERT-base (440 MB) up, streaming holds a few tensors
 instead of all of them in about the same time."""
 
 
