@@ -23,6 +23,12 @@ class FunctionalNet(nn.Module):
         return self.head(torch.relu(F.linear(x, self.w, self.b)))
 
 
+def functional_net() -> FunctionalNet:
+    """model.import factory for the spec test below."""
+    torch.manual_seed(0)
+    return FunctionalNet()
+
+
 class ModuleNet(nn.Module):
     """The same maths with `nn.Linear`: what the runtime's rewrite turns FunctionalNet into."""
 
@@ -80,36 +86,15 @@ def test_empirical_change_matches_a_hand_computation():
 
 
 def test_spec_with_an_imported_functional_net_gets_measured_omega(tmp_path, monkeypatch):
-    """The issue's case: `model.import` of a net calling F.linear, indicator empirical, through the spec."""
-    import textwrap
-
+    """The issue's case: `model.import` of a net calling F.linear (FunctionalNet, from this module), indicator
+    empirical, through the spec."""
     from qsync_opt.training.predictor.indicators import compute_indicator
     from qsync_opt.training.spec import load_spec
 
     monkeypatch.setenv("QSYNC_OPT_PROFILE_DIR", str(tmp_path / "cache"))
-    (tmp_path / "fnet.py").write_text(textwrap.dedent('''
-        import torch
-        import torch.nn.functional as F
-        from torch import nn
-
-        class Net(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.w = nn.Parameter(torch.randn(32, 16) / 4)
-                self.b = nn.Parameter(torch.randn(32) / 4)
-                self.head = nn.Linear(32, 10)
-
-            def forward(self, x):
-                return self.head(torch.relu(F.linear(x, self.w, self.b)))
-
-        def net():
-            torch.manual_seed(0)
-            return Net()
-    '''))
-    monkeypatch.syspath_prepend(str(tmp_path))
     spec = load_spec({
         "cluster": {"groups": [{"name": "cpu", "device": "cpu-local", "precisions": ["fp32", "bf16", "int8"]}]},
-        "model": {"import": "fnet:net", "input_shape": [16]},
+        "model": {"import": f"{__name__}:functional_net", "input_shape": [16]},
         "training": {"global_batch": 16, "optimizer": "sgd"},
         "indicator": {"method": "empirical", "calibration": {"batches": 2, "batch_size": 16}},
     })
