@@ -238,6 +238,12 @@ class Recording:
         return out
 
 
+def _draw_into_meta(func, args) -> bool:
+    """An in-place random draw (normal_, uniform_, ...) into a meta tensor: it changes nothing."""
+    name = func.overloadpacket.__name__
+    return name.endswith("_") and name in _RANDOM_OPS and bool(args) and getattr(args[0], "is_meta", False)
+
+
 class _Recorder(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -249,8 +255,7 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = func.overloadpacket.__name__
-        if name.endswith("_") and name in _RANDOM_OPS and args and getattr(args[0], "is_meta", False):
+        if _draw_into_meta(func, args):
             out = args[0]  # a draw into a meta tensor changes nothing (and torch's meta normal_ imports dynamo)
         else:
             out = func(*args, **kwargs)
@@ -268,12 +273,13 @@ _hf_users = 0
 
 
 @contextmanager
-def _hf_inits_run_on_meta() -> Iterator[None]:
+def _hf_inits_run_on_meta() -> Iterator[bool]:
     """transformers' `PreTrainedModel.init_weights` skips the model's own init (`_init_weights`: the
     normal(0, 0.02) draws of BERT, GPT-2, Llama, ...) when the default device is meta, so a recorded
     build would hold the constructors' init instead. While this thread records, transformers is told
     the default device is the CPU (its only use in `init_weights`); other threads see the real answer.
-    Without transformers (or a version without that hook), nothing to do: such models refuse below."""
+    Yields whether the hook is in place; without it (transformers not imported yet, or a version
+    without that function) a transformers model's recording refuses (build_recorded)."""
     global _hf_users
     mu = sys.modules.get("transformers.modeling_utils")
     if mu is None or not hasattr(mu, "get_torch_context_manager_or_global_device"):
@@ -343,10 +349,7 @@ class _SkipMetaDraws(TorchDispatchMode):
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if name.endswith("_") and name in _RANDOM_OPS and args and getattr(args[0], "is_meta", False):
-            return args[0]
-        return func(*args, **(kwargs or {}))
+        return args[0] if _draw_into_meta(func, args) else func(*args, **(kwargs or {}))
 
 
 def meta_parameter_bytes(build: Callable[[], nn.Module]) -> int:

@@ -89,26 +89,20 @@ def streamed_weight_indicator(module: nn.Module, graph: OpGraph, rec: Recording,
     """weight_indicator(module, graph, precisions) of the recorded build, or None if it cannot be
     replayed exactly. `module` holds placeholders; `meta_of` maps them to the recorded tensors;
     `stats`, from start_weight_stats, holds the replay already under way."""
-    if stats is not None:
-        by_id = stats.result()
-        if by_id is None:
-            return None
-        got = {}
-        for node in graph.selectable:
-            w = _weight_of(module, node)
-            if w is not None:
-                if id(w) not in by_id:
-                    return None
-                got[node.name] = by_id[id(w)]
-        return weight_indicator(module, graph, precisions, stats=lambda node: got[node.name])
-    wanted = {}
+    weights = {}  # selectable op -> its placeholder weight
     for node in graph.selectable:
         w = _weight_of(module, node)
         if w is not None:
             if id(w) not in meta_of:
                 return None
-            wanted[node.name] = meta_of[id(w)]
-    got = rec.tensor_stats(wanted, weight_stats)
+            weights[node.name] = w
+    if stats is not None:  # every parameter's stats, replayed beside the trace
+        by_id = stats.result()
+        got = None if by_id is None else {name: by_id.get(id(w)) for name, w in weights.items()}
+        if got is not None and None in got.values():
+            return None
+    else:
+        got = rec.tensor_stats({name: meta_of[id(w)] for name, w in weights.items()}, weight_stats)
     if got is None:
         return None
     return weight_indicator(module, graph, precisions, stats=lambda node: got[node.name])
