@@ -16,11 +16,23 @@ PIPE_WIDTH = 1000
 """Columns when stdout/stderr is not a terminal: wide enough that no table is shrunk or cut."""
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader went away (`qsync-opt solve job.yaml | head`): what it read is all it
+        wanted, so the command is not failed for it. rich's default exits 1 from inside print;
+        here the rest of the output goes to /dev/null as there and BrokenPipeError reaches the
+        command line, which exits 0 (cli/commands.py)."""
+        try:
+            super().on_broken_pipe()
+        except SystemExit:
+            raise BrokenPipeError("the reader of this output closed it") from None
+
+
 def make_console(stderr: bool = False) -> Console:
     """A console for user-facing output: markup and highlighting off; full width when piped."""
     probe = Console(stderr=stderr)
     width = None if probe.is_terminal else PIPE_WIDTH
-    return Console(stderr=stderr, markup=False, highlight=False, width=width)
+    return _Console(stderr=stderr, markup=False, highlight=False, width=width)
 
 
 def styled(label: str, style: str, message: str = "") -> Text:

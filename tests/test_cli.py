@@ -27,6 +27,20 @@ def test_json_goes_to_stdout_alone(tmp_path):
     assert "ops per precision" in r.stderr
 
 
+def test_a_reader_that_stops_early_does_not_fail_the_command():
+    """`qsync-opt solve job.yaml | head -0` under `set -o pipefail`: the reader closing the pipe
+    is not a failure (rich's own handler exits 1 from inside print), and nothing is printed
+    about it."""
+    p = subprocess.Popen([sys.executable, "-m", "qsync_opt.cli", "solve", TINY], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()  # before the plan is printed (solving takes seconds): every write meets a closed pipe
+    err = p.stderr.read()
+    p.wait(timeout=300)
+    assert p.returncode == 0, err.decode()
+    assert b"ops per precision" not in err  # the plan went to stdout, not elsewhere
+    assert b"Traceback" not in err and b"Broken pipe" not in err
+
+
 def test_bad_spec_exits_2_with_field_and_no_traceback(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(Path(TINY).read_text().replace("count: 1", "count: 0", 1))
