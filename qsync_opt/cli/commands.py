@@ -10,10 +10,13 @@ scheduler can pipe it.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
+import os
 import shlex
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from rich.console import Console
 
@@ -26,11 +29,40 @@ EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_STOPPED, EXIT_MISSES_B
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one verb and return its exit code (in-process callers and tests); `console` is the command."""
+    return _run(argv)[0]
+
+
+def console() -> NoReturn:
+    """The `qsync-opt` console script (and `python -m qsync_opt.cli`): main(), then exit.
+
+    A verb that leaves nothing running when it returns (`solve`: its plan is written and
+    printed, its threads and solver subprocesses are done) skips the interpreter's teardown,
+    which frees every object of torch (and transformers) one by one and unloads their libraries:
+    most of a second per command (benchmarks/hf_models.py times whole commands), for memory the
+    exit returns anyway. Output is flushed and atexit handlers run first; the other verbs (train,
+    run: process groups, Ray, checkpoints) exit normally."""
+    code, fast = _run(None)
+    if fast:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # a closed pipe (`| head`) has nothing left to flush
+                stream.flush()
+        atexit._run_exitfuncs()  # logging, multiprocessing and tempfile cleanups, as a normal exit runs them
+        os._exit(code)
+    sys.exit(code)
+
+
+def _run(argv: list[str] | None) -> tuple[int, bool]:
+    """(exit code, whether the verb may skip the interpreter's teardown)."""
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
-        return EXIT_BAD_INPUT
+        return EXIT_BAD_INPUT, False
+    return _dispatch(args), bool(getattr(args, "fast_exit", False))
+
+
+def _dispatch(args) -> int:
     err = _console(stderr=True)
     try:
         return args.func(args) or EXIT_OK
@@ -70,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--verbose", action="store_true", help="also print the solver's internal notes (backend messages, timings)")
     s.add_argument("--strict", action="store_true",
                    help=f"exit {EXIT_MISSES_BOUNDS} when the plan misses a bound (meets_bounds: false) instead of 0")
-    s.set_defaults(func=_cmd_solve)
+    s.set_defaults(func=_cmd_solve, fast_exit=True)  # nothing runs after a plan is printed (console)
 
     d = sub.add_parser("devices", help="list the device catalog")
     d.set_defaults(func=_cmd_devices)
