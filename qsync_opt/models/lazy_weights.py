@@ -45,6 +45,9 @@ _OVERWRITE_OPS = frozenset({"fill_", "zero_", "copy_"})
 """In-place writes whose result does not depend on the old values (besides the random ones)."""
 POOL_MAX_BYTES = 16 << 20
 """Draws nobody reads go to one reused buffer up to this size; bigger ones get their own, freed at once."""
+SPARE_MAX_BYTES = 64 << 20
+"""Tensors already read are kept, up to this many bytes, as memory for the next tensor of their size (a
+model repeats its layers' shapes): a fresh allocation faults in every page, again for every layer."""
 _EMPTY_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 
 
@@ -179,6 +182,8 @@ class Recording:
         g = torch.Generator().manual_seed(self.seed)
         real: dict[int, torch.UntypedStorage] = {}
         pool: dict[torch.dtype, torch.UntypedStorage] = {}  # one reused buffer per dtype for unwanted draws
+        spare: dict[tuple[torch.dtype, int], list[torch.UntypedStorage]] = {}  # read and dropped: memory for the next
+        spare_bytes = [0]  # tensor of that size (a fresh allocation faults in every page: a sixth of a replay)
 
         def pooled(dtype: torch.dtype, numel: int) -> torch.UntypedStorage:
             if numel * dtype.itemsize > POOL_MAX_BYTES:  # kept for the whole replay: only small ones
@@ -206,6 +211,9 @@ class Recording:
                     dtype, numel = self.storages[ref.storage]
                     if kind[i] == "stream" and ref.storage in op.writes and ref.storage not in op.reads:
                         st = pooled(dtype, numel)  # only advances the generator: any memory will do
+                    elif spare.get((dtype, numel)):
+                        st = spare[(dtype, numel)].pop()  # its old values count as uninitialised memory
+                        spare_bytes[0] -= st.nbytes()
                     else:
                         st = torch.empty(numel, dtype=dtype).untyped_storage()
                     (real if keep(ref.storage) else scratch)[ref.storage] = st
@@ -231,7 +239,13 @@ class Recording:
             for k in [k for k in real if last.get(k, -1) <= i]:
                 for name in names_of.get(k, ()):
                     out[name] = stats(as_tensor(real[k], want[name]))
-                del real[k]
+                st = real.pop(k)
+                dtype, numel = self.storages[k]
+                kept = any(isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() == st.data_ptr()
+                           for n in names_of.get(k, ()) for v in tree_flatten(out[n])[0])  # stats kept the tensor
+                if not kept and spare_bytes[0] + st.nbytes() <= SPARE_MAX_BYTES:
+                    spare.setdefault((dtype, numel), []).append(st)
+                    spare_bytes[0] += st.nbytes()
         missing = [n for n in want if n not in out]
         if missing:
             raise _Unfaithful(f"no value for {missing[:3]}")

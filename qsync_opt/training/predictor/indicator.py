@@ -43,7 +43,17 @@ def weight_stats(w: torch.Tensor) -> tuple[int, float, float]:
         return 0, 0.0, 0.0
     w = w.detach().float()
     lo, hi = torch.aminmax(w)  # max |w| in one pass without an |w| copy (4x faster than abs().max(), same value)
-    return w.numel(), max(-float(lo), float(hi)), float((w * w).sum().item())
+    return w.numel(), max(-float(lo), float(hi)), _sum_of_squares(w.reshape(-1))
+
+
+_SUMSQ_CHUNK = 1 << 18
+
+
+def _sum_of_squares(flat: torch.Tensor) -> float:
+    """Σx² without an x*x copy (its allocation faulted in a page per 4 KB: a third of a streamed
+    indicator): float32 dot products over chunks of 2^18, summed in double, within about 1e-6 of
+    the exact sum (one dot over 23M elements is 4e-5 off: float32 accumulators)."""
+    return sum(float(torch.dot(c, c)) for c in flat.split(_SUMSQ_CHUNK))
 
 
 def noise_from_stats(stats: tuple[int, float, float], precision: str) -> float:
