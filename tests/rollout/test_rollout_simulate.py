@@ -83,3 +83,38 @@ def test_report_writes_timeline_and_kv_pngs(job, tmp_path):
     print_plan(solve(job, variants=("sync", "trajectory-async")), console)
     text = console.export_text()
     assert "recommended: trajectory-async" in text and "sync" in text
+
+
+def test_partial_rollout_reports_its_reprefill(job):
+    """partial-rollout re-prefills every in-flight context after each sync: that time is counted as generating in
+    rollout_idle_frac, so it is reported on its own; no other policy interrupts, so theirs is 0."""
+    r = simulate(job, "partial-rollout")
+    assert 0 < r.rollout_reprefill_frac < 1 - r.rollout_idle_frac
+    for v in ("sync", "stale", "trajectory-async", "repack-best-fit"):
+        assert simulate(job, v).rollout_reprefill_frac == 0, v
+
+
+def test_reprefill_of_a_long_tailed_batch_is_priced_above_its_mean_length(job):
+    seen = []
+
+    class Rec(Simulator):
+        def _on_bcast_done(self, then):
+            ctxs = {w.idx: [t.prompt + t.gen_base + (w.steps - t.start_step) for t in w.batch.values()]
+                    for w in self.workers}
+            r0 = self.reprefill_s
+            super()._on_bcast_done(then)
+            if then == "partial":
+                seen.append((ctxs, self.reprefill_s - r0))
+
+    s = Rec(job, "partial-rollout")
+    s.run()
+    ragged = 0
+    for ctxs, charged in seen:
+        mean_price = sum(w.c.prefill_ms(len(c), sum(c) / len(c)) / 1e3 for w in s.workers
+                         if (c := ctxs[w.idx]))
+        exact = sum(w.c.prefill_set_ms(c) / 1e3 for w in s.workers if (c := ctxs[w.idx]))
+        assert charged == pytest.approx(exact, rel=1e-9)
+        if any(c and min(c) != max(c) for c in ctxs.values()):
+            ragged += 1
+            assert charged > mean_price
+    assert ragged > 0
