@@ -5,14 +5,18 @@ calibrated simulator.
 
 Simulated cases: a 7B-class policy (Qwen2.5-7B shape: 28 layers, GQA with 4 KV heads, 57,344 KV
 bytes per token), response lengths lognormal with p99/median = 10, on 64 A100, 128 H100, and hybrid
-fleets of A100 with L4 (8-bit) or T4 (4-bit); 16 H100 train. Every policy variant runs on the same
-drawn lengths. Real: examples/rollout_cpu_tiny.yaml (4 rollout actors and a trainer on this machine),
+fleets of A100 with L4 (8-bit) or T4 (4-bit), 16 H100 train; and verl's published 128-GPU split (64 H100 train,
+64 rollout, 512 x 16 trajectories per step, see CASES). Every policy variant runs on the same drawn lengths; each
+case prints the two bounds on any policy's gain over the best other asynchronous one: the trainer's (1 / its busy
+share) and the rollouts' at that policy's decode rate (1 / the share of rollout time not idle, syncing or
+re-prefilling). Real: examples/rollout_cpu_tiny.yaml (4 rollout actors and a trainer on this machine),
 each variant measured in interleaved rounds (the machine's load drifts over minutes: it falls on every variant
 alike), the median round reported with the rounds' range, then the simulator calibrated from every round's
 timings predicts each one.
 
 Writes DIR/rollout.csv (mode, case, policy, trajectories_per_s, tokens_per_s, rollout_idle_frac,
-trainer_idle_frac, staleness_mean, ...) and DIR/rollout_repack.csv (repack decision time for 64
+trainer_idle_frac, staleness_mean, ...; with --skip-real DIR/rollout_simulated.csv instead, so a simulated-only run
+never stands in for the real one) and DIR/rollout_repack.csv (repack decision time for 64
 workers and 2,000 in-flight trajectories, per backend), with the command and the machine load in
 their headers.
 """
@@ -40,20 +44,23 @@ QWEN7B = {"layers": 28, "hidden": 3584, "ffn": 18944, "heads": 28, "kv_heads": 4
           "max_positions": 32768, "ffn_matrices": 3, "tied_embeddings": False, "learned_positions": False}
 COLUMNS = ["mode", "case", "policy", "trajectories_per_s", "tokens_per_s", "rollout_idle_frac", "trainer_idle_frac",
            "staleness_mean", "staleness_max", "kv_util_mean", "repacks", "moves", "solver_ms_mean", "solver_ms_max",
-           "steps", "time_s", "wall_s", "repack_clock_stops", "tail_extension_s", "runs", "tps_min", "tps_max"]
+           "steps", "time_s", "wall_s", "repack_clock_stops", "tail_extension_s", "rollout_reprefill_frac", "runs",
+           "tps_min", "tps_max"]
 
 
-def case(name, groups, workers, interconnect="infiniband-hdr", per_worker=32, median=1000, ratio=10.0):
+def case(name, groups, workers, interconnect="infiniband-hdr", per_worker=32, median=1000, ratio=10.0, trainer=16,
+         prompts=None, max_len=16384, batch_cap=64):
     n = sum(g["count"] for g in groups)
     return name, {
         "kind": "rollout", "name": name,
-        "cluster": {"groups": [{"name": "trainer", "device": "H100-SXM", "count": 16}] + groups,
+        "cluster": {"groups": [{"name": "trainer", "device": "H100-SXM", "count": trainer}] + groups,
                     "interconnect": interconnect},
         "rollout": {"trainer": "trainer", "workers": workers, "model": QWEN7B,
-                    "workload": {"prompts_per_step": n * per_worker // 16, "group_size": 16, "prompt_len": 512,
-                                 "response": {"median": median, "p99": median * ratio}, "max_len": 16384},
+                    "workload": {"prompts_per_step": prompts or n * per_worker // 16, "group_size": 16,
+                                 "prompt_len": 512, "response": {"median": median, "p99": median * ratio},
+                                 "max_len": max_len},
                     "policy": {"kind": "trajectory-async", "eta": 1},
-                    "repack": {"method": "program", "kv_threshold": 0.9, "batch_cap": 64, "interval_s": 2.0},
+                    "repack": {"method": "program", "kv_threshold": 0.9, "batch_cap": batch_cap, "interval_s": 2.0},
                     "solver": {"backend": "highs", "time_limit_s": 0.05}},
     }
 
@@ -67,6 +74,14 @@ CASES = [
     case("a100x128+t4x128", [{"name": "a100", "device": "A100-80GB", "count": 128},
                              {"name": "t4", "device": "T4", "count": 128}],
          [{"group": "a100", "bits": 16}, {"group": "t4", "bits": 4}], interconnect="ethernet-100g"),
+    # A published disaggregated configuration rather than ours: verl's fully-async recipe
+    # (recipe/fully_async_policy/README.md, the anchor ../shared/REFERENCES.md names for partial rollout) trains
+    # Qwen2.5-Math-7B on 128 GPUs split 64 trainer : 64 rollout, 512 prompts x 16 responses per step,
+    # max_response_length 28K; its rollout default max_num_seqs is 1024 (verl/trainer/config/rollout/rollout.yaml),
+    # the decode-batch cap here. Its GPUs are H20 (not in the catalog): H100 here. The other cases give the trainer
+    # 16 GPUs against 64-256 rollouts; this one has four times the trainer per rollout.
+    case("h100x64-verl128", [{"name": "h100", "device": "H100-SXM", "count": 64}], [{"group": "h100", "bits": 16}],
+         trainer=64, prompts=512, max_len=28672, batch_cap=1024),
 ]
 
 
@@ -78,7 +93,8 @@ def row(mode, case_name, policy, r, time_s):
             "repacks": r.repacks, "moves": r.moves, "solver_ms_mean": getattr(r, "solver_wall_ms_mean", ""),
             "solver_ms_max": getattr(r, "solver_wall_ms_max", ""), "steps": r.steps, "time_s": time_s,
             "wall_s": r.wall_s, "repack_clock_stops": getattr(r, "repack_clock_stops", ""),
-            "tail_extension_s": getattr(r, "tail_extension_s", "")}
+            "tail_extension_s": getattr(r, "tail_extension_s", ""),
+            "rollout_reprefill_frac": getattr(r, "rollout_reprefill_frac", "")}
 
 
 def fmt(v):
@@ -185,11 +201,21 @@ def main(argv=None):
                   f"stale {x.staleness_mean:.2f}/{x.staleness_max}  KV {x.kv_util_mean:5.1%}  "
                   f"repacks {x.repacks} ({x.solver_wall_ms_mean:.1f} ms mean)  [{x.wall_s:.1f} s]")
         # no policy can train faster than the trainer steps: over `best_other` at most 1 / (its trainer busy share)
-        ceiling = 1 / max(1e-9, 1 - res[best_other].trainer_idle_frac)
+        b = res[best_other]
+        ceiling = 1 / max(1e-9, 1 - b.trainer_idle_frac)
+        # nor, at the same per-worker decode rate, generate faster than `best_other`'s rollouts would if none of their
+        # time went idle, to syncs or to re-prefills: beyond that only larger decode batches (throughput concave in B)
+        waste = b.rollout_idle_frac + b.rollout_reprefill_frac
+        gen_bound = 1 / max(1e-9, 1 - waste)
+        share = 1 - res["sync"].trainer_idle_frac
+        print(f"  sync: training {share:.0%} of the step, generation (+ sync) {1 - share:.0%} "
+              f"(Laminar's math: generation 83%); {best_other}: trainer busy {1 - b.trainer_idle_frac:.0%}, rollouts "
+              f"idle/syncing {b.rollout_idle_frac:.1%} + re-prefilling {b.rollout_reprefill_frac:.1%}")
         for v in ("repack-best-fit", "repack-program"):
             print(f"  {v}: {res[v].trajectories_per_s / sync:.2f}x sync, "
-                  f"{res[v].trajectories_per_s / res[best_other].trajectories_per_s:.2f}x {best_other} "
-                  f"(trainer-bound ceiling {ceiling:.2f}x), "
+                  f"{res[v].trajectories_per_s / b.trajectories_per_s:.2f}x {best_other} "
+                  f"(trainer-bound ceiling {ceiling:.2f}x; at {best_other}'s decode rate without its idle and "
+                  f"re-prefill {gen_bound:.2f}x), "
                   f"{res[v].trajectories_per_s / res['trajectory-async'].trajectories_per_s:.3f}x trajectory-async")
 
     if not args.skip_real:
@@ -229,7 +255,8 @@ def main(argv=None):
             print(f"  {v} made no repack: it ran trajectory-async's schedule; per round it measured "
                   f"{', '.join(f'{g:.0%}' for g in gaps)} away from trajectory-async (the real run's own noise)")
 
-    with open(out / "rollout.csv", "w", newline="") as f:
+    table = out / ("rollout_simulated.csv" if args.skip_real else "rollout.csv")
+    with open(table, "w", newline="") as f:
         header(f, argv)
         w = csv.DictWriter(f, fieldnames=COLUMNS, restval="")
         w.writeheader()
@@ -248,7 +275,7 @@ def main(argv=None):
         w.writeheader()
         for t in timing:
             w.writerow({k: fmt(v) for k, v in t.items()})
-    print(f"\nwrote {out / 'rollout.csv'} and {out / 'rollout_repack.csv'}")
+    print(f"\nwrote {table} and {out / 'rollout_repack.csv'}")
 
 
 if __name__ == "__main__":

@@ -55,6 +55,12 @@ class CalibratedCosts:
         a, b = self.pre
         return max(1e-3, m * (a + b * tokens))
 
+    def prefill_set_ms(self, lengths):
+        """Prefill of sequences of unequal lengths: the measured per-sequence line summed (exact for a line)."""
+        a, b = self.pre
+        ls = [x for x in lengths if x > 0]
+        return max(1e-3, sum(a + b * x for x in ls)) if ls else 0.0
+
     def full_rate(self, batch, mean_ctx):
         return batch / ((self.decode_ms(batch, batch * mean_ctx) + self.call_overhead_ms / self.steps_per_call) / 1e3)
 

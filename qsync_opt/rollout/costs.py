@@ -82,6 +82,17 @@ class WorkerCosts:
             t = self._memo[key] = _prefill_ms(self._cfg, self._dev, self.bits, *key[1:])
         return t
 
+    def prefill_set_ms(self, lengths) -> float:
+        """Prefill of sequences of unequal lengths in one micro-batch (a re-prefill of interrupted trajectories):
+        attention is priced at Σ L², not at m · mean², which undercounts a long-tailed batch."""
+        ls = [int(math.ceil(x)) for x in lengths if x > 0]
+        if not ls:
+            return 0.0
+        m, tok, sq = len(ls), sum(ls), sum(x * x for x in ls)
+        w = sc.Workload(prompt_len=tok / m, gen_tokens=0, global_batch=m)  # the head reads Σ L hidden states
+        return (self._cfg.get("layers") * sc.prefill_layer_ms_lengths(self._cfg, self._dev, self.bits, tok, sq)
+                + sc.head_ms(self._cfg, w, self._dev, m, "prefill"))
+
     def full_rate(self, batch: int, mean_ctx: float) -> float:
         """Tokens/s at a steady batch of `batch` sequences of mean context `mean_ctx`."""
         return batch / (self.decode_ms(batch, batch * mean_ctx) / 1e3)

@@ -41,6 +41,9 @@ class SimResult:
     timeline: list[list[tuple[float, float, str]]] = field(default_factory=list, repr=False)
     """Per worker: (start, end, state) segments up to `timeline_until`."""
     worker_labels: list[str] = field(default_factory=list, repr=False)
+    rollout_reprefill_frac: float = 0.0
+    """Share of rollout time re-prefilling interrupted trajectories after a weight sync (partial-rollout); it is
+    counted as generating in rollout_idle_frac, but it produces no token."""
     repack_clock_stops: int = 0
     tail_extension_s: float = 0.0
     """Σ over repack receivers of how much later each drains (its longest remaining trajectory grew), seconds."""
@@ -86,4 +89,5 @@ class Metrics:
             solver_wall_ms_max=1e3 * max(walls), wall_s=wall,
             kv_series=[(t, u) for t, u in self.kv_series if t <= T],
             timeline=[w.segments for w in self.workers], worker_labels=[w.label for w in self.workers],
-            repack_clock_stops=self.repack_clock_stops, tail_extension_s=self.tail_extension_s)
+            repack_clock_stops=self.repack_clock_stops, tail_extension_s=self.tail_extension_s,
+            rollout_reprefill_frac=self.reprefill_s / (n * T))

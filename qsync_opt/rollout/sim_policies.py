@@ -119,7 +119,9 @@ class PolicyRules:
             for w in self.workers:
                 if w.batch:
                     ctx = [t.prompt + t.gen_base + (w.steps - t.start_step) for t in w.batch.values()]
-                    self._pause(w, w.c.prefill_ms(len(ctx), sum(ctx) / len(ctx)) / 1e3, GEN)
+                    dt = self._prefill_s(w, ctx)  # long-tailed contexts: attention at Σ L²
+                    self.reprefill_s += dt
+                    self._pause(w, dt, GEN)
         if then == "stale":
             self.sync_pending = False
         if then == "round":

@@ -24,6 +24,22 @@ depends on the machine's speed). 20 s was too tight: full-form states of 1,200-1
 10-13 s with HiGHS at load 6, and one passed 20 s at load 24."""
 
 
+def useful_frees(waiting: int, mean_need: float, current: list[tuple[int, float]],
+                 candidates: list[tuple[int, float]]) -> int:
+    """Rollouts worth freeing for `waiting` admissible trajectories of `mean_need` KV tokens each (prompt + final
+    length): what the up-to-date rollouts cannot take, `current` as (free batch slots, free KV tokens) each, over
+    what one freed candidate would take, `candidates` as (batch cap, KV capacity) each (their mean). A rollout takes
+    min(slots, KV // mean_need): counting slots alone overstates the room wherever the KV fills before the cap."""
+    if waiting <= 0:
+        return 0
+    room = sum(min(max(0, slots), int(max(0.0, kv) // mean_need)) for slots, kv in current)
+    excess = waiting - room
+    if excess <= 0 or not candidates:
+        return 0
+    per_free = sum(min(cap, int(kv // mean_need)) for cap, kv in candidates) / len(candidates)
+    return math.ceil(excess / per_free) if per_free > 0 else 0
+
+
 class RepackTick:
     """The repack tick of rollout.simulate.Simulator (a mixin of it)."""
 
@@ -46,12 +62,23 @@ class RepackTick:
         Laminar's heuristic as published, without it."""
         return self.repack_method == "program"
 
+    def _useful_frees(self, ws: list[_Worker]) -> int:
+        """How many of the draining rollouts `ws` are worth freeing: as many as the admissible work (AReaL's bound
+        caps what is queued) that the up-to-date rollouts cannot take would fill. A rollout takes work up to the
+        decode-batch cap and up to its free KV (admission reserves prompt + final length)."""
+        a, b = self.next_id, min(self.n_max, self._gate())
+        count = len(self.queue) + max(0, b - a)
+        if count == 0:
+            return 0
+        need = sum(t.prompt + t.target for t in self.queue)
+        if b > a:
+            need += int(self.prompts[a:b].sum() + self.targets[a:b].sum())
+        current = [(self.cap - len(w.batch), w.c.kv_capacity_tokens - w.reserved) for w in self.workers
+                   if self.relay_version - w.version < self.eta and not w.pulling]
+        return useful_frees(count, need / count, current, [(self.cap, w.c.kv_capacity_tokens) for w in ws])
+
     def _repack(self, ws: list[_Worker]):
-        # freeing pays only for workers the admissible work can fill (AReaL's bound caps what is queued)
-        waiting = len(self.queue) + max(0, self._gate() - self.next_id)
-        fresh_room = sum(self.cap - len(w.batch) for w in self.workers
-                         if self.relay_version - w.version < self.eta and not w.pulling)
-        useful = math.ceil(max(0, waiting - fresh_room) / self.cap)
+        useful = self._useful_frees(ws)
         if useful == 0:
             return
         for w in ws:

@@ -118,6 +118,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.round_done = {}  # round -> finished count
         self.repacks = self.moves = 0
         self.repack_overhead = 0.0
+        self.reprefill_s = 0.0  # partial-rollout: rollout-seconds re-prefilling interrupted trajectories
         self.solver_walls: list[float] = []
         self.repack_clock_stops = 0
         self.tail_extension_s = 0.0
@@ -189,6 +190,14 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self._set_state(w, GEN)
         self._push(self.now + n * dt, "chunk", w.idx, w.epoch)
 
+    @staticmethod
+    def _prefill_s(w: _Worker, ctxs: list) -> float:
+        """Seconds to prefill these contexts on w in one micro-batch: equal lengths at the memoised uniform price,
+        unequal ones (re-queued or interrupted trajectories) with attention at Σ L² (WorkerCosts.prefill_set_ms)."""
+        if min(ctxs) == max(ctxs):
+            return w.c.prefill_ms(len(ctxs), ctxs[0]) / 1e3
+        return w.c.prefill_set_ms(ctxs) / 1e3
+
     def _pause(self, w: _Worker, seconds: float, state: str):
         self._progress(w)
         w.paused_until = self.now + seconds
@@ -243,8 +252,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
                 self._add(w, t)
                 ts.append(t)
             if ts:
-                ctx = sum(t.prompt + t.gen_base for t in ts) / len(ts)
-                self._pause(w, w.c.prefill_ms(len(ts), ctx) / 1e3, GEN)
+                self._pause(w, self._prefill_s(w, [t.prompt + t.gen_base for t in ts]), GEN)
             return
         heap = [(len(w.batch), w.idx) for w in ws]
         heapq.heapify(heap)
@@ -270,8 +278,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
             # a worker that could not take this one may take a smaller one later: keep order simple
         for i, ts in got.items():
             w = self.workers[i]
-            ctx = [t.prompt + t.gen_base for t in ts]
-            self._pause(w, w.c.prefill_ms(len(ts), sum(ctx) / len(ctx)) / 1e3, GEN)
+            self._pause(w, self._prefill_s(w, [t.prompt + t.gen_base for t in ts]), GEN)
 
     # ---------------------------------------------------------------- handlers
     def _on_chunk(self, w: _Worker):

@@ -103,10 +103,20 @@ def _kernel_ms(dev: DeviceSpec, flops: float, nbytes: float, dq_weights: float, 
 
 def prefill_layer_ms(cfg: TransformerConfig, w: Workload, dev: DeviceSpec, bits: int, mb: int) -> float:
     """One layer's prefill of one micro-batch of `mb` prompts."""
-    h, s = cfg.get("hidden"), w.prompt_len
+    s = w.prompt_len
+    return prefill_layer_ms_lengths(cfg, dev, bits, mb * s, mb * s * s)
+
+
+def prefill_layer_ms_lengths(cfg: TransformerConfig, dev: DeviceSpec, bits: int, tokens: float,
+                             squares: float) -> float:
+    """One layer's prefill of one micro-batch of sequences of unequal lengths s_i, given Σ s_i (`tokens`) and
+    Σ s_i² (`squares`): the GEMMs and activations are linear in Σ s_i, attention (QKᵀ and AV) in Σ s_i², so a
+    ragged batch is not the same as equal sequences of its mean length (that undercounts attention by
+    Σ s_i² − (Σ s_i)²/m)."""
+    h = cfg.get("hidden")
     n = sum(linear_params(cfg))
-    flops = 2 * mb * s * n + 4 * mb * s * s * h  # GEMMs + QKᵀ and AV
-    act = mb * s * (8 * h + 2 * cfg.get("ffn")) * 2 + 2 * mb * s * cfg.get("kv_heads") * cfg.head_dim * 2
+    flops = 2 * tokens * n + 4 * squares * h  # GEMMs + QKᵀ and AV
+    act = tokens * (8 * h + 2 * cfg.get("ffn")) * 2 + 2 * tokens * cfg.get("kv_heads") * cfg.head_dim * 2
     # below 16 bits the weights are dequantised to FP16 once per micro-batch: read narrow, write and read FP16
     wbytes = weight_bytes(cfg, bits) + (n * 4 if bits < 16 else 0)
     return _kernel_ms(dev, flops, wbytes + act, n if bits < 16 else 0, bits)

@@ -70,3 +70,33 @@ def test_relay_stalls_trainer_no_longer_than_broadcast(job):
     s = sync_costs(job)
     assert 0 < s.push_s <= s.broadcast_s
     assert trainer_step_s(job, 2e5) == pytest.approx(2 * trainer_step_s(job, 1e5))
+
+
+def test_ragged_prefill_prices_attention_at_the_sum_of_squares(job):
+    """A re-prefill of interrupted trajectories is one micro-batch of long-tailed contexts: the serving model's
+    attention FLOPs are 4·h·Σ L² per layer, so pricing it as m sequences of the mean length undercounts it."""
+    cfg = job.rollout.model
+    for c in all_worker_costs(job):
+        assert c.prefill_set_ms([700] * 5) == pytest.approx(c.prefill_ms(5, 700), rel=1e-12)  # equal: the same
+        ls = [300, 400, 600, 9000, 14000]  # a tail
+        mean = sum(ls) / len(ls)
+        dev = next(g.device_spec for g in job.cluster.groups if g.name == c.group)
+        w = sc.Workload(prompt_len=mean, gen_tokens=0, global_batch=len(ls))
+        want = (cfg.get("layers") * sc.prefill_layer_ms_lengths(cfg, dev, c.bits, sum(ls), sum(x * x for x in ls))
+                + sc.head_ms(cfg, w, dev, len(ls), "prefill"))
+        assert c.prefill_set_ms(ls) == pytest.approx(want, rel=1e-12)
+        # compute-bound here: the excess over the mean-length price is exactly the attention the mean misses
+        fp16 = dev.achieved_flops("fp16")
+        missed = cfg.get("layers") * 4 * cfg.get("hidden") * (sum(x * x for x in ls) - len(ls) * mean ** 2) / fp16
+        assert c.prefill_set_ms(ls) - c.prefill_ms(len(ls), mean) == pytest.approx(1e3 * missed, rel=1e-3)
+        assert missed > 0
+
+
+def test_serving_prefill_layer_is_the_ragged_form_at_equal_lengths(job):
+    cfg = job.rollout.model
+    dev = job.cluster.groups[1].device_spec
+    for bits in (4, 8, 16):
+        for s, mb in ((128, 1), (1000, 8), (4096, 3)):
+            w = sc.Workload(prompt_len=s, gen_tokens=0, global_batch=mb)
+            assert sc.prefill_layer_ms(cfg, w, dev, bits, mb) == sc.prefill_layer_ms_lengths(
+                cfg, dev, bits, mb * s, mb * s * s)

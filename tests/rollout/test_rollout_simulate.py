@@ -83,3 +83,60 @@ def test_report_writes_timeline_and_kv_pngs(job, tmp_path):
     print_plan(solve(job, variants=("sync", "trajectory-async")), console)
     text = console.export_text()
     assert "recommended: trajectory-async" in text and "sync" in text
+
+
+def test_partial_rollout_reports_its_reprefill(job):
+    """partial-rollout re-prefills every in-flight context after each sync: that time is counted as generating in
+    rollout_idle_frac, so it is reported on its own; no other policy interrupts, so theirs is 0."""
+    r = simulate(job, "partial-rollout")
+    assert 0 < r.rollout_reprefill_frac < 1 - r.rollout_idle_frac
+    for v in ("sync", "stale", "trajectory-async", "repack-best-fit"):
+        assert simulate(job, v).rollout_reprefill_frac == 0, v
+
+
+def test_reprefill_of_a_long_tailed_batch_is_priced_above_its_mean_length(job):
+    seen = []
+
+    class Rec(Simulator):
+        def _on_bcast_done(self, then):
+            ctxs = {w.idx: [t.prompt + t.gen_base + (w.steps - t.start_step) for t in w.batch.values()]
+                    for w in self.workers}
+            r0 = self.reprefill_s
+            super()._on_bcast_done(then)
+            if then == "partial":
+                seen.append((ctxs, self.reprefill_s - r0))
+
+    s = Rec(job, "partial-rollout")
+    s.run()
+    ragged = 0
+    for ctxs, charged in seen:
+        mean_price = sum(w.c.prefill_ms(len(c), sum(c) / len(c)) / 1e3 for w in s.workers
+                         if (c := ctxs[w.idx]))
+        exact = sum(w.c.prefill_set_ms(c) / 1e3 for w in s.workers if (c := ctxs[w.idx]))
+        assert charged == pytest.approx(exact, rel=1e-9)
+        if any(c and min(c) != max(c) for c in ctxs.values()):
+            ragged += 1
+            assert charged > mean_price
+    assert ragged > 0
+
+
+def test_useful_frees_counts_the_kv_as_well_as_the_batch_cap():
+    """A repack frees only as many draining rollouts as the waiting work would fill; the up-to-date rollouts take
+    work up to their batch cap and their free KV, so with the cap far above what the KV holds (verl's max_num_seqs
+    1024 on an 80 GB rollout) counting slots alone finds room that is not there and never repacks."""
+    from qsync_opt.rollout.sim_repack import useful_frees
+
+    # cap-bound (KV plentiful): the slot count decides, as before: 300 waiting, 100 slots free, cap 64 -> 4
+    assert useful_frees(300, 2000.0, [(50, 1e9), (50, 1e9)], [(64, 1e9)] * 5) == 4
+    # KV-bound: 1,000 slots free but KV for 20 trajectories of 2,000 tokens on each of two rollouts
+    assert useful_frees(300, 2000.0, [(1000, 40_000.0), (1000, 40_000.0)], [(1024, 200_000.0)] * 3) == 3
+    assert useful_frees(300, 2000.0, [(1000, 1e9)] * 2, [(1024, 200_000.0)] * 3) == 0  # room by both: none
+    assert useful_frees(0, 2000.0, [], [(64, 1e9)]) == 0
+    # brute force on small cases: the fewest freed candidates (of the mean capacity) that hold the excess
+    import itertools
+    for waiting, slots, kv in itertools.product((5, 40, 130), (0, 10, 70), (0.0, 9_000.0, 1e6)):
+        cur = [(slots, kv)] * 2
+        room = 2 * min(slots, int(kv // 1000))
+        per = min(32, 30_000 // 1000)
+        want = next(k for k in range(100) if room + k * per >= waiting)
+        assert useful_frees(waiting, 1000.0, cur, [(32, 30_000.0)] * 4) == want
