@@ -91,6 +91,7 @@ def repack(state: RepackState, method: Literal["program", "best-fit"] = "program
             raise SolverError(f"repack: trajectory {t.id!r} is on unknown worker {t.worker!r}")
     t0 = time.perf_counter()
     start = best_fit(state)
+    pack_s = time.perf_counter() - t0  # one packing of the program's answer costs about as much
     if method == "best-fit":
         return _result(state, start, "best-fit", t0, bound=None, status="feasible")
     if backend not in EXACT:
@@ -101,7 +102,7 @@ def repack(state: RepackState, method: Literal["program", "best-fit"] = "program
                        baseline_objective=base)
     use = form if form != "auto" else ("full" if len(state.trajectories) * len(ids) <= FULL_LIMIT else "aggregate")
     if use == "full":
-        placement, bound, status = _full(state, backend, time_limit_s, start)
+        placement, bound, status = _full(state, backend, time_limit_s, start, t0, pack_s)
         got = evaluate(state, placement) if placement is not None else None
         if got is None or got[2] or got[0] < base:
             placement, obj = start, base
@@ -110,7 +111,7 @@ def repack(state: RepackState, method: Literal["program", "best-fit"] = "program
         # signed on the true gap (as solver.solve does): CP-SAT's own status speaks for a rounded copy
         proven = bound is not None and obj >= bound - 1e-6 * max(1.0, abs(bound))
     else:
-        placement, bound, proven = _aggregate(state, backend, time_limit_s, start, t0, max_rounds)
+        placement, bound, proven = _aggregate(state, backend, time_limit_s, start, t0, max_rounds, pack_s)
         obj = evaluate(state, placement)[0]
     if bound is not None:
         bound = max(bound, obj)

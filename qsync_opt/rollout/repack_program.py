@@ -32,7 +32,10 @@ def _limit_row(p: Problem, state: RepackState) -> None:
     p.add_constraint("max_freed", {f"keep_{w}": 1.0 for w in busy}, ">=", float(len(busy) - state.max_freed))
 
 
-def _full(state: RepackState, backend: str, time_limit_s: float, start: dict[str, str]):
+def _full(state: RepackState, backend: str, time_limit_s: float, start: dict[str, str], t0: float | None = None,
+          reserve_s: float = 0.0):
+    """The full program; the solver gets what is left of `time_limit_s` since `t0` (building the
+    program counts against it) less `reserve_s`, the caller's work after it (evaluating the answer)."""
     caps = state.caps()
     p = Problem("repack-full")
     wk = {w.id: w for w in state.workers}
@@ -65,7 +68,8 @@ def _full(state: RepackState, backend: str, time_limit_s: float, start: dict[str
     hint = {f"keep_{w}": float(any(d == w for d in start.values())) for w in wk}
     hint.update({f"x_{t.id}_{w}": float(start[t.id] == w) for t in state.trajectories for w in wk
                  if (t.id, w) in allowed})
-    raw = get_backend(backend).solve(p, _opts(time_limit_s, hint))
+    left = time_limit_s if t0 is None else time_limit_s - (time.perf_counter() - t0) - reserve_s
+    raw = get_backend(backend).solve(p, _opts(left, hint))
     if raw.values is None:
         return None, None, raw.status
     placement = {}
@@ -76,7 +80,10 @@ def _full(state: RepackState, backend: str, time_limit_s: float, start: dict[str
 
 
 def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dict[str, str], t0: float,
-               max_rounds: int | None = None):
+               max_rounds: int | None = None, pack_s: float = 0.0):
+    """Solve-and-pack rounds until `time_limit_s` since `t0`. `pack_s` (what one best-fit packing
+    took) is kept back from each solve for the packing of its answer, and a repair that would pack
+    past the limit stops at the best packing so far: the limit is the caller's deadline."""
     caps = state.caps()
     wk = {w.id: w for w in state.workers}
     need_total = sum(t.need for t in state.trajectories)
@@ -106,7 +113,9 @@ def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dic
             break
         rounds += 1
         t_it = time.perf_counter()
-        left = time_limit_s - (t_it - t0)
+        left = time_limit_s - (t_it - t0) - pack_s
+        if left <= 0:
+            break
         hint = {f"keep_{w}": float(w in hint_keep) for w in wk}
         raw = get_backend(backend).solve(p, _opts(left, hint))
         if raw.values is None:
@@ -130,13 +139,15 @@ def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dic
         order = sorted(freed, key=lambda w: (worth[w], w))
         lo, hi, packed = 0, len(order), None  # pack(keep + order[:hi]) succeeds; pack(keep + order[:lo]) failed
         while hi - lo > 1:
+            if time.perf_counter() - t0 + pack_s > time_limit_s:
+                break  # past the deadline: what is packed so far (or best-fit) stands
             mid = (lo + hi) // 2
             placement = _pack(state, set(keep) | set(order[:mid]))
             if placement is None:
                 lo = mid
             else:
                 hi, packed = mid, placement
-        if packed is None:
+        if packed is None and time.perf_counter() - t0 + pack_s <= time_limit_s:
             packed = _pack(state, set(keep) | set(order[:hi]))
         if packed is not None:
             obj = evaluate(state, packed)[0]
