@@ -43,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])
 
-from accuracy_policies import POLICIES, equal_split, pace_split, plan_policies  # noqa: E402
+from accuracy_policies import POLICIES, equal_split, lowest_iteration, pace_split, plan_policies  # noqa: E402
 
 from qsync_opt.data.evaluation import read_eval  # noqa: E402
 from qsync_opt.io import atomic_write_bytes, atomic_write_text  # noqa: E402
@@ -73,6 +73,11 @@ SETTINGS = {  # name -> T4 precisions (None: all it runs), split rule ('fixed': 
     # without them must a planner choose among low precisions to keep pace
     "intonly": (("int8", "int4"), "pace"),
     "int8only": (("int8",), "pace"),
+    # 'intonly' with every planner bounded at 5% above uniform-lowest's lockstep iteration (BOUND_SLACK): what a
+    # user who accepts 5% slower iterations for accuracy writes as objective.max_iteration_time. The pace split
+    # leaves the planners only what its batch grid happens to leave (ViT V100+T4: 0.7%, two of 14 ops at int8);
+    # 5% is the slowdown the issue's target accepts
+    "intonly-5pct": (("int8", "int4"), "pace"),
     # QSync's setting (issue 20 item 3): plain data parallelism, every device the same local batch, so
     # the weak share is weak devices / all devices; the bound is uniform-lowest's lockstep iteration
     # there (accuracy_policies.equal_split): only the T4s' slack above it is the planners' to spend
@@ -82,6 +87,10 @@ SETTINGS = {  # name -> T4 precisions (None: all it runs), split rule ('fixed': 
     # are slower than its fp32 and fp16, so only here must a planner choose among low formats
     "qsync-intonly": (("int8", "int4"), "equal"),
 }
+BOUND_SLACK = {"intonly-5pct": 0.05}
+"""Setting -> fraction: its planners' bound is uniform-lowest's lockstep iteration × (1 + fraction) at its split
+(objective.max_iteration_time, every group; the strong group stays fp32 as role training) instead of QSync's
+'auto' bound (the strong group's own iteration)."""
 PLAN_BATCH = 4096
 METHODS = ("auto", "weight", "gvar", "hessian", "empirical")
 
@@ -214,6 +223,9 @@ def main(argv=None) -> int:
                     continue  # a cluster made for the equal-batch settings only
                 else:
                     split = fixed if rule == "fixed" else pace_split(model, strong, weak, PLAN_BATCH, extra)
+                    if st in BOUND_SLACK:
+                        bound = (1 + BOUND_SLACK[st]) * lowest_iteration(model, strong, split, weak, PLAN_BATCH,
+                                                                         extra=extra)
                 batch = split[0] + n_weak * split[1] if rule == "equal" else PLAN_BATCH
                 pols = plan_policies(model, strong, split, weak, batch, extra, weak_count=n_weak, bound=bound,
                                      training=planning_training(a.lr))

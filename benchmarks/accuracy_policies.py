@@ -133,12 +133,20 @@ def equal_split(model: dict, strong: str, weak_precisions, global_batch: int, we
     weak devices / all devices), and the bound the uniform-lowest plan's lockstep iteration at that
     split (the T4s at their lowest offered format set the pace; every other plan must fit in it)."""
     per = global_batch // (1 + weak_count)
-    spec = load_spec(cluster_spec(model, strong, (per, per), weak_precisions, global_batch=per * (1 + weak_count),
+    return (per, per), lowest_iteration(model, strong, (per, per), weak_precisions, per * (1 + weak_count),
+                                        weak_count, extra) * (1 + 1e-9)
+
+
+def lowest_iteration(model: dict, strong: str, split: tuple[int, int], weak_precisions, global_batch: int,
+                     weak_count: int = 1, extra: dict | None = None) -> float:
+    """The uniform-lowest plan's lockstep iteration (ms, the replayer's) at `split`: the strong group at
+    fp32, the T4s at their lowest offered format."""
+    spec = load_spec(cluster_spec(model, strong, split, weak_precisions, global_batch=global_batch,
                                   extra=extra, weak_count=weak_count, bound=1e9))
     prepared = prepare(spec)
     inst, ctx = build_instance(spec, prepared.graph, prepared.sensitivity, boundary=spec.runtime.boundary)
     # role: training keeps the strong group at fp32 under a number, so 'lowest' lowers the T4s alone
-    return (per, per), replay(ctx, baseline(inst, "lowest")).iteration_ms * (1 + 1e-9)
+    return replay(ctx, baseline(inst, "lowest")).iteration_ms
 
 
 def pace_split(model: dict, strong: str, weak_precisions, global_batch: int, extra: dict | None = None) -> tuple[int, int]:

@@ -101,3 +101,25 @@ def test_int_only_weak_group_plans_choose_among_low_precisions_with_an_fp32_ceil
     for g in ("qsync-greedy", "greedy"):
         assert pols["ilp"].indicator <= pols[g].indicator * (1 + 1e-9) + 1e-15
     assert pols["ilp"].indicator <= pols["uniform-lowest"].indicator
+
+
+def test_a_5pct_bound_setting_bounds_every_planner_at_5pct_above_uniform_lowest(intonly):
+    """'intonly-5pct': the pace split, every planner under max_iteration_time = 1.05 × uniform-lowest's lockstep
+    iteration; the ILP may use that room (never beyond it) and is never worse on the indicator than with QSync's
+    'auto' bound (its feasible set only grows)."""
+    from accuracy import BOUND_SLACK, CLUSTERS, PLAN_BATCH, SETTINGS, TASKS
+    from accuracy_policies import lowest_iteration, plan_policies
+
+    split, auto = intonly
+    weak, rule = SETTINGS["intonly-5pct"]
+    assert rule == "pace" and BOUND_SLACK["intonly-5pct"] == 0.05
+    strong = CLUSTERS["v100-t4"][0]
+    low = lowest_iteration(TASKS["cnn"][0], strong, split, weak, PLAN_BATCH)
+    assert low == pytest.approx(auto["uniform-lowest"].predicted_ms, rel=1e-9)
+    pols = plan_policies(TASKS["cnn"][0], strong, split, weak, PLAN_BATCH, bound=1.05 * low)
+    for n in ("ilp", "greedy", "joint"):
+        assert pols[n].predicted_ms <= 1.05 * low * (1 + 1e-6), n
+    assert set(pols["uniform-lowest"].precisions["t4"].values()) == {"int4"}
+    assert set(pols["ilp"].precisions["strong"].values()) == {"fp32"}  # the strong group stays fp32 (role training)
+    assert pols["ilp"].indicator <= auto["ilp"].indicator * (1 + 1e-9)
+    assert pols["ilp"].indicator <= pols["greedy"].indicator * (1 + 1e-9) + 1e-15
