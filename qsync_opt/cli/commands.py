@@ -38,9 +38,9 @@ def console() -> NoReturn:
 
     A verb that leaves nothing running when it returns (`solve`: its plan is written and
     printed, its threads and solver subprocesses are done) skips the interpreter's teardown,
-    which frees every object of torch (and transformers) one by one and unloads their libraries:
-    most of a second per command (benchmarks/hf_models.py times whole commands), for memory the
-    exit returns anyway. Output is flushed and atexit handlers run first; the other verbs (train,
+    which frees every object of torch (and transformers) one by one and unloads their libraries,
+    a visible share of a short command (benchmarks/hf_models.py times whole commands), for
+    memory the exit returns anyway. Output is flushed and atexit handlers run first; the other verbs (train,
     run: process groups, Ray, checkpoints) exit normally."""
     code, fast = _run(None)
     if fast:

@@ -183,7 +183,7 @@ class Recording:
         real: dict[int, torch.UntypedStorage] = {}
         pool: dict[torch.dtype, torch.UntypedStorage] = {}  # one reused buffer per dtype for unwanted draws
         spare: dict[tuple[torch.dtype, int], list[torch.UntypedStorage]] = {}  # read and dropped: memory for the next
-        spare_bytes = [0]  # tensor of that size (a fresh allocation faults in every page: a sixth of a replay)
+        spare_bytes = [0]  # tensor of that size (a fresh allocation faults in every page again)
 
         def pooled(dtype: torch.dtype, numel: int) -> torch.UntypedStorage:
             if numel * dtype.itemsize > POOL_MAX_BYTES:  # kept for the whole replay: only small ones

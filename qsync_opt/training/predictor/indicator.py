@@ -50,9 +50,10 @@ _SUMSQ_CHUNK = 1 << 18
 
 
 def _sum_of_squares(flat: torch.Tensor) -> float:
-    """Σx² without an x*x copy (its allocation faulted in a page per 4 KB: a third of a streamed
-    indicator): float32 dot products over chunks of 2^18, summed in double, within about 1e-6 of
-    the exact sum (one dot over 23M elements is 4e-5 off: float32 accumulators)."""
+    """Σx² without an x*x copy (whose allocation faults in every page of a tensor's size again):
+    float32 dot products over chunks of 2^18, summed in double, within 1e-6 of the exact sum
+    (tests/predictor/test_indicator_stats.py); one dot over a whole embedding is not, its float32
+    accumulators drift."""
     return sum(float(torch.dot(c, c)) for c in flat.split(_SUMSQ_CHUNK))
 
 
