@@ -325,6 +325,17 @@ def planning_inputs(task: str, method: str, steps: int, lr: float, out: Path) ->
 
 def fp32_checkpoint(task: str, steps: int, lr: float, path: Path, batch: int = 64) -> None:
     """Train the task's model in fp32 in this process (Adam, batch 64) and torch.save its state_dict."""
+    import torch
+
+    net = fp32_trained(task, CHECKPOINT_SEED, steps, lr, batch)
+    buf = io.BytesIO()
+    torch.save(net.state_dict(), buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def fp32_trained(task: str, seed: int, steps: int, lr: float, batch: int = 64, on_step=None):
+    """The task's model trained `steps` Adam steps in fp32 on MNIST-1D in this process, `seed` seeding its init
+    and its batches; `on_step(step, net)` after every step (from 1)."""
     import importlib
 
     import torch
@@ -334,21 +345,21 @@ def fp32_checkpoint(task: str, steps: int, lr: float, path: Path, batch: int = 6
 
     section, shape = TASKS[task]
     mod, fn = section["import"].split(":")
-    torch.manual_seed(CHECKPOINT_SEED)
+    torch.manual_seed(seed)
     net = getattr(importlib.import_module(mod), fn)(**section.get("kwargs", {}))
     x, y, _, _ = mnist1d()
     x = x.reshape(len(x), *shape)
     opt = torch.optim.Adam(net.parameters(), lr=lr)
-    g = torch.Generator().manual_seed(CHECKPOINT_SEED)
-    for _ in range(steps):
+    g = torch.Generator().manual_seed(seed)
+    for step in range(1, steps + 1):
         idx = torch.randint(0, len(x), (batch,), generator=g)
         loss = F.cross_entropy(net(x[idx]), y[idx])
         opt.zero_grad()
         loss.backward()
         opt.step()
-    buf = io.BytesIO()
-    torch.save(net.state_dict(), buf)
-    atomic_write_bytes(path, buf.getvalue())
+        if on_step is not None:
+            on_step(step, net)
+    return net
 
 
 def train_one(task, precisions, batches, steps, seed, lr, tail=0) -> dict:

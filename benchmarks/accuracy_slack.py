@@ -33,7 +33,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from accuracy import CLUSTERS, PLAN_BATCH, SETTINGS, TASKS, planning_inputs, planning_training  # noqa: E402
+from accuracy import (CLUSTERS, PLAN_BATCH, SETTINGS, TASKS, fp32_trained, planning_inputs,  # noqa: E402
+                      planning_training)
 from accuracy_policies import cluster_spec, pace_split  # noqa: E402
 
 from qsync_opt.io import atomic_write_text  # noqa: E402
@@ -73,31 +74,14 @@ def instance(task: str, cluster: str, lr: float, out: Path):
 
 
 def trained_snapshots(task: str, seed: int, steps: int, tail: int, every: int, lr: float):
-    import torch
-    import torch.nn.functional as F
-
-    from qsync_opt.data.builtin import mnist1d
-
-    section, shape = TASKS[task]
-    mod, fn = section["import"].split(":")
-    import importlib
-
-    torch.manual_seed(seed)
-    net = getattr(importlib.import_module(mod), fn)(**section.get("kwargs", {}))
-    x, y, _, _ = mnist1d()
-    x = x.reshape(len(x), *shape)
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
-    gen = torch.Generator().manual_seed(seed)
+    """accuracy.fp32_trained, with a copy of the weights every `every` steps of the last `tail`."""
     snaps = []
-    for step in range(1, steps + 1):
-        idx = torch.randint(0, len(x), (64,), generator=gen)
-        loss = F.cross_entropy(net(x[idx]), y[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+
+    def keep(step, net):
         if step > steps - tail and step % every == 0:
             snaps.append(copy.deepcopy(net.state_dict()))
-    return net, snaps
+
+    return fp32_trained(task, seed, steps, lr, on_step=keep), snaps
 
 
 def measure(task: str, net, snaps, ops, plans: dict[str, dict[str, str]]) -> dict[str, tuple[float, float]]:
