@@ -183,7 +183,7 @@ class Recording:
         real: dict[int, torch.UntypedStorage] = {}
         pool: dict[torch.dtype, torch.UntypedStorage] = {}  # one reused buffer per dtype for unwanted draws
         spare: dict[tuple[torch.dtype, int], list[torch.UntypedStorage]] = {}  # read and dropped: memory for the next
-        spare_bytes = [0]  # tensor of that size (a fresh allocation faults in every page again)
+        spare_bytes = 0  # tensor of that size (a fresh allocation faults in every page again)
 
         def pooled(dtype: torch.dtype, numel: int) -> torch.UntypedStorage:
             if numel * dtype.itemsize > POOL_MAX_BYTES:  # kept for the whole replay: only small ones
@@ -204,6 +204,7 @@ class Recording:
             scratch: dict[int, torch.UntypedStorage] = {}
 
             def view(ref):
+                nonlocal spare_bytes
                 if not isinstance(ref, _Ref):
                     return ref
                 st = real.get(ref.storage) or scratch.get(ref.storage)
@@ -213,7 +214,7 @@ class Recording:
                         st = pooled(dtype, numel)  # only advances the generator: any memory will do
                     elif spare.get((dtype, numel)):
                         st = spare[(dtype, numel)].pop()  # its old values count as uninitialised memory
-                        spare_bytes[0] -= st.nbytes()
+                        spare_bytes -= st.nbytes()
                     else:
                         st = torch.empty(numel, dtype=dtype).untyped_storage()
                     (real if keep(ref.storage) else scratch)[ref.storage] = st
@@ -243,9 +244,9 @@ class Recording:
                 dtype, numel = self.storages[k]
                 kept = any(isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() == st.data_ptr()
                            for n in names_of.get(k, ()) for v in tree_flatten(out[n])[0])  # stats kept the tensor
-                if not kept and spare_bytes[0] + st.nbytes() <= SPARE_MAX_BYTES:
+                if not kept and spare_bytes + st.nbytes() <= SPARE_MAX_BYTES:
                     spare.setdefault((dtype, numel), []).append(st)
-                    spare_bytes[0] += st.nbytes()
+                    spare_bytes += st.nbytes()
         missing = [n for n in want if n not in out]
         if missing:
             raise _Unfaithful(f"no value for {missing[:3]}")

@@ -32,8 +32,8 @@ def _limit_row(p: Problem, state: RepackState) -> None:
     p.add_constraint("max_freed", {f"keep_{w}": 1.0 for w in busy}, ">=", float(len(busy) - state.max_freed))
 
 
-def _full(state: RepackState, backend: str, time_limit_s: float, start: dict[str, str], t0: float | None = None,
-          reserve_s: float = 0.0):
+def _full(state: RepackState, backend: str, time_limit_s: float, start: dict[str, str], t0: float,
+          reserve_s: float):
     """The full program; the solver gets what is left of `time_limit_s` since `t0` (building the
     program counts against it) less `reserve_s`, the caller's work after it (evaluating the answer)."""
     caps = state.caps()
@@ -68,7 +68,7 @@ def _full(state: RepackState, backend: str, time_limit_s: float, start: dict[str
     hint = {f"keep_{w}": float(any(d == w for d in start.values())) for w in wk}
     hint.update({f"x_{t.id}_{w}": float(start[t.id] == w) for t in state.trajectories for w in wk
                  if (t.id, w) in allowed})
-    left = time_limit_s if t0 is None else time_limit_s - (time.perf_counter() - t0) - reserve_s
+    left = time_limit_s - (time.perf_counter() - t0) - reserve_s
     raw = get_backend(backend).solve(p, _opts(left, hint))
     if raw.values is None:
         return None, None, raw.status
