@@ -52,21 +52,24 @@ def pipeedge(inst: ServingInstance, backend: str = "highs", options: SolveOption
     return None
 
 
-def adabits(inst: ServingInstance, backend: str = "highs", options: SolveOptions | None = None) -> Assignment | None:
+def adabits(inst: ServingInstance, backend: str = "highs", options: SolveOptions | None = None,
+            solve=solve_serving) -> Assignment | None:
+    """`solve` is `solve_serving` or a caller's wrapper of it (the planner's, which shares one time budget):
+    a solve it declines for want of time returns None, and so does this baseline."""
     inst = _unbounded(inst)
     sizes = even_sizes(inst.layers, len(inst.stages))
     if 0 in sizes:
         return None
     options = options or SolveOptions()
     exact = replace(options, rel_gap=0.0)
-    first = solve_serving(replace(inst, stage_sizes=sizes, quality_only=True), backend, exact)
-    if first.assignment is None:
+    first = solve(replace(inst, stage_sizes=sizes, quality_only=True), backend, exact)
+    if first is None or first.assignment is None:
         return None
     # lexicographic: the least Σω first, then the fastest plan with that Σω
     q = first.evaluation.quality
-    second = solve_serving(replace(inst, stage_sizes=sizes, max_indicator=q * (1 + 1e-9) + 1e-12), backend, options,
-                           start=first.assignment)
-    return second.assignment or first.assignment
+    second = solve(replace(inst, stage_sizes=sizes, max_indicator=q * (1 + 1e-9) + 1e-12), backend, options,
+                   start=first.assignment)
+    return (second.assignment if second is not None else None) or first.assignment
 
 
 def all_baselines(inst: ServingInstance, backend: str = "highs", options: SolveOptions | None = None) -> dict[str, Assignment | None]:

@@ -32,17 +32,18 @@ def lower_bound(inst: ServingInstance) -> float:
     return prefill + decode + inst.theta * quality
 
 
-def relaxation_bound(inst: ServingInstance, backend: str = "highs") -> float:
+def relaxation_bound(inst: ServingInstance, backend: str = "highs", time_limit_s: float = 10.0) -> float:
     """The LP relaxation's optimum (integers made continuous): a bound that sees memory and quality.
 
-    +inf when the relaxation is infeasible, which proves the program infeasible too.
+    +inf when the relaxation is infeasible, which proves the program infeasible too; -inf when it
+    was not solved to optimality within `time_limit_s` (no bound).
     """
     problem = compile_serving(inst)
     problem.variables = {v: replace(var, kind="continuous") for v, var in problem.variables.items()}
     problem.onehots = []  # per-layer form: the same rows as linear equalities
     for k, oh in enumerate(compile_serving(inst).onehots):
         problem.add_constraint(f"onehot_{k}", {v: 1.0 for v in oh.variables}, "==", 1.0)
-    raw = get_backend(backend).solve(problem, SolveOptions(time_limit_s=10.0, rel_gap=0.0))
+    raw = get_backend(backend).solve(problem, SolveOptions(time_limit_s=time_limit_s, rel_gap=0.0))
     if raw.status == "infeasible":
         return float("inf")
     return raw.bound if raw.status == "optimal" and raw.bound is not None else -float("inf")

@@ -9,20 +9,27 @@ indicators every distinct order of device types is tried (up to MAX_ORDERS).
 
 The baselines are searched over the same candidates and scored by the same model; the best
 baseline plan of a candidate is the warm start of its program, so the plan is never worse.
+
+`solver.time_limit_s` bounds the whole call: the relaxation bounds, every candidate's solve and
+the baselines draw on one `Budget`, each solve given at most what remains and charged its whole
+wall time (model building included). The plan's search keeps `BASELINE_SHARE` of the limit for the
+baselines, which also get whatever the search leaves; a baseline the limit stops says so.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass, field, replace
 
-from qsync_opt.errors import InfeasibleError, SpecError
+from qsync_opt.errors import InfeasibleError, SolverError, SpecError
 from qsync_opt.serving.instance import COST_SOURCE, PipelineDevice, build, micro_batch_sizes
 from qsync_opt.serving.quality import layer_omegas
 from qsync_opt.serving.plan import BaselineResult, Prediction, ServingPlan, SolverStats, Stage
 from qsync_opt.solver.backends import EXACT, available
 from qsync_opt.solver.backends.base import SolveOptions
+from qsync_opt.solver.budget import Budget
 from qsync_opt.serving.program import Assignment, Evaluation, ServingInstance, compile_serving, evaluate, solve_serving
 from qsync_opt.serving.bounds import lower_bound, relaxation_bound
 from qsync_opt.serving.baselines import adabits, uniform
@@ -32,6 +39,13 @@ MAX_ORDERS = 24
 LP_BACKENDS = ("highs", "cbc", "scip")
 """Backends that solve a linear relaxation as an LP (CP-SAT would make it an integer program again)."""
 DEFAULT = "highs"
+BASELINE_SHARE = 0.2
+"""Share of solver.time_limit_s the plan's search leaves to the baselines."""
+RELAXATION_S = 10.0
+"""At most this long for one candidate's LP relaxation."""
+RELAXATION_SHARE_LEFT = 0.5
+"""Share of the search's time the relaxation bounds leave to the candidates' solves (past it: closed-form bounds)."""
+OUT_OF_TIME = "not solved (time limit)"
 
 
 def expand(spec: ServingJob) -> list[PipelineDevice]:
@@ -92,14 +106,19 @@ def plan_serving(spec: ServingJob) -> ServingPlan:
         notes.append(bound_note)
     opts = SolveOptions(time_limit_s=sol.time_limit_s, rel_gap=sol.rel_gap, threads=sol.threads, seed=sol.seed)
     insts = [replace(i, max_indicator=bound) for i in free]
-    search = search_plans(insts, backend, opts, deadline=t0 + sol.time_limit_s)
+    budget = Budget(max(0.0, sol.time_limit_s - (time.perf_counter() - t0)))  # the candidates' building counts too
+    search = search_plans(insts, backend, opts, budget, keep_s=BASELINE_SHARE * sol.time_limit_s)
     wall = time.perf_counter() - t0
-    baselines = search_baselines(insts, s, opts)
+    baselines = search_baselines(insts, s, opts, budget)
     if search.best is None:
-        diag = diagnose(spec, devices, pres, omega, bound, inst_for)
+        diag = diagnose(spec, devices, pres, omega, bound, inst_for, budget)
         if search.statuses.get("infeasible", 0) == len(insts):
             raise InfeasibleError("no serving plan fits (every device order and micro-batch size proven infeasible)", diag)
-        raise InfeasibleError(f"no serving plan found within {sol.time_limit_s:g} s ({search.statuses})", diag or ["raise solver.time_limit_s"])
+        if diag:  # each line is a proof (memory arithmetic, or the least Σω solved to optimality)
+            raise InfeasibleError("no serving plan fits", diag)
+        # no plan and no proof: "unknown", never "infeasible"
+        raise SolverError(f"no serving plan found within solver.time_limit_s = {sol.time_limit_s:g} s and none proven "
+                          f"infeasible ({search.statuses}); fix: raise solver.time_limit_s (or --time-limit)")
     obj, inst, a, ev = search.best
     for b in baselines:  # a plan stopped within its gap may trail a baseline that meets the same bounds
         if not b.fits:
@@ -138,15 +157,35 @@ class Search:
     stats: dict = field(default_factory=dict)
 
 
-def search_plans(insts: list[ServingInstance], backend: str, opts: SolveOptions, deadline: float) -> Search:
+def _timed(budget: Budget, label: str, want: float, fn):
+    """fn(seconds given) under `budget`, charged its whole wall time; None (fn not called) when too little is left."""
+    given = budget.grant(label, want)
+    if given is None:
+        return None
+    t = time.perf_counter()
+    try:
+        return fn(given)
+    finally:
+        budget.charge(time.perf_counter() - t)
+
+
+def search_plans(insts: list[ServingInstance], backend: str, opts: SolveOptions, budget: Budget,
+                 keep_s: float = 0.0) -> Search:
     """Solve candidates best lower bound first; skip those whose bound cannot beat the incumbent.
 
     A candidate's bound is the larger of the closed-form `lower_bound` and its LP relaxation
     (which sees memory and the quality bound); an infeasible relaxation proves the candidate infeasible.
+    Every solve draws on `budget`, leaving `keep_s` of it unspent; candidates the budget does not
+    reach keep their bounds, unproven, under the status OUT_OF_TIME.
     """
     out = Search()
     lp = backend if backend in LP_BACKENDS else next((b for b in LP_BACKENDS if available().get(b)), None)
-    bounds = [max(lower_bound(i), relaxation_bound(i, lp) if lp else -float("inf")) for i in insts]
+    bounds = []
+    relax_keep = keep_s + RELAXATION_SHARE_LEFT * max(0.0, budget.remaining() - keep_s)  # solving needs time too
+    for i in insts:
+        rb = _timed(budget, "relaxation", min(RELAXATION_S, budget.remaining() - relax_keep),
+                    lambda g: relaxation_bound(i, lp, g)) if lp else None
+        bounds.append(max(lower_bound(i), -math.inf if rb is None else rb))
     for b in bounds:
         if b == float("inf"):  # the relaxation is infeasible: so is the program
             out.statuses["infeasible"] = out.statuses.get("infeasible", 0) + 1
@@ -157,14 +196,13 @@ def search_plans(insts: list[ServingInstance], backend: str, opts: SolveOptions,
             out.pruned += len(order) - n  # sorted: every later candidate is bounded as well
             out.lower = min(out.lower, lb)
             break
-        left = deadline - time.perf_counter()
-        if left <= 0 and out.best is not None:  # out of time: the rest keep their bounds, unproven
-            out.statuses["not solved (time limit)"] = len(order) - n
+        start = uniform(inst)
+        res = _timed(budget, f"candidate {k}", budget.remaining() - keep_s,
+                     lambda g: solve_serving(inst, backend, replace(opts, time_limit_s=g), start=start))
+        if res is None:  # out of time: the rest keep their bounds, unproven
+            out.statuses[OUT_OF_TIME] = len(order) - n
             out.lower = min(out.lower, lb)
             break
-        left = max(0.2, left)
-        start = uniform(inst)
-        res = solve_serving(inst, backend, replace(opts, time_limit_s=left), start=start)
         label = res.status + (" (scaled model)" if res.scaled else "")
         out.statuses[label] = out.statuses.get(label, 0) + 1
         out.stats = res.stats
@@ -191,8 +229,12 @@ class _Base:
         return self._a is not None
 
 
-def search_baselines(insts: list[ServingInstance], s, opts: SolveOptions) -> list[_Base]:
-    """Each baseline's best over the same candidates, scored by `evaluate` without the plan's quality terms."""
+def search_baselines(insts: list[ServingInstance], s, opts: SolveOptions, budget: Budget | None = None) -> list[_Base]:
+    """Each baseline's best over the same candidates, scored by `evaluate` without the plan's quality terms.
+
+    Their solves draw on `budget` (by default a fresh one of opts.time_limit_s); a baseline that it
+    stops is reported with what it searched, or as not found within the limit."""
+    budget = budget or Budget(opts.time_limit_s)
     backend = DEFAULT if available().get(DEFAULT) else next(n for n in EXACT if available().get(n))
     free = [replace(i, max_indicator=None, theta=0.0) for i in insts]
     out = []
@@ -202,22 +244,32 @@ def search_baselines(insts: list[ServingInstance], s, opts: SolveOptions) -> lis
     out.append(base)
     t = time.perf_counter()
     bit = next((b for b in sorted(s.bits, reverse=True) if any(_fits_one_bit(i, b) for i in free)), None)
-    picks = []
+    picks, note = [], f"one bit-width ({bit}), partition searched exactly" if bit else ""
     if bit is not None:
-        sub = search_plans([replace(i, allowed_bits=(bit,)) for i in free], backend, opts, deadline=time.perf_counter() + opts.time_limit_s)
+        sub = search_plans([replace(i, allowed_bits=(bit,)) for i in free], backend, opts, budget)
         if sub.best is not None:
             picks = [(sub.best[1], sub.best[2])]
-    out.append(_pick("pipeedge", picks, s, time.perf_counter() - t, key=lambda ev, a: (ev.e2e_ms,),
-                     note=f"one bit-width ({bit}), partition searched exactly" if bit else ""))
+        if sub.statuses.get(OUT_OF_TIME):
+            note += f"; solver.time_limit_s ran out with {sub.statuses[OUT_OF_TIME]} of {len(free)} candidates unsolved"
+    out.append(_pick("pipeedge", picks, s, time.perf_counter() - t, key=lambda ev, a: (ev.e2e_ms,), note=note))
     t = time.perf_counter()
-    picks, done = [], {}
+    picks, done, stopped = [], {}, [False]
+
+    def solve(inst, backend, options, start=None):
+        res = _timed(budget, "adabits", budget.remaining(),
+                     lambda g: solve_serving(inst, backend, replace(options, time_limit_s=g), start=start))
+        stopped[0] |= res is None
+        return res
+
     for i in free:  # quality-only bits depend on the prefill micro-batch (activation memory) and order only
         key = (tuple(i.meta["order"]), i.meta["prefill_mb"])
-        if key not in done:
-            done[key] = adabits(i, backend, opts)
-        if done[key] is not None:
+        if key not in done and not stopped[0]:
+            done[key] = adabits(i, backend, opts, solve=solve)
+        if done.get(key) is not None:
             picks.append((i, done[key]))
-    out.append(_pick("adabits", picks, s, time.perf_counter() - t, key=lambda ev, a: (round(ev.quality, 9), ev.e2e_ms)))
+    pairs = len({(tuple(i.meta["order"]), i.meta["prefill_mb"]) for i in free})
+    note = f"solver.time_limit_s ran out after {len(done) - 1} of {pairs} (order, prefill micro-batch) pairs" if stopped[0] else ""
+    out.append(_pick("adabits", picks, s, time.perf_counter() - t, key=lambda ev, a: (round(ev.quality, 9), ev.e2e_ms), note=note))
     return out
 
 
@@ -236,7 +288,9 @@ def _pick(name, picks, s, wall, key, note="") -> _Base:
         if not ev.violations and (best is None or key(ev, a) < key(best[2], best[1])):
             best = (inst, a, ev)
     if best is None:
-        return _Base(name, BaselineResult(name=name, fits=False, solve_s=wall, note="nothing of this kind fits any candidate"))
+        why = (f"none found before solver.time_limit_s ran out ({note})" if "time_limit_s" in note
+               else "nothing of this kind fits any candidate")
+        return _Base(name, BaselineResult(name=name, fits=False, solve_s=wall, note=why))
     inst, a, ev = best
     res = BaselineResult(name=name, fits=True, prediction=_prediction(s, ev), stages=_stages(inst, a, ev), solve_s=wall,
                          prefill_micro_batch=inst.meta["prefill_mb"], decode_micro_batch=inst.meta["decode_mb"], note=note)
@@ -279,8 +333,11 @@ def _quality_bound(s, free: list[ServingInstance]) -> tuple[float | None, str]:
                    f"{' > '.join(m['order'])}, micro-batches prefill {m['prefill_mb']} / decode {m['decode_mb']})")
 
 
-def diagnose(spec: ServingJob, devices, pres, omega, bound, inst_for) -> list[str]:
-    """Which device cannot hold its share, by how much; or that the quality bound is out of reach."""
+def diagnose(spec: ServingJob, devices, pres, omega, bound, inst_for, budget: Budget | None = None) -> list[str]:
+    """Which device cannot hold its share, by how much; or that the quality bound is out of reach.
+
+    Every line is proven; its solves draw on `budget` (what the call has left) and are skipped without it."""
+    budget = budget or Budget(math.inf)
     s = spec.serving
     inst = inst_for(devices, min(pres), min(pres), None)
     low = min(s.bits)
@@ -306,7 +363,12 @@ def diagnose(spec: ServingJob, devices, pres, omega, bound, inst_for) -> list[st
         )
     if not lines and bound is not None:
         for bp in pres:
-            res = solve_serving(replace(inst_for(devices, bp, bp, None), quality_only=True), DEFAULT if available().get(DEFAULT) else EXACT[0])
+            be = DEFAULT if available().get(DEFAULT) else EXACT[0]
+            res = _timed(budget, "diagnosis", min(budget.remaining(), SolveOptions().time_limit_s),
+                         lambda g: solve_serving(replace(inst_for(devices, bp, bp, None), quality_only=True), be,
+                                                 SolveOptions(time_limit_s=g)))
+            if res is None:
+                break
             if res.status == "optimal" and res.evaluation.quality > bound * (1 + 1e-9):
                 lines.append(
                     f"quality: the least Σω that fits memory is {res.evaluation.quality:.6g} (prefill micro-batch {bp}), "
