@@ -36,53 +36,64 @@ class CostTracker:
         self.half_life = float(half_life)
         self.window = int(window) if window is not None else max(1, math.ceil(12 * self.half_life))
         """Rounds kept for the scale; older ones weigh under 2**-12 and are dropped."""
-        self._obs = [[(float(L), float(t)) for L, t in cal] for cal in calibration]
-        self._rounds: list[list[tuple[list[float], float]]] = [[] for _ in self._obs]
-        self._shapes = [self._fit(o) for o in self._obs]
-
-    @staticmethod
-    def _fit(obs) -> CostModel:
-        return fit([L for L, _ in obs], [t for _, t in obs])
+        self._L = [[float(L) for L, _ in cal] for cal in calibration]
+        self._t = [[float(t) for _, t in cal] for cal in calibration]
+        self._rounds: list[list[tuple[float, float, float, float]]] = [[] for _ in self._L]
+        """Per rank and round: (samples, Σ L, Σ L², measured seconds): all the scale needs."""
+        self._shapes: list[CostModel | None] = [None] * len(self._L)
+        for r in range(len(self._L)):
+            self.shape(r)
 
     @property
     def ranks(self) -> int:
-        return len(self._obs)
+        return len(self._L)
 
     def observe(self, per_rank: Sequence[Sequence[tuple[float, float]]]) -> None:
         if len(per_rank) != self.ranks:
             raise SpecError(f"cost tracker: {len(per_rank)} ranks observed, {self.ranks} tracked")
         for r, samples in enumerate(per_rank):
-            samples = [(float(L), float(t)) for L, t in samples]
-            self._obs[r].extend(samples)
-            self._rounds[r].append(([L for L, _ in samples], sum(t for _, t in samples)))
+            Ls = [float(L) for L, _ in samples]
+            ts = [float(t) for _, t in samples]
+            self._rounds[r].append((float(len(Ls)), sum(Ls), sum(x * x for x in Ls), sum(ts)))
             del self._rounds[r][:-self.window]
-            if samples:
-                self._shapes[r] = self._fit(self._obs[r])
+            if Ls:
+                self._L[r] += Ls
+                self._t[r] += ts
+                self._shapes[r] = None  # refitted when next asked for
+
+    def shape(self, r: int) -> CostModel:
+        """Rank r's c(L) fitted on all its observations, calibration included, weighted alike."""
+        if self._shapes[r] is None:
+            self._shapes[r] = fit(self._L[r], self._t[r])
+        return self._shapes[r]
 
     def scale(self, r: int) -> float:
         """Σ_j w_j·measured_j / Σ_j w_j·shape(L_j) over rank r's kept rounds, w_j = 2^(-age_j / half_life);
         1.0 before its first round with samples."""
-        shape, rounds = self._shapes[r], self._rounds[r]
+        shape = self.shape(r)
         num = den = 0.0
-        for age, (lengths, measured) in enumerate(reversed(rounds)):
-            if not lengths:
+        for age, (n, s1, s2, measured) in enumerate(reversed(self._rounds[r])):
+            if not n:
                 continue
             w = 2.0 ** (-age / self.half_life)
             num += w * measured
-            den += w * sum(shape.costs(lengths))
+            den += w * (shape.c0 * n + shape.a * s1 + shape.b * s2)
         return num / den if den > 0 else 1.0
-
-    def shape(self, r: int) -> CostModel:
-        return self._shapes[r]
 
     def curves(self) -> list[CostModel]:
         out = []
-        for r, s in enumerate(self._shapes):
-            k = self.scale(r)
+        for r in range(self.ranks):
+            s, k = self.shape(r), self.scale(r)
             out.append(CostModel(a=s.a * k, b=s.b * k, c0=s.c0 * k, unit="s"))
         return out
 
-    def speeds(self, lengths: Sequence[int]) -> list[float]:
-        """Relative speeds on these lengths (the fastest 1.0): orders ranks for Karmarkar-Karp."""
-        totals = [sum(c.costs(lengths)) for c in self.curves()]
+    @staticmethod
+    def speeds_of(curves: Sequence[CostModel], lengths: Sequence[int]) -> list[float]:
+        """Relative speeds of these curves on these lengths (the fastest 1.0): they order ranks
+        for Karmarkar-Karp and weight the balancer's lower bound."""
+        n, s1, s2 = float(len(lengths)), float(sum(lengths)), float(sum(x * x for x in lengths))
+        totals = [c.c0 * n + c.a * s1 + c.b * s2 for c in curves]
         return [min(totals) / t for t in totals]
+
+    def speeds(self, lengths: Sequence[int]) -> list[float]:
+        return self.speeds_of(self.curves(), lengths)
