@@ -12,6 +12,11 @@ Settings: `equal` (both ranks as they are) and `unequal` (the last rank emulated
 each setting both ranks time forward+backward at a few lengths; one fit per rank,
 c_r(L) = c0 + a·L + b·L² in seconds (a device group's own curve), feeds `ours` and every
 prediction; the speeds (ratio of fitted costs over the mix's lengths) order the ranks.
+After every policy's step rank 0 refits each rank's curve with `loading.tracking.CostTracker`:
+the shape on the calibration and every sample so far, a per-rank scale from the exponentially
+weighted recent steps (half-life --half-life steps of one policy), so a rank whose speed drifts
+during the run is followed. The single fit over everything (the earlier refit) is kept beside
+it as `cpu_pred_err_plain`, the error it would have had.
 
 Policies, side by side on the same global batches, interleaved per step in a rotating
 order: stride (DistributedSampler), tokens-kk (Karmarkar-Karp on L), verl-kk (KK on the
@@ -25,8 +30,11 @@ plan_ms (median planning time per step; tokens_per_s counts it as if on the crit
 The machine is shared (load in the CSV header), so wall times carry other users' work;
 the cpu_* columns read each rank's process CPU time instead (x slow on the emulated rank):
 cpu_ms is the slowest rank's CPU-seconds per step, cpu_tokens_per_s the global tokens over
-their sum, cpu_pred_err / cpu_noise as above. The cost model and speeds are fitted on
-these CPU times (per sample, calibration included) and refitted after every step.
+their sum, cpu_pred_err / cpu_noise as above, r0_pred_err / r1_pred_err each rank's median
+measured CPU / its own prediction − 1. The cost model and speeds are fitted on these CPU
+times (per sample, calibration included). plane_ms: rank 0's data-plane work per step outside
+the ranks' compute (refits after the previous step, planning of all four policies), which
+rank 1 waits for; the predictions count compute only, tokens_per_s counts plan_ms.
 
 Also: the planner alone for 256 samples over 8 ranks (heuristic and the default
 configuration, with the exact program's gap after a long run), and the RSS of the source
@@ -39,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import io
 import os
 import statistics
@@ -61,8 +70,9 @@ from qsync_opt.io import atomic_write_text
 from qsync_opt.loading import balance as B
 from qsync_opt.loading import collate
 from qsync_opt.loading.cost import CostModel, fit, from_module
-from qsync_opt.loading.plane import DataPlane, SourceIndex
+from qsync_opt.loading.plane import MIN_GAIN_S, DataPlane, SourceIndex
 from qsync_opt.loading.sources import SyntheticLM
+from qsync_opt.loading.tracking import CostTracker
 
 POLICIES = ("stride", "tokens-kk", "verl-kk", "ours")
 VOCAB, D, LAYERS, HEADS = 512, 128, 2, 4
@@ -172,18 +182,21 @@ def worker(rank: int, world: int, port: int, args, queue):
         dist.all_gather_object(all_times, times)
         plan_info = None
         if rank == 0:
-            # observations per rank: the calibration's, then every sample of every step (refit each step)
-            obs = [[(L, t) for L, t in zip(CALIB, ts)] for ts in all_times]
+            # observations per rank: the calibration's, then every sample of every step
+            calib = [[(L, t) for L, t in zip(CALIB, ts)] for ts in all_times]
+            tracker = CostTracker(calib, half_life=args.half_life)
+            obs = [list(c) for c in calib]  # the single fit over everything, for comparison only
             probe = make_plane([1.0] * world, CostModel.tokens())
             mix = [int(L) for src in probe.sources for L in src.lengths[:2000]]
 
             def refit():
-                fits = [fit([L for L, _ in o], [t for _, t in o]) for o in obs]
-                totals = [sum(f.costs(mix)) for f in fits]
-                return fits, [min(totals) / t for t in totals]
+                curves = tracker.curves()
+                return curves, CostTracker.speeds_of(curves, mix)
 
             fits, speeds = refit()
+            plain = [fit([L for L, _ in o], [t for _, t in o]) for o in obs]
             plane = make_plane(speeds, fits)
+            refit_s = 0.0  # rank 0's refit work since the last planning
             meta[setting] = {"calibration_fit": [f.as_dict() for f in fits], "calibration_speeds": speeds,
                              "fit_rel_err": max(abs(f(L) - t) / t for f, ts in zip(fits, all_times)
                                                 for L, t in zip(CALIB, ts))}
@@ -193,11 +206,16 @@ def worker(rank: int, world: int, port: int, args, queue):
                 plans = {}
                 for p in POLICIES:
                     plans[p] = plane.assign(base.lengths, p, cost=flops_cost if p == "verl-kk" else None)
+                plain_ranks = {p: [sum(plain[r](L) for L, o in zip(base.lengths, plans[p].owner) if o == r)
+                                   for r in range(world)] for p in POLICIES}
                 plan_info = {"samples": base.samples, "lengths": base.lengths,
                              "owners": {p: plans[p].owner for p in POLICIES},
                              "predicted": {p: max(plans[p].predicted) for p in POLICIES},
                              "pred_ranks": {p: plans[p].predicted for p in POLICIES},
-                             "plan_s": {p: plans[p].plan_s for p in POLICIES}}
+                             "plain_ranks": plain_ranks,
+                             "plan_s": {p: plans[p].plan_s for p in POLICIES},
+                             "plane_s": refit_s + sum(plans[p].plan_s for p in POLICIES)}
+                refit_s = 0.0
             box = [plan_info]
             dist.broadcast_object_list(box, src=0)
             info = box[0]
@@ -216,17 +234,25 @@ def worker(rank: int, world: int, port: int, args, queue):
                 seen = [None] * world
                 dist.all_gather_object(seen, per)
                 if rank == 0:
+                    t_fit = time.perf_counter()
+                    tracker.observe(seen)
+                    refit_s += time.perf_counter() - t_fit
                     for r_, o in enumerate(seen):
                         obs[r_].extend(o)
                 if step >= args.warmup:
                     records.append({"setting": setting, "policy": p, "step": step, "rank": rank, "compute_s": compute,
                                     "wall_s": wall, "tokens": sum(info["lengths"]),
                                     "predicted_s": info["predicted"][p] if rank == 0 else None,
-                                    "predicted_rank_s": info["pred_ranks"][p][rank], "n_samples": len(mine),
+                                    "predicted_rank_s": info["pred_ranks"][p][rank],
+                                    "plain_rank_s": info["plain_ranks"][p][rank], "n_samples": len(mine),
+                                    "plane_s": info["plane_s"] if rank == 0 else None,
                                     "cpu_s": sum(t for _, t in per),
                                     "plan_s": info["plan_s"][p] if rank == 0 else None})
             if rank == 0:
+                t_fit = time.perf_counter()
                 plane.cost, plane.speeds = refit()
+                refit_s += time.perf_counter() - t_fit
+                plain = [fit([L for L, _ in o], [t for _, t in o]) for o in obs]
         if rank == 0:
             meta[setting].update(fit=[f.as_dict() for f in plane.cost], speeds=plane.speeds)
     gathered = [None] * world
@@ -254,6 +280,11 @@ def summarise(records) -> list[dict]:
             plan = [next(x["plan_s"] for x in st if x["rank"] == 0) for st in steps]
             toks = sum(st[0]["tokens"] for st in steps)
             cpu = [max(x["cpu_s"] for x in st) for st in steps]
+            plain = [max(x["plain_rank_s"] for x in st) for st in steps]
+            rank_err = {r: statistics.median(x["cpu_s"] / x["predicted_rank_s"] for st in steps for x in st
+                                             if x["rank"] == r and x["predicted_rank_s"] > 0) - 1
+                        for r in (0, 1)}
+            plane_s = [next(x["plane_s"] for x in st if x["rank"] == 0) for st in steps]
             cpu_ratio = [m / p_ for m, p_ in zip(cpu, pred)]
             c_med = statistics.median(cpu_ratio)
             med = statistics.median(slowest)
@@ -270,6 +301,9 @@ def summarise(records) -> list[dict]:
                 "cpu_tokens_per_s": round(toks / sum(cpu), 1), "cpu_ms": round(1e3 * statistics.median(cpu), 1),
                 "cpu_pred_err": round(c_med - 1, 3),
                 "cpu_noise": round(statistics.median(abs(x / c_med - 1) for x in cpu_ratio), 3),
+                "r0_pred_err": round(rank_err[0], 3), "r1_pred_err": round(rank_err[1], 3),
+                "cpu_pred_err_plain": round(statistics.median(m / p_ for m, p_ in zip(cpu, plain)) - 1, 3),
+                "plane_ms": round(1e3 * statistics.median(plane_s), 2),
             })
     for setting in ("equal", "unequal"):
         rs = [r for r in rows if r["setting"] == setting]
@@ -291,8 +325,14 @@ def planner_alone(fitted: dict) -> list[dict]:
             lengths = [int(index[0][rng.integers(len(index[0]))]) if rng.random() < 0.75 else
                        int(index[1][rng.integers(len(index[1]))]) for _ in range(256)]
             inst = B.make_instance(cost.costs(lengths), speeds, lengths)
+            # a full collection first: this process holds torch, and a generation-2 collection
+            # (~120 ms here) otherwise lands inside one of the timed calls, a pause of the
+            # process, not of the planner
+            gc.collect()
             heur = B.balance(inst, backend=None)
-            dflt = B.balance(inst, backend="cpsat", time_limit_s=1.0, work_limit=0.02, gap_tol=1e-2)
+            gc.collect()
+            dflt = B.balance(inst, backend="cpsat", time_limit_s=1.0, work_limit=0.02, gap_tol=1e-2,
+                             min_gain=MIN_GAIN_S)  # the plane's defaults
             long = B.balance(inst, backend="highs", time_limit_s=ARGS.exact_s, accept_incumbent=True)
             bound = max(heur.bound, dflt.bound, long.bound)
             step_s = heur.makespan * inst.scale  # the predicted step of this batch on these ranks
@@ -411,6 +451,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--slow", type=float, default=2.0)
     ap.add_argument("--exact-s", type=float, default=10.0)
+    ap.add_argument("--half-life", type=float, default=4.0, help="CostTracker's half-life, in steps of one policy")
     ARGS = ap.parse_args(argv)
     out = Path(ARGS.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -426,7 +467,7 @@ def main(argv=None) -> int:
     meta = res["meta"]
     cols = ["setting", "policy", "tokens_per_s", "vs_best_anchor", "step_ms", "idle_frac", "predicted_ms",
             "measured_ms", "pred_err", "noise", "plan_ms", "cpu_tokens_per_s", "cpu_vs_best_anchor", "cpu_ms",
-            "cpu_pred_err", "cpu_noise", "steps"]
+            "cpu_pred_err", "cpu_noise", "r0_pred_err", "r1_pred_err", "cpu_pred_err_plain", "plane_ms", "steps"]
     print(table(rows, cols))
     for s, m in meta.items():
         curves = "; ".join(f"rank {r}: {f['c0']:.3g} + {f['a']:.3g}·L + {f['b']:.3g}·L²" for r, f in enumerate(m["fit"]))

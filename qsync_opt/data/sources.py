@@ -149,6 +149,11 @@ class MixSpec(BaseModel):
     plan_time_limit_ms: float = Field(default=1000.0, gt=0)
     """Wall-clock backstop of the exact program per global batch; if it fires first the
     heuristic split (Karmarkar-Karp / LPT with local search) stands."""
+    plan_min_gain_ms: float = Field(default=10.0, ge=0)
+    """The exact program runs only when it could shorten the slowest rank's predicted step by more
+    than this (the heuristic split's slowest rank less the lower bound), i.e. when it can win back
+    what it costs on the critical path; applies when the ranks' cost curves are in seconds (from
+    the plan). 0 runs it whenever the heuristic is not proven within 1%."""
     mix_seed: int = 0
     """Seed of the per-source shuffles."""
     loader_cpus: int | None = Field(default=None, ge=1)

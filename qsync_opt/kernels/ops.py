@@ -193,7 +193,7 @@ def _check_linear(xq, sx, wq, sw, bias, out_dtype):
             raise SpecError(f"{field}: expected a 2-d int8 tensor, got "
                             f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}; "
                             "quantize first and flatten leading dims to (rows, features)")
-    (m, k), (n, kw) = xq.shape, wq.shape
+    (_m, k), (n, kw) = xq.shape, wq.shape
     if k != kw:
         raise SpecError(f"wq: shape {(n, kw)} does not match xq's K={k}; wq must be (out_features, {k})")
     if k > MAX_K:

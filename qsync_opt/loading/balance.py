@@ -43,11 +43,15 @@ __all__ = ["WEIGHT_BITS", "Instance", "Result", "balance", "build_problem", "fea
 
 
 def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: float = 0.05,
-            work_limit: float | None = None, accept_incumbent: bool = False, gap_tol: float = 0.0) -> Result:
+            work_limit: float | None = None, accept_incumbent: bool = False, gap_tol: float = 0.0,
+            min_gain: float = 0.0) -> Result:
     """Best of KK and LPT (the better one refined by `improve`), then the exact program.
 
     The exact stage is skipped when the heuristic is proven within `gap_tol` of the lower
-    bound. Its answer replaces the heuristic's when proven optimal, or, with
+    bound, or when the most it could win, the heuristic's slowest load less the lower bound,
+    is at most `min_gain` (in the costs' unit: with costs in seconds, what the exact stage
+    would cost on the critical path). Both tests compare numbers derived from the instance
+    alone, so the choice is the same on every run. Its answer replaces the heuristic's when proven optimal, or, with
     `accept_incumbent`, whenever it is better. `work_limit` (CP-SAT's deterministic seconds,
     one thread) makes a stopped run reproducible: its incumbent is then accepted too, unless
     the wall-clock backstop `time_limit_s` stopped it first (then the deterministic
@@ -74,7 +78,10 @@ def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: floa
         r.plan_s = time.perf_counter() - t0
         return r
 
-    if best is not None and (best[0] <= lb or (best[0] - lb) <= gap_tol * best[0]):
+    if best is not None and (best[0] <= lb or (best[0] - lb) <= gap_tol * best[0]
+                             or (best[0] - lb) * inst.scale <= min_gain):
+        if best[0] > lb and (best[0] - lb) > gap_tol * best[0]:
+            detail["exact_skipped"] = "gain below min_gain"
         return done(best[3], best[2], "optimal" if best[0] <= lb else "feasible", lb)
     if backend is not None and inst.n > 0:
         if work_limit is not None and backend != "cpsat":

@@ -73,34 +73,36 @@ def fit(lengths, times, *, constant: bool = True) -> CostModel:
     Exact for three unknowns by enumerating active sets (the best non-negative solution of a
     small least-squares problem is the unconstrained solution on one subset of the columns).
     """
-    L = [float(x) for x in lengths]
-    t = [float(x) for x in times]
+    import numpy as np
+
+    L = np.asarray(lengths, dtype=float).reshape(-1)
+    t = np.asarray(times, dtype=float).reshape(-1)
     if len(L) != len(t) or len(L) < 2:
         raise SpecError(f"cost fit: need at least 2 (length, time) pairs of equal count, got {len(L)} and {len(t)}")
-    if any(x <= 0 for x in L) or any(not math.isfinite(x) or x < 0 for x in t):
+    if bool((L <= 0).any()) or not bool(np.isfinite(t).all()) or bool((t < 0).any()):
         raise SpecError("cost fit: lengths must be > 0 and times finite and >= 0")
-    cols = {"c0": [1.0] * len(L), "a": L, "b": [x * x for x in L]}
+    cols = {"c0": np.ones_like(L), "a": L, "b": L * L}
     names = ["c0", "a", "b"] if constant else ["a", "b"]
-    best, best_err = {n: 0.0 for n in names}, sum(x * x for x in t)
+    best, best_err = {n: 0.0 for n in names}, float(t @ t)
     for k in range(1, len(names) + 1):
         for subset in combinations(names, k):
-            sol = _lstsq([cols[n] for n in subset], t)
+            A = np.stack([cols[n] for n in subset], axis=1)
+            sol = _lstsq(A, t)
             if sol is None or any(v < 0 for v in sol):
                 continue
-            pred = [sum(v * cols[n][i] for n, v in zip(subset, sol)) for i in range(len(t))]
-            err = sum((p - y) ** 2 for p, y in zip(pred, t))
+            r = A @ np.array(sol) - t
+            err = float(r @ r)
             if err < best_err - 1e-18:
                 best, best_err = {n: 0.0 for n in names} | dict(zip(subset, sol)), err
     return CostModel(a=best["a"], b=best["b"], c0=best.get("c0", 0.0), unit="s")
 
 
-def _lstsq(columns: list[list[float]], y: list[float]) -> list[float] | None:
+def _lstsq(A, y) -> list[float] | None:
     import numpy as np
 
-    A = np.array(columns, dtype=float).T
     scale = np.abs(A).max(axis=0)
     scale[scale == 0] = 1.0
-    sol, _res, rank, _sv = np.linalg.lstsq(A / scale, np.array(y, dtype=float), rcond=None)
+    sol, _res, rank, _sv = np.linalg.lstsq(A / scale, y, rcond=None)
     if rank < A.shape[1]:
         return None
     return [float(v) for v in sol / scale]

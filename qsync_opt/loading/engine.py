@@ -23,7 +23,8 @@ RAY_MISSING = ("data.engine: 'ray' needs the ray package, which is not installed
 def _plane_kwargs(data, global_batch, speeds, cost, backend) -> dict:
     return dict(global_batch=global_batch, speeds=list(speeds), policy=SPEC_POLICY[data.balance_policy], cost=cost,
                 token_cap=data.token_cap, equal_counts=data.equal_counts, seed=data.mix_seed, backend=backend,
-                time_limit_s=data.plan_time_limit_ms / 1000.0, work_limit=data.plan_work_limit)
+                time_limit_s=data.plan_time_limit_ms / 1000.0, work_limit=data.plan_work_limit,
+                min_gain_s=data.plan_min_gain_ms / 1000.0)
 
 
 def _index(spec: SourceSpec, lengths) -> SourceIndex:

@@ -142,3 +142,33 @@ def test_work_limit_makes_a_stopped_exact_stage_reproducible():
     assert runs[0].ranks == runs[1].ranks and runs[0].method == runs[1].method
     assert not runs[0].detail.get("time_limited")
     assert runs[0].makespan <= B.balance(inst, backend=None).makespan
+
+
+def test_min_gain_skips_an_exact_stage_that_cannot_pay_for_itself():
+    """The exact stage runs only when the heuristic's slowest load exceeds the lower bound by
+    more than `min_gain` (cost units): the most it could win. The choice depends on the
+    instance alone."""
+    inst = random_case(21, n=48, k=4)
+    heur = B.balance(inst, backend=None)
+    room = (heur.makespan - heur.bound) * inst.scale  # cost units the exact stage could win at most
+    assert room > 0
+    ran = B.balance(inst, backend="cpsat", time_limit_s=60, work_limit=0.002, min_gain=0.99 * room)
+    assert "exact_status" in ran.detail and "exact_skipped" not in ran.detail
+    skipped = B.balance(inst, backend="cpsat", time_limit_s=60, work_limit=0.002, min_gain=room)
+    assert "exact_status" not in skipped.detail and skipped.detail["exact_skipped"]
+    assert skipped.ranks == heur.ranks and skipped.method == heur.method
+
+
+def test_plane_applies_min_gain_only_to_costs_in_seconds():
+    from qsync_opt.loading.plane import DataPlane, SourceIndex
+
+    import numpy as np
+
+    src = [SourceIndex("s", np.array([30, 900, 120, 60, 700, 40, 300, 500] * 4))]
+    lengths = [30, 900, 120, 60, 700, 40, 300, 500, 800, 25, 640, 90]
+    sec = CostModel(a=4e-5, b=3e-8, c0=2e-3, unit="s")
+    big = DataPlane(src, global_batch=12, speeds=[1.0, 0.7, 0.4], cost=sec, gap_tol=0.0, min_gain_s=1.0)
+    assert big.assign(lengths).detail.get("exact_skipped")
+    flops = CostModel(a=4e4, b=30.0)  # FLOPs: min_gain_s (seconds) does not apply
+    assert not DataPlane(src, global_batch=12, speeds=[1.0, 0.7, 0.4], cost=flops, gap_tol=0.0, min_gain_s=1.0) \
+        .assign(lengths).detail.get("exact_skipped")
