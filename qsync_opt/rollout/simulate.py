@@ -114,6 +114,8 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.stale = []
         self.sync_pending = False
         self.in_broadcast = False
+        self.interrupting = self.interrupt_again = False  # partial-rollout: draining the rollouts' calls
+        self.undrained: set[int] = set()
         self.round = 0  # barrier policies: the round being generated
         self.round_done = {}  # round -> finished count
         self.repacks = self.moves = 0
@@ -297,6 +299,11 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self._after_batch_change(w)
 
     def _after_batch_change(self, w: _Worker):
+        if self.interrupting:  # partial-rollout: its call has returned; it waits for the others'
+            self._drained(w)
+            if not self.undrained:
+                self._end_drain()
+            return
         if self.kind == "trajectory-async" and not w.batch and self.relay_version > w.version and not w.pulling:
             self._pull(w)
             return
