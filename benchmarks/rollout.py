@@ -6,8 +6,10 @@ calibrated simulator.
 Simulated cases: a 7B-class policy (Qwen2.5-7B shape: 28 layers, GQA with 4 KV heads, 57,344 KV
 bytes per token), response lengths lognormal with p99/median = 10, on 64 A100, 128 H100, and hybrid
 fleets of A100 with L4 (8-bit) or T4 (4-bit), 16 H100 train; and verl's published 128-GPU split (64 H100 train,
-64 rollout, 512 x 16 trajectories per step, see CASES). Every policy variant runs on the same drawn lengths; each
-case prints the two bounds on any policy's gain over the best other asynchronous one: the trainer's (1 / its busy
+64 rollout, 512 x 16 trajectories per step, see CASES); the 64-A100 fleet and verl's split again at AReaL's published
+staleness bound η = 4 (its boba_grpo.yaml; --eta leaves these two at 4). Every policy variant runs on the same drawn
+lengths; each case prints the two bounds on any policy's gain over the best other asynchronous one (one-step-off,
+stale, partial-rollout, trajectory-async without repack, at the case's η): the trainer's (1 / its busy
 share) and the rollouts' at that policy's decode rate (1 / the share of rollout time not idle, syncing or
 re-prefilling). Real: examples/rollout_cpu_tiny.yaml (4 rollout actors and a trainer on this machine),
 each variant measured in interleaved rounds (the machine's load drifts over minutes: it falls on every variant
@@ -36,7 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qsync_opt.rollout.repack import RepackState, RepackTraj, RepackWorker, repack
-from qsync_opt.rollout.simulate import VARIANTS, simulate
+from qsync_opt.rollout.simulate import VARIANTS, Simulator, simulate
 from qsync_opt.rollout.spec import load_rollout_spec
 from qsync_opt.solver.backends import EXACT, available
 
@@ -48,8 +50,15 @@ COLUMNS = ["mode", "case", "policy", "trajectories_per_s", "tokens_per_s", "roll
            "tps_min", "tps_max"]
 
 
+FIXED_ETA: dict[str, int] = {}
+"""Cases whose η is a published setting: --eta does not change it."""
+
+
 def case(name, groups, workers, interconnect="infiniband-hdr", per_worker=32, median=1000, ratio=10.0, trainer=16,
-         prompts=None, max_len=16384, batch_cap=64):
+         prompts=None, max_len=16384, batch_cap=64, eta=None):
+    """A simulated case; `eta` fixes its staleness bound (a published setting), otherwise --eta sets it."""
+    if eta is not None:
+        FIXED_ETA[name] = eta
     n = sum(g["count"] for g in groups)
     return name, {
         "kind": "rollout", "name": name,
@@ -59,7 +68,7 @@ def case(name, groups, workers, interconnect="infiniband-hdr", per_worker=32, me
                     "workload": {"prompts_per_step": prompts or n * per_worker // 16, "group_size": 16,
                                  "prompt_len": 512, "response": {"median": median, "p99": median * ratio},
                                  "max_len": max_len},
-                    "policy": {"kind": "trajectory-async", "eta": 1},
+                    "policy": {"kind": "trajectory-async", "eta": eta or 1},
                     "repack": {"method": "program", "kv_threshold": 0.9, "batch_cap": batch_cap, "interval_s": 2.0},
                     "solver": {"backend": "highs", "time_limit_s": 0.05}},
     }
@@ -82,7 +91,26 @@ CASES = [
     # 16 GPUs against 64-256 rollouts; this one has four times the trainer per rollout.
     case("h100x64-verl128", [{"name": "h100", "device": "H100-SXM", "count": 64}], [{"group": "h100", "bits": 16}],
          trainer=64, prompts=512, max_len=28672, batch_cap=1024),
+    # The staleness bound an anchor system publishes for a long-response reasoning run, not one tuned here: AReaL's
+    # math-reasoning example examples/math/boba_grpo.yaml (inclusionAI/AReaL, commit 00d07c04) sets
+    # rollout.max_head_offpolicyness: 4, AReaL's η, which is the stale policy's admission rule here
+    # ((η + version + 1)·batch); its GSM8K example (gsm8k_grpo.yaml, 1,024-token responses) sets 2. verl's
+    # fully-async staleness_threshold (a fraction of a batch, 0.5 in its recipe) is below the spec's smallest η, 1,
+    # and Laminar publishes none. η = 4 on the issue's 64-A100 fleet and on verl's split, every asynchronous policy.
+    case("a100x64-areal-eta4", [{"name": "a100", "device": "A100-80GB", "count": 64}], [{"group": "a100", "bits": 16}],
+         eta=4),
+    case("h100x64-verl128-areal-eta4", [{"name": "h100", "device": "H100-SXM", "count": 64}],
+         [{"group": "h100", "bits": 16}], trainer=64, prompts=512, max_len=28672, batch_cap=1024, eta=4),
 ]
+ASYNC = ("one-step-off", "stale", "partial-rollout", "trajectory-async")
+"""The asynchronous policies without repack: trajectory-async with repack is compared to the best of them."""
+
+
+class GuardedBestFit(Simulator):
+    """repack-best-fit under RepackState.tail_guard, as the simulator's program repacks (printed, not a variant)."""
+
+    def _tail_guard(self) -> bool:
+        return True
 
 
 def row(mode, case_name, policy, r, time_s):
@@ -185,15 +213,16 @@ def main(argv=None):
         if args.cases and name not in args.cases:
             continue
         d["rollout"]["steps"] = args.sim_steps
-        d["rollout"]["policy"]["eta"] = args.eta
+        d["rollout"]["policy"]["eta"] = FIXED_ETA.get(name, args.eta)
         job = load_rollout_spec(d)
         res = {}
         for v in VARIANTS:
             res[v] = simulate(job, v)
             rows.append(row("simulated", name, v, res[v], res[v].sim_time_s))
         sync = res["sync"].trajectories_per_s
-        best_other = max(("one-step-off", "stale", "partial-rollout"), key=lambda v: res[v].trajectories_per_s)
-        print(f"\n{name}: {job.rollout.workload.batch} trajectories/step, {args.sim_steps} steps")
+        best_other = max(ASYNC, key=lambda v: res[v].trajectories_per_s)
+        print(f"\n{name}: {job.rollout.workload.batch} trajectories/step, {args.sim_steps} steps, "
+              f"η = {job.rollout.policy.eta}")
         for v in VARIANTS:
             x = res[v]
             print(f"  {v:17s} {x.trajectories_per_s:8.2f} traj/s  {x.trajectories_per_s / sync:5.2f}x sync  "
@@ -217,6 +246,12 @@ def main(argv=None):
                   f"(trainer-bound ceiling {ceiling:.2f}x; at {best_other}'s decode rate without its idle and "
                   f"re-prefill {gen_bound:.2f}x), "
                   f"{res[v].trajectories_per_s / res['trajectory-async'].trajectories_per_s:.3f}x trajectory-async")
+        # like for like: the program repacks under the tail guard, best-fit (Laminar's, as published) without it
+        g = GuardedBestFit(job, "repack-best-fit").run()
+        print(f"  best-fit under the program's tail guard: {g.trajectories_per_s:.2f} traj/s; repack-program "
+              f"{res['repack-program'].trajectories_per_s / g.trajectories_per_s - 1:+.2%} against it, "
+              f"{res['repack-program'].trajectories_per_s / res['repack-best-fit'].trajectories_per_s - 1:+.2%} "
+              f"against unguarded best-fit")
 
     if not args.skip_real:
         from qsync_opt.rollout.ray_run import calibrate, run_rounds

@@ -125,8 +125,9 @@ def calibrate(job, results: dict):
         ta = np.linalg.lstsq(np.c_[np.ones(len(T)), T[:, 0], T[:, 2]], T[:, 1], rcond=None)[0]
     else:
         ta = np.r_[np.linalg.lstsq(np.c_[np.ones(len(T)), T[:, 0]], T[:, 1], rcond=None)[0], 0.0]
-    load = float(np.median(loads)) if loads else 0.0
-    pull = float(np.median(pulls)) if pulls else load
+    # means, not medians: the simulator sums these costs, and a sum's expectation is the count times the mean
+    load = float(np.mean(loads)) if loads else 0.0
+    pull = float(np.mean(pulls)) if pulls else load
     costs = [CalibratedCosts("rollout", "cpu", 32, n_act, 1e12, 1.0, pull, (float(dec[0]), float(dec[1]), float(dec[2])),
                              (float(pa[0]), float(pa[1])), share, overhead_ms, MAX_STEPS_PER_CALL)]
     sync = SyncCosts(broadcast_s=load, push_s=0.0, relay_fanout_s=0.0, kv_link_gbs=1e-9, kv_link_latency_s=1e9)

@@ -170,7 +170,8 @@ class Driver:
     def _account(self, i, res):
         a = self.w[i]
         a["gen_time"] += res["elapsed"]
-        self.call_log.append((time.perf_counter() - a["issued"] - res["elapsed"], res["steps"], a["issued"]))
+        now = time.perf_counter()  # (driver overhead, steps, issued, returned): an actor is busy from issue to return
+        self.call_log.append((now - a["issued"] - res["elapsed"], res["steps"], a["issued"], now))
         for tid, tokens in res["finished"]:
             a["inflight"].discard(tid)
             self.buffer.append((tid, tokens))
@@ -250,6 +251,7 @@ class Driver:
         self.w = [{"inflight": set(), "version": 0, "call": None, "loading": False, "gen_time": 0.0, "load_to": 0,
                    "to_admit": []} for _ in range(n)]
         self.call_log, self.bcast_log, self.pull_log, self.train_log = [], [], [], []
+        self.interrupt_log = []  # partial-rollout: [version seen, calls returned, contexts out, broadcast done]
         # train_log: (tokens, wall seen by the driver, trainer CPU s, trainer start, driver issue, actors decoding at
         # issue, the trainer's own wall s incl. publishing the weights)
         self.trajs, self.queue, self.buffer = {}, [], []
@@ -356,6 +358,7 @@ class Driver:
                 self._finish_stale_sync()
         elif k == "partial-rollout":
             self.interrupt_pending = True
+            self.interrupt_log.append([time.perf_counter()])
             if all(self.w[j]["call"] is None for j in self.alive):
                 self._finish_interrupt()
         else:
@@ -375,10 +378,14 @@ class Driver:
 
     def _finish_interrupt(self):
         """partial-rollout: take every in-flight trajectory out, broadcast, re-prefill them in place."""
+        rec = self.interrupt_log[-1] if self.interrupt_log else [time.perf_counter()]
+        rec.append(time.perf_counter())  # every call has returned
         queued = {tid for i in self.alive for tid, _, _ in self.w[i]["to_admit"]}  # not on the actor yet
         got = self._wait_all({i: self.actors[i].extract.remote(sorted(self.w[i]["inflight"] - queued))
                               for i in sorted(self.alive) if self.w[i]["inflight"] - queued})
+        rec.append(time.perf_counter())  # the contexts are out
         self._broadcast(self.latest_ref, self.version)
+        rec.append(time.perf_counter())  # the broadcast is done
         self.interrupt_pending = False
         for i, ctxs in got.items():
             if i in self.alive and ctxs:

@@ -90,7 +90,7 @@ def run_rounds(job, rounds: int, variants=None, kill_after_steps: int | None = N
             d = Driver(job, v, actors, trainer, kill_after_steps=kill_after_steps, seed=seed)
             res = d.run()
             logs = {"rollout": [], "calls": d.call_log, "broadcast": d.bcast_log, "pull": d.pull_log,
-                    "train": d.train_log, "driver_cpu_s": d.driver_cpu_s, "span": (d.t_start, d.t_end)}
+                    "train": d.train_log, "interrupt": d.interrupt_log, "driver_cpu_s": d.driver_cpu_s, "span": (d.t_start, d.t_end)}
             for i in sorted(d.alive):
                 try:
                     logs["rollout"].append(ray.get(actors[i].logs.remote()))

@@ -31,7 +31,7 @@ class PolicyRules:
             return False
         if self.kind == "stale" and (self.sync_pending or self.in_broadcast):
             return False
-        if self.kind == "partial-rollout" and self.in_broadcast:
+        if self.kind == "partial-rollout" and (self.in_broadcast or self.interrupting):
             return False
         if self.kind == "trajectory-async":
             return self.relay_version - w.version < self.eta
@@ -104,11 +104,13 @@ class PolicyRules:
         self._dispatch()
 
     # ---- global broadcast policies
-    def _broadcast(self, then):
+    def _broadcast(self, then, before_s: float = 0.0):
+        """Every rollout (and the trainer, between steps) stalls for the broadcast, after `before_s` more."""
         self.in_broadcast = True
+        d = before_s + self.sync.broadcast_s
         for w in self.workers:
-            self._pause(w, self.sync.broadcast_s, SYNC)
-        self._push(self.now + self.sync.broadcast_s, "bcast_done", then)
+            self._pause(w, d, SYNC)
+        self._push(self.now + d, "bcast_done", then)
 
     def _on_bcast_done(self, then):
         self.in_broadcast = False
@@ -124,6 +126,14 @@ class PolicyRules:
                     self._pause(w, dt, GEN)
         if then == "stale":
             self.sync_pending = False
+        if then == "partial" and self.interrupt_again:
+            self.interrupt_again = False
+            self._dispatch()
+            for w in self.workers:
+                self._start_chunk(w)
+            self._interrupt_broadcast()
+            self._maybe_train()
+            return
         if then == "round":
             self.round += 1
         self._dispatch()
@@ -142,7 +152,45 @@ class PolicyRules:
         self._broadcast("stale")
 
     def _interrupt_broadcast(self):
-        self._broadcast("partial")
+        """partial-rollout's interrupt, as an engine runs it: control returns to the driver only between calls, so
+        every rollout first finishes the call it is in (`steps_per_call` decode steps at most, cut short by a finish;
+        1 for the modelled engines: the step in flight), stops admitting and waits for the others; then one round
+        trip (the costs' `call_overhead_ms`) takes every in-flight context out, then the global broadcast, then
+        each rollout re-prefills its contexts (_on_bcast_done). The trainer may start a step during the drain."""
+        if self.interrupting or self.in_broadcast:  # a version published mid-interrupt: interrupt again after it
+            self.interrupt_again = True
+            return
+        self.interrupting = True
+        self.undrained = set()
+        for w in self.workers:
+            if w.chunk is not None:
+                t0, dt, n = w.chunk
+                k = max(1, int(getattr(w.c, "steps_per_call", 1)))
+                done = min(n - 1, int((self.now - t0) / dt + 1e-9)) if dt > 0 else n - 1
+                end = min(n, (done // k + 1) * k)  # the end of the call in progress
+                if end < n:
+                    w.chunk = (t0, dt, end)
+                    w.epoch += 1
+                    self._push(t0 + end * dt, "chunk", w.idx, w.epoch)
+                self.undrained.add(w.idx)
+            elif self.now < w.paused_until and not w.pulling:  # prefilling: its call ends with the prefill
+                self.undrained.add(w.idx)
+            else:
+                self._drained(w)
+        if not self.undrained:
+            self._end_drain()
+
+    def _drained(self, w):
+        """w's call has returned during an interrupt: it waits (syncing) for the others'."""
+        self._progress(w)
+        w.paused_until = float("inf")
+        self._set_state(w, SYNC)
+        self.undrained.discard(w.idx)
+
+    def _end_drain(self):
+        self.interrupting = False
+        extract = max((getattr(w.c, "call_overhead_ms", 0.0) for w in self.workers), default=0.0) / 1e3
+        self._broadcast("partial", extract)
 
     def _maybe_next_round(self):
         """Barrier policies: open round r + 1 once round r has finished generating, broadcasting first

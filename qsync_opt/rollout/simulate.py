@@ -19,8 +19,10 @@ Policies (Policy.kind):
 * stale (η): streaming; admissions bounded by AReaL's rule, admitted ≤ (η + version + 1)·batch;
   a new version makes the rollouts stop admitting and drain every in-flight trajectory, then a
   global broadcast (the trainer takes part when its step ends).
-* partial-rollout (η): streaming; a new version interrupts every rollout at once, broadcasts, and
-  resumes the in-flight trajectories by re-prefilling their contexts with the new weights.
+* partial-rollout (η): streaming; a new version interrupts every rollout: each finishes the call it is in
+  (the costs' steps_per_call decode steps at most; the step in flight for the modelled engines), the contexts
+  are extracted (one round trip), the weights broadcast, and the in-flight trajectories resume by re-prefilling
+  their contexts with the new weights.
 * trajectory-async (η, Laminar): streaming; the trainer pushes each version to the master relay
   (its only stall) and relays fan it out; a rollout admits only while its weights are less than η
   versions behind the relay; then it drains its own batch and pulls from its node's relay (only it
@@ -114,6 +116,8 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.stale = []
         self.sync_pending = False
         self.in_broadcast = False
+        self.interrupting = self.interrupt_again = False  # partial-rollout: draining the rollouts' calls
+        self.undrained: set[int] = set()
         self.round = 0  # barrier policies: the round being generated
         self.round_done = {}  # round -> finished count
         self.repacks = self.moves = 0
@@ -297,6 +301,11 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self._after_batch_change(w)
 
     def _after_batch_change(self, w: _Worker):
+        if self.interrupting:  # partial-rollout: its call has returned; it waits for the others'
+            self._drained(w)
+            if not self.undrained:
+                self._end_drain()
+            return
         if self.kind == "trajectory-async" and not w.batch and self.relay_version > w.version and not w.pulling:
             self._pull(w)
             return

@@ -90,3 +90,67 @@ def test_call_overhead_slows_the_simulated_run(job):
     for v in ("sync", "trajectory-async"):
         assert simulate(job, v, costs=c1, sync=s, train_s=t).sim_time_s > \
             simulate(job, v, costs=c0, sync=s, train_s=t).sim_time_s
+
+
+def test_broadcast_and_pull_calibrated_as_means(job):
+    """The simulator sums broadcasts and pulls, so the calibration takes their mean (a sum's expectation), not the
+    median: a run whose syncs are sometimes slow pays those slow syncs."""
+    res = _fake_results(np.random.RandomState(0))
+    for runs in res.values():
+        for r in runs:
+            r.logs["broadcast"], r.logs["pull"] = [0.01, 0.01, 0.04], [0.01, 0.01, 0.01, 0.05]
+    costs, sync, _, _ = calibrate(job, res)
+    assert sync.broadcast_s == pytest.approx(0.02) and costs[0].pull_s == pytest.approx(0.02)
+
+
+class _Watched:
+    """A Simulator that records, at each partial-rollout interrupt, when each worker's call in progress ends (from
+    its chunk, independently of the simulator's rule) and when the drain ends and the broadcast completes."""
+
+    @staticmethod
+    def make(job, costs, sync, train_s):
+        from qsync_opt.rollout.simulate import Simulator
+
+        class W(Simulator):
+            def _interrupt_broadcast(self):
+                if not (self.interrupting or self.in_broadcast):
+                    ends = []
+                    for w in self.workers:
+                        if w.chunk is not None:
+                            t0, dt, n = w.chunk
+                            done = min(n - 1, int((self.now - t0) / dt + 1e-9))
+                            ends.append(t0 + min(n, (done // 16 + 1) * 16) * dt)
+                        elif self.now < w.paused_until:
+                            ends.append(w.paused_until)
+                    self.seen.append({"at": self.now, "call_ends": max(ends, default=self.now)})
+                super()._interrupt_broadcast()
+
+            def _end_drain(self):
+                self.seen[-1]["drained"] = self.now
+                super()._end_drain()
+
+            def _on_bcast_done(self, then):
+                if then == "partial":
+                    self.seen[-1]["bcast_done"] = self.now
+                super()._on_bcast_done(then)
+
+        s = W(job, "partial-rollout", costs, sync, None, None, train_s)
+        s.seen = []
+        return s
+
+
+def test_partial_rollout_interrupt_waits_for_calls_then_extracts_and_broadcasts(job):
+    """partial-rollout as the real driver runs it: at a new version every rollout finishes the call it is in (at
+    most 16 decode steps, cut short by a finish), then one round trip takes the contexts out, then the broadcast;
+    before, the simulator stopped every rollout at once and charged the broadcast alone."""
+    costs, sync, train_s = _calibrated(0.0, overhead_ms=5.0)
+    s = _Watched.make(job, costs, sync, train_s)
+    r = s.run()
+    assert s.seen and r.steps == job.rollout.steps
+    full = [x for x in s.seen if "bcast_done" in x]
+    assert full
+    for x in full:
+        assert x["drained"] == pytest.approx(x["call_ends"], abs=1e-9)  # nobody stops before its call returns
+        assert x["drained"] >= x["at"]
+        assert x["bcast_done"] - x["drained"] == pytest.approx(0.005 + sync.broadcast_s)  # extract, then broadcast
+    assert any(x["drained"] > x["at"] + 1e-6 for x in full)  # some rollouts were mid-call
