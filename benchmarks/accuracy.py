@@ -105,6 +105,8 @@ FIELDS = ("task", "cluster", "setting", "policy", "seed", "test_accuracy", "test
           "weak_accuracy", "weak_accuracy_tail",
           "predicted_ms", "indicator", "indicator_used",
           "t4_precisions", "local_batches", "same_as", "train_s", "note")
+#: --plan-only's DIR/plans.csv: the plans and their predictions, no training.
+PLAN_FIELDS = tuple(f for f in FIELDS if f not in RESULT_FIELDS + ("seed", "same_as"))
 
 
 def train_batches(lbs: dict[str, int], total: int, counts: dict[str, int] | None = None) -> dict[str, int]:
@@ -180,7 +182,8 @@ def main(argv=None) -> int:
                     help=f"also report test_accuracy_tail: the mean test accuracy over the last N steps (evaluated every {TAIL_EVERY})")
     ap.add_argument("--policies", default=",".join(POLICIES),
                     help="the policies to train and report (all are planned; default: all)")
-    ap.add_argument("--plan-only", action="store_true", help="plan the policies, write DIR/policies.json, train nothing")
+    ap.add_argument("--plan-only", action="store_true",
+                    help="plan the policies, write DIR/policies.json and DIR/plans.csv (with this command), train nothing")
     ap.add_argument("--indicator", default="auto",
                     help="the planners' indicators, comma-separated: METHOD or METHOD@STEPS, METHOD one of auto "
                          "(the library's default: empirical on weights warmed up in fp32 on the task's data, "
@@ -239,6 +242,11 @@ def main(argv=None) -> int:
               predicted_ms=p.predicted_ms, indicator=p.indicator, indicator_used=p.indicator_used, note=p.note)
          for t, c, s, p in jobs], indent=1))
     if a.plan_only:
+        write_csv(out / "plans.csv", [dict(task=t, cluster=c, setting=s, policy=p.name, predicted_ms=p.predicted_ms,
+                                           indicator=p.indicator, indicator_used=p.indicator_used, note=p.note,
+                                           local_batches=json.dumps(p.local_batches),
+                                           t4_precisions=counts(p.precisions["t4"]) if p.precisions else "")
+                                      for t, c, s, p in jobs], command, t_start, PLAN_FIELDS)
         for t, c, s, p in jobs:
             print(f"  {t} {c} {s} {p.name:15} {'-' if p.predicted_ms is None else format(p.predicted_ms, '.3f'):>7} ms  "
                   f"indicator {'-' if p.indicator is None else format(p.indicator, '.3g'):>9}  "
@@ -384,12 +392,12 @@ def train_one(task, precisions, batches, steps, seed, lr, tail=0) -> dict:
             "train_s": round(time.time() - t0, 1)}
 
 
-def write_csv(path: Path, rows, command: str, t_start: float) -> None:
+def write_csv(path: Path, rows, command: str, t_start: float, fields=FIELDS) -> None:
     buf = io.StringIO()
     buf.write(f"# command: {command}\n# machine load (1, 5, 15 min) at write: {os.getloadavg()}; "
               f"elapsed {time.time() - t_start:.0f}s; predicted_ms is the replayer's cluster time, "
               "indicator the share-weighted sum (Plan.indicator's scale)\n")
-    w = csv.DictWriter(buf, fieldnames=FIELDS, extrasaction="ignore")
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
     w.writeheader()
     w.writerows(rows)
     atomic_write_text(path, buf.getvalue())

@@ -118,7 +118,8 @@ def describe(v: dict | None) -> str:
     for gr in ("greedy", "qsync-greedy"):
         if f"vs_{gr}" in v:
             d, tol = v[f"vs_{gr}"]
-            line += f"; ILP - {gr} = {d:+.2f} ({'within' if d >= -tol else 'BEYOND'} noise {tol:.2f})"
+            word = "ILP ahead beyond" if d > tol else "within" if d >= -tol else "ILP behind BEYOND"
+            line += f"; ILP - {gr} = {d:+.2f} ({word} noise {tol:.2f})"
     return line
 
 

@@ -24,6 +24,10 @@ def test_a_gap_of_three_stds_counts_as_hurting_and_the_ilp_share_is_measured_fro
     assert v["vs_greedy"] == (pytest.approx(0.5), 0.6)
     d, tol = v["vs_qsync-greedy"]
     assert d == pytest.approx(-0.5) and tol == 0.4 and "BEYOND noise 0.40" in describe(v)
+    assert "greedy = +0.50 (within noise 0.60)" in describe(v)
+    ahead = verdict({"fp32": _s(97.0, 0.2, None), "uniform-lowest": _s(95.0, 0.5, 2.0), "ilp": _s(96.5, 0.4, 2.04),
+                     "qsync-greedy": _s(94.0, 0.1)})
+    assert "ILP - qsync-greedy = +2.50 (ILP ahead beyond noise 0.40)" in describe(ahead)
     assert "time_ratio" not in verdict({"fp32": _s(97.0, 0.2, None), "uniform-lowest": _s(95.0, 0.5, None),
                                         "ilp": _s(96.5, 0.4)})
 

@@ -80,3 +80,18 @@ def test_the_harness_plans_with_the_librarys_default_indicator_and_never_silentl
     assert "empirical" in used and "auto" in used and "fell back" not in used, used
     assert "5 fp32 steps" in used and "cached" not in used  # the cache path is dropped from the CSV's note
     assert pols["greedy"].indicator_used == used == pols["joint"].indicator_used
+
+
+def test_plan_only_writes_the_plans_with_the_command_that_made_them(tmp_path):
+    import csv
+
+    from accuracy import PLAN_FIELDS, main
+
+    assert main(["--out", str(tmp_path), "--plan-only", "--tasks", "cnn", "--clusters", "v100-t4",
+                 "--settings", "intonly", "--indicator", "weight", "--policies", "uniform-lowest,ilp"]) == 0
+    text = (tmp_path / "plans.csv").read_text().splitlines()
+    assert text[0].startswith("# command: python benchmarks/accuracy.py --out ") and "--plan-only" in text[0]
+    rows = list(csv.DictReader(x for x in text if not x.startswith("#")))
+    assert tuple(rows[0]) == PLAN_FIELDS and "test_accuracy" not in PLAN_FIELDS
+    assert [r["policy"] for r in rows] == ["uniform-lowest", "ilp"]
+    assert rows[0]["t4_precisions"] == "int4:7" and float(rows[1]["predicted_ms"]) > 0
