@@ -164,6 +164,16 @@ def counts(prec: dict[str, str]) -> str:
     return " ".join(f"{p}:{n}" for p, n in sorted(c.items()))
 
 
+def same_plan(old: dict, row: dict) -> bool:
+    """Whether a finished row of an earlier run trained the plan planned now: the same T4 formats,
+    local batches and predicted time (the CSV keeps no op-by-op map; a different map at the same
+    counts and time to six digits would pass)."""
+    def ms(v):
+        return None if v in (None, "") else round(float(v), 6)
+    return (old.get("t4_precisions", "") == row["t4_precisions"] and old.get("local_batches") == row["local_batches"]
+            and ms(old.get("predicted_ms")) == ms(row["predicted_ms"]))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -272,11 +282,16 @@ def main(argv=None) -> int:
     if a.resume and (out / "accuracy.csv").exists():  # trainings an interrupted run of the same command finished
         lines = [x for x in (out / "accuracy.csv").read_text().splitlines() if not x.startswith("#")]
         old_rows = {(r["task"], r["cluster"], r["setting"], r["policy"], int(r["seed"])): r for r in csv.DictReader(lines)}
+        changed = 0
         for row, key in plan_rows:
             r = old_rows.get((row["task"], row["cluster"], row["setting"], row["policy"], row["seed"]))
             if key and r and r.get("test_accuracy"):
-                results[key] = {f: float(r[f]) for f in RESULT_FIELDS if r.get(f)}
-        print(f"resumed {len(results)} finished trainings from {out / 'accuracy.csv'}", flush=True)
+                if same_plan(r, row):
+                    results[key] = {f: float(r[f]) for f in RESULT_FIELDS if r.get(f)}
+                else:
+                    changed += 1
+        print(f"resumed {len(results)} finished trainings from {out / 'accuracy.csv'}"
+              + (f"; {changed} row(s) not resumed: their plan is not the one planned now" if changed else ""), flush=True)
 
     def rows_now():
         rows = []
