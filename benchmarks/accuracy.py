@@ -57,7 +57,19 @@ TASKS = {  # name -> model section, data input shape
     # deeper: three residual blocks per stage (15 selectable ops), for the master-weights search (issue 20 item 3)
     "cnn-deep": ({"import": "accuracy_models:resnet1d", "input_shape": [1, 40], "kwargs": {"width": 16, "depth": 3}},
                  [1, 40]),
+    # the text task of the real-models issue (examples/cpu_hf_llama_pysource.yaml): a transformers Llama-style
+    # decoder (2 layers, hidden 64, random init) as a byte-level language model on the standard library's own
+    # sources; accuracy is next-byte accuracy on held-out bytes
+    "text": ({"name": "hf-tiny-llama", "kwargs": {"vocab_size": 256}}, None),
 }
+TASK_DATA = {"text": {"name": "pysource", "kwargs": {"train_bytes": 400000, "test_bytes": 40000}}}
+"""Data sections of the tasks that do not train on MNIST-1D."""
+TASK_TRAINING = {"text": {"seq_len": 64}}
+"""Training fields a task needs beyond the harness's own (the language model's sequence length)."""
+
+
+def data_section(task: str) -> dict:
+    return dict(TASK_DATA.get(task) or {"name": "mnist1d", "input_shape": TASKS[task][1]})
 CLUSTERS = {  # name -> strong device, local batches at planning scale (the T4 keeps pace only with fewer samples)
     "v100-t4": ("V100-32GB", (2560, 1536)),
     "a100-t4": ("A100-40GB", (3072, 1024)),
@@ -138,12 +150,12 @@ def numerics_device() -> dict:
 
 def training_spec(task: str, batches: dict[str, int], steps: int, seed: int, lr: float, eval_every: int = 0,
                   eval_start: int = 0) -> dict:
-    model, shape = TASKS[task]
+    model = TASKS[task][0]
     groups = [{"name": n, "device": numerics_device(), "local_batch": b} for n, b in batches.items()]
     return {"name": f"accuracy-{task}", "cluster": {"groups": groups, "interconnect": "loopback"}, "model": model,
             "training": {"global_batch": sum(batches.values()), "optimizer": "adam", "lr": lr, "steps": steps,
-                         "seed": seed},
-            "data": {"name": "mnist1d", "input_shape": shape, "eval_every": eval_every, "eval_start": eval_start,
+                         "seed": seed, **TASK_TRAINING.get(task, {})},
+            "data": {**data_section(task), "eval_every": eval_every, "eval_start": eval_start,
                      "eval_groups": True}}
 
 
@@ -151,7 +163,7 @@ def runtime_plan(spec, precisions: dict[str, dict[str, str]], batches: dict[str,
     groups = {n: GroupPlan(device="cpu-local-numerics", count=1, local_batch=batches[n], precisions=precisions[n],
                            compute_ms=0.0, comm_exposed_ms=0.0, iteration_ms=0.0, peak_memory_bytes=0.0,
                            memory_capacity_bytes=1.0, indicator=0.0) for n in batches}
-    return Plan(job=spec.name, model=spec.model.import_, objective="accuracy_degradation", groups=groups,
+    return Plan(job=spec.name, model=spec.model.import_ or spec.model.name, objective="accuracy_degradation", groups=groups,
                 iteration_ms=0.0, indicator=0.0,
                 solver=SolverReport(backend="accuracy harness", status="heuristic", objective=0.0, wall_s=0.0),
                 provenance=Provenance(spec_digest=spec.digest(), versions={}))
@@ -331,9 +343,11 @@ CHECKPOINT_SEED = 1000
 def planning_inputs(task: str, method: str, steps: int, lr: float, out: Path) -> tuple[dict, dict]:
     """(model section, extra spec sections) the planners see: the indicator method, the task's data
     for it, and with `steps` the weights of an fp32 training of that many steps."""
-    model, shape = TASKS[task]
+    model = TASKS[task][0]
     model = dict(model)
-    extra = {"indicator": {"method": method}, "data": {"name": "mnist1d", "input_shape": shape}}
+    extra = {"indicator": {"method": method}, "data": data_section(task)}
+    if task in TASK_TRAINING:
+        extra["training"] = dict(TASK_TRAINING[task])  # merged into the planning spec's training section
     if method == "auto":  # the library's own warm-up (indicator_auto.warm_up), not a harness checkpoint
         if steps:
             extra["indicator"]["warmup_steps"] = steps

@@ -74,7 +74,9 @@ def cluster_spec(model: dict, strong: str, split: tuple[int, int], weak_precisio
             "runtime": {"boundary": "edge"}}
     if bound is not None:
         spec["objective"] = {"max_iteration_time": bound}
-    return {**spec, **(extra or {})}
+    extra = dict(extra or {})
+    spec["training"].update(extra.pop("training", {}))  # a task's own training fields (seq_len) join, not replace
+    return {**spec, **extra}
 
 
 def plan_policies(model: dict, strong: str, split: tuple[int, int], weak_precisions, global_batch: int,
