@@ -230,6 +230,10 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"--indicator: {', '.join(bad)} unknown; give METHOD or METHOD@STEPS, METHOD one of "
                  + ", ".join(METHODS))
+    for flag, given, known in (("--tasks", a.tasks, TASKS), ("--clusters", a.clusters, CLUSTERS),
+                               ("--settings", a.settings, SETTINGS)):
+        if unknown := [x for x in given.split(",") if x not in known]:
+            ap.error(f"{flag}: {', '.join(unknown)} unknown; give a comma-separated subset of {', '.join(known)}")
     jobs = []  # (task, cluster, setting label, Policy)
     for task in a.tasks.split(","):
         for cl in a.clusters.split(","):

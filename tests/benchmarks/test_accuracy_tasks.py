@@ -31,3 +31,15 @@ def test_a_task_training_field_joins_the_planning_spec_instead_of_replacing_it(t
     assert spec["training"]["seq_len"] == 64 and spec["training"]["optimizer"] == "adam"
     assert spec["training"]["global_batch"] == 4096 and spec["data"]["name"] == "pysource"
     load_spec(spec)
+
+
+@pytest.mark.parametrize("flag,value", [("--clusters", "a100-3t4"), ("--tasks", "gpt"), ("--settings", "fp8")])
+def test_an_unknown_name_exits_2_naming_the_flag_and_the_choices(tmp_path, capsys, flag, value):
+    import accuracy
+
+    with pytest.raises(SystemExit) as e:
+        accuracy.main(["--out", str(tmp_path), "--plan-only", flag, value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{flag}: {value} unknown" in err and "comma-separated subset of" in err
+    assert not (tmp_path / "policies.json").exists()
