@@ -3,8 +3,10 @@
 `RepackTick` is a mixin of rollout.simulate.Simulator: every `repack.interval_s` it groups the
 rollouts that hold stale weights and still decode by version, asks rollout.repack which trajectories
 to move (freeing pays only for workers the admissible work can fill), frees the emptied workers to
-pull, and pauses receivers for the migration (re-prefill or KV transfer, plus `decision_s`). The program's plan does
-not depend on the wall clock (SIM_ROUNDS, SIM_HANG_S), so the simulation stays deterministic on a loaded machine.
+pull, and pauses receivers for the migration (re-prefill or KV transfer, plus `decision_s`). A freed rollout is valued
+at its full rate over its drain, capped at how long its fresh weights stay fresh (`fresh_horizon_s`). The program's
+plan does not depend on the wall clock (SIM_ROUNDS, SIM_HANG_S), so the simulation stays deterministic on a loaded
+machine.
 """
 
 from __future__ import annotations
@@ -38,6 +40,14 @@ def useful_frees(waiting: int, mean_need: float, current: list[tuple[int, float]
         return 0
     per_free = sum(min(cap, int(kv // mean_need)) for cap, kv in candidates) / len(candidates)
     return math.ceil(excess / per_free) if per_free > 0 else 0
+
+
+def fresh_horizon_s(now: float, relay_version: int, eta: int) -> float:
+    """Seconds a rollout freed now makes fresh tokens before its new weights are stale again: it pulls the relay's
+    version and may admit only while that lags by less than η, so about η version periods (the mean period so far;
+    unbounded before the first version). The value of freeing a rollout is its full rate over min(drain, this):
+    counting the whole drain overvalued the slow rollouts of a hybrid fleet, whose drains run past it."""
+    return eta * now / relay_version if relay_version > 0 else math.inf
 
 
 class RepackTick:
@@ -84,6 +94,7 @@ class RepackTick:
         for w in ws:
             self._progress(w)
         rws, trajs = [], []
+        horizon = fresh_horizon_s(self.now, self.relay_version, self.eta)
         for w in ws:
             b = len(w.batch)
             step_s = w.c.decode_ms(b, w.total_ctx()) / 1e3
@@ -91,8 +102,9 @@ class RepackTick:
             mean_ctx = self._mean_ctx
             rate = w.c.full_rate(self.cap, mean_ctx)
             mig, _ = migration_s(mean_ctx, w.c, self.sync)
-            rws.append(RepackWorker(str(w.idx), w.c.kv_capacity_tokens, self.cap, value=rem * step_s * rate,
-                                    move_cost_per_token=mig / mean_ctx * rate))
+            # freeing w gains its full rate over its drain, but no longer than its fresh weights stay fresh
+            rws.append(RepackWorker(str(w.idx), w.c.kv_capacity_tokens, self.cap,
+                                    value=min(rem * step_s, horizon) * rate, move_cost_per_token=mig / mean_ctx * rate))
             for t in w.batch.values():
                 g = t.gen_base + (w.steps - t.start_step)
                 trajs.append(RepackTraj(str(t.id), str(w.idx), t.prompt + g, t.target - g))

@@ -140,3 +140,17 @@ def test_useful_frees_counts_the_kv_as_well_as_the_batch_cap():
         per = min(32, 30_000 // 1000)
         want = next(k for k in range(100) if room + k * per >= waiting)
         assert useful_frees(waiting, 1000.0, cur, [(32, 30_000.0)] * 4) == want
+
+
+def test_fresh_horizon_caps_the_value_of_freeing():
+    """A freed rollout pulls the relay's version and admits only while that lags by less than η, so it makes fresh
+    tokens for about η version periods: the repack values freeing it at its full rate over min(drain, that), not
+    over its whole drain (on the 64 A100 + 64 L4 fleet the L4s' drains, 4x the A100s' per token, ran past it and
+    the program freed L4s where freeing A100s paid). Unbounded before the first version."""
+    import math
+
+    from qsync_opt.rollout.sim_repack import fresh_horizon_s
+
+    assert fresh_horizon_s(10.0, 0, 1) == math.inf
+    assert fresh_horizon_s(120.0, 2, 1) == pytest.approx(60.0)  # one mean period at η = 1
+    assert fresh_horizon_s(120.0, 2, 4) == pytest.approx(240.0)  # η periods
