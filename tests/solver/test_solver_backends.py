@@ -114,3 +114,24 @@ def test_all_backends_run_one_after_another_in_one_process(order):
         if name != "greedy":
             by_case.setdefault(i % 3, set()).add((status, None if obj is None else round(obj, 9)))
     assert all(len(v) == 1 for v in by_case.values()), by_case  # exact backends agree
+
+
+@pytest.mark.skipif(not AVAILABLE["cbc"], reason="CBC is not available")
+@pytest.mark.parametrize("threads,passed", [(None, None), (1, None), (2, 2)])
+def test_cbc_runs_its_serial_code_for_one_thread(monkeypatch, threads, passed):
+    """`-threads 1` starts CBC's threaded search, whose 10 s timed wait stalled one-second solves for 10 s."""
+    import pulp
+
+    from qsync_opt.solver.backends import cbc
+
+    real, seen = pulp.PULP_CBC_CMD, []
+
+    def spy(*args, **kwargs):
+        if "timeLimit" in kwargs:  # a solve, not an availability check
+            seen.append(kwargs.get("threads"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pulp, "PULP_CBC_CMD", spy)
+    plan = solve_instance(synthetic(6, 3, 1, seed=0), backend="cbc", threads=threads)
+    assert seen and set(seen) == {passed} and plan.status == "optimal"
+    assert cbc.cbc_threads(threads) == passed

@@ -52,7 +52,7 @@ def solve(problem: Problem, options: SolveOptions) -> RawResult:
         msg=False,
         timeLimit=options.time_limit_s,
         gapRel=options.rel_gap,
-        threads=options.threads,
+        threads=cbc_threads(options.threads),
         warmStart=warm,
         logPath=log_path,
         options=cbc_opts,
@@ -77,6 +77,16 @@ def solve(problem: Problem, options: SolveOptions) -> RawResult:
         res.bound = res.objective - options.rel_gap * abs(res.objective)
         res.gap = options.rel_gap
     return res
+
+
+def cbc_threads(threads: int | None) -> int | None:
+    """The `threads` to hand PuLP: None (CBC's serial code) for one thread. `-threads 1` does not mean serial
+    to CBC: it starts its threaded branch-and-bound with one worker, whose master waits on the worker with a
+    10-second timed wait (CbcThread::waitThread); a missed wake-up then stalls the solve 10 s with no CPU used
+    and CBC reports "Stopped on time limit". Seen here on rollout.repack (benchmarks/rollout.py's repack timing, 64 workers x 2,000
+    trajectories, 1 s limit): with `-threads 1` about 7 of 110 calls took 10.0-10.3 s (CBC's own CPU 0.01 s),
+    without it none of 90."""
+    return threads if threads is not None and threads > 1 else None
 
 
 def _status(status: int, sol_status: int, log: str) -> str:
