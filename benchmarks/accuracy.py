@@ -225,15 +225,13 @@ def main(argv=None) -> int:
     methods = a.indicator.split(",")
     bad = [m for m in methods if m.split("@")[0] not in METHODS or ("@" in m and not m.split("@", 1)[1].isdigit())]
     wanted = a.policies.split(",")
-    if unknown := [p for p in wanted if p not in POLICIES]:
-        ap.error(f"--policies: {', '.join(unknown)} unknown; give a comma-separated subset of {', '.join(POLICIES)}")
+    for flag, given, known in (("--policies", a.policies, POLICIES), ("--tasks", a.tasks, TASKS),
+                               ("--clusters", a.clusters, CLUSTERS), ("--settings", a.settings, SETTINGS)):
+        if unknown := [x for x in given.split(",") if x not in known]:
+            ap.error(f"{flag}: {', '.join(unknown)} unknown; give a comma-separated subset of {', '.join(known)}")
     if bad:
         ap.error(f"--indicator: {', '.join(bad)} unknown; give METHOD or METHOD@STEPS, METHOD one of "
                  + ", ".join(METHODS))
-    for flag, given, known in (("--tasks", a.tasks, TASKS), ("--clusters", a.clusters, CLUSTERS),
-                               ("--settings", a.settings, SETTINGS)):
-        if unknown := [x for x in given.split(",") if x not in known]:
-            ap.error(f"{flag}: {', '.join(unknown)} unknown; give a comma-separated subset of {', '.join(known)}")
     jobs = []  # (task, cluster, setting label, Policy)
     for task in a.tasks.split(","):
         for cl in a.clusters.split(","):

@@ -33,7 +33,8 @@ def test_a_task_training_field_joins_the_planning_spec_instead_of_replacing_it(t
     load_spec(spec)
 
 
-@pytest.mark.parametrize("flag,value", [("--clusters", "a100-3t4"), ("--tasks", "gpt"), ("--settings", "fp8")])
+@pytest.mark.parametrize("flag,value", [("--clusters", "a100-3t4"), ("--tasks", "gpt"), ("--settings", "fp8"),
+                                        ("--policies", "optimal")])
 def test_an_unknown_name_exits_2_naming_the_flag_and_the_choices(tmp_path, capsys, flag, value):
     import accuracy
 
