@@ -51,7 +51,6 @@ import gc
 import io
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -73,6 +72,8 @@ from qsync_opt.loading.cost import CostModel, fit, from_module
 from qsync_opt.loading.plane import MIN_GAIN_S, DataPlane, SourceIndex
 from qsync_opt.loading.sources import SyntheticLM
 from qsync_opt.loading.tracking import CostTracker
+
+from benchmarks.balance_memory import memory
 
 POLICIES = ("stride", "tokens-kk", "verl-kk", "ours")
 VOCAB, D, LAYERS, HEADS = 512, 128, 2, 4
@@ -346,52 +347,6 @@ def planner_alone(fitted: dict) -> list[dict]:
                 "exact_gap": f"{(long.makespan - bound) / long.makespan:.2e}",
                 "exact_status": long.detail.get("exact_status", long.status), "exact_s": ARGS.exact_s,
             })
-    return rows
-
-
-RSS_CHILD = r"""
-import sys, json
-sys.path.insert(0, {root!r})
-def rss():
-    for line in open('/proc/self/status'):
-        if line.startswith('VmRSS:'):
-            return int(line.split()[1]) * 1024
-import numpy as np
-from qsync_opt.loading.plane import DataPlane, SourceIndex
-from qsync_opt.loading.sources import SyntheticLM
-from qsync_opt.loading.cost import CostModel
-before = rss()
-role = sys.argv[1]
-if role == 'plane':  # what the central plane holds, and what each rank holds when it is replicated
-    idx = [SourceIndex('short', SyntheticLM(num_samples=1_000_000, seed=0).lengths),
-           SourceIndex('long', SyntheticLM(num_samples=500_000, median=640, max_len=1536, seed=1).lengths)]
-    plane = DataPlane(idx, global_batch=64, speeds=[1.0] * 8, cost=CostModel(1.0, 0.01), backend=None)
-    for _ in range(3):
-        plan = plane.next_batch()
-    keep = (idx, plane, plan)
-else:  # a rank of the central design: its ids and lengths for one step
-    plan = [(0, i, 100) for i in range(8)]
-    keep = plan
-print(json.dumps({{'rss_delta': rss() - before}}))
-"""
-
-
-def memory(world_sizes=(2, 8)) -> list[dict]:
-    child = RSS_CHILD.format(root=str(ROOT))
-    out = {}
-    for role in ("plane", "rank"):
-        vals = []
-        for _ in range(3):
-            r = subprocess.run([sys.executable, "-c", child, role], capture_output=True, text=True, check=True)
-            vals.append(int(__import__("json").loads(r.stdout.strip().splitlines()[-1])["rss_delta"]))
-        out[role] = statistics.median(vals)
-    rows = []
-    for R in world_sizes:
-        replicated = R * out["plane"]
-        central = out["plane"] + R * out["rank"]
-        rows.append({"ranks": R, "index_entries": 1_500_000, "per_process_state_mib": round(out["plane"] / 2**20, 2),
-                     "rank_side_mib": round(out["rank"] / 2**20, 3), "replicated_mib": round(replicated / 2**20, 2),
-                     "central_mib": round(central / 2**20, 2), "ratio": round(replicated / central, 2)})
     return rows
 
 
