@@ -51,6 +51,18 @@ class SolveOptions:
     formulation: str = "mccormick"
     """How products are linearised: 'mccormick' or 'marginal' (backends/linear.py)."""
     msg: bool = False
+    deadline: float | None = None
+    """A `time.perf_counter()` instant by which the caller needs the answer. The solver's own limit is
+    then cut, after the model is built, to what is left of it (`seconds_left`): building the model
+    counts against a caller's deadline, where `time_limit_s` alone bounds the search only."""
+
+
+def seconds_left(options: SolveOptions) -> float:
+    """The limit to give the solver now: `time_limit_s`, cut to what is left before `options.deadline`."""
+    left = options.time_limit_s
+    if options.deadline is not None:
+        left = min(left, options.deadline - time.perf_counter())
+    return max(left, 1e-3)
 
 
 @dataclass

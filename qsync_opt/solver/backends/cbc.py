@@ -12,7 +12,7 @@ import re
 import tempfile
 import time
 
-from qsync_opt.solver.backends.base import RawResult, SolveOptions, prologue, result_from_values
+from qsync_opt.solver.backends.base import RawResult, SolveOptions, prologue, result_from_values, seconds_left
 from qsync_opt.solver.backends.pulp_model import build_pulp, pulp_values
 from qsync_opt.solver.problem import Problem
 
@@ -50,7 +50,7 @@ def solve(problem: Problem, options: SolveOptions) -> RawResult:
         cbc_opts.append("preprocess off")
     solver = pulp.PULP_CBC_CMD(
         msg=False,
-        timeLimit=options.time_limit_s,
+        timeLimit=seconds_left(options),  # after the build: see SolveOptions.deadline
         gapRel=options.rel_gap,
         threads=cbc_threads(options.threads),
         warmStart=warm,

@@ -27,7 +27,8 @@ import time
 from dataclasses import dataclass
 
 from qsync_opt.errors import SolverError
-from qsync_opt.solver.backends.base import RawResult, SolveOptions, prologue, proven_within, result_from_values
+from qsync_opt.solver.backends.base import (RawResult, SolveOptions, prologue, proven_within, result_from_values,
+                                            seconds_left)
 from qsync_opt.solver.backends.linear import LinearModel
 from qsync_opt.solver.problem import Problem
 
@@ -68,6 +69,8 @@ def solve(problem: Problem, options: SolveOptions) -> RawResult:
     proof, infeasible, messages = t1 if exact else None, False, [f"tight: {t1.status_name}"]
     if loose is not None:
         left = max(0.0, options.time_limit_s - (time.perf_counter() - t0 - build_s))
+        if options.deadline is not None:
+            left = min(left, options.deadline - time.perf_counter())
         start = plans[0][1] if plans else (options.hint or None)
         t2 = _run(lm, loose, options, loose.hint(lm.hint(start)) if start else None, left) if left > 1e-3 else None
         if t2 is not None:
@@ -144,7 +147,7 @@ def _run(lm: LinearModel, sm: "ScaledModel", options: SolveOptions, hint: dict[s
         m.add_hint(xs[v], val)
     solver = cp_model.CpSolver()
     p = solver.parameters
-    p.max_time_in_seconds = float(max(limit, 1e-3))
+    p.max_time_in_seconds = float(max(min(limit, seconds_left(options)), 1e-3))  # see SolveOptions.deadline
     if options.deterministic_time_s is not None:
         p.max_deterministic_time = float(options.deterministic_time_s)
     p.relative_gap_limit = float(options.rel_gap)

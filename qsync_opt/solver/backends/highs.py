@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from qsync_opt.solver.backends.base import RawResult, SolveOptions, prologue, result_from_values
+from qsync_opt.solver.backends.base import RawResult, SolveOptions, prologue, result_from_values, seconds_left
 from qsync_opt.solver.backends.highs_model import build_lp, is_mip
 from qsync_opt.solver.backends.quiet import swallow_highs_banner
 from qsync_opt.solver.problem import Problem
@@ -59,7 +59,6 @@ def _run(problem: Problem, lp, names: list[str], options: SolveOptions, hint, t0
     swallow_highs_banner()
     h = highspy.Highs()
     h.setOptionValue("output_flag", bool(options.msg))
-    h.setOptionValue("time_limit", float(max(options.time_limit_s, 1e-3)))
     h.setOptionValue("mip_rel_gap", float(options.rel_gap))
     h.setOptionValue("mip_abs_gap", 1e-9)
     h.setOptionValue("random_seed", int(options.seed))
@@ -77,6 +76,7 @@ def _run(problem: Problem, lp, names: list[str], options: SolveOptions, hint, t0
     # resetGlobalScheduler would pull the pool from under a run on another thread (HiGHS PR 3141).
     reset = getattr(highspy.Highs, "resetThreadScheduler", None) or highspy.Highs.resetGlobalScheduler
     reset(True)
+    h.setOptionValue("time_limit", float(seconds_left(options)))  # after the model went in: see SolveOptions.deadline
     try:
         h.run()
     except Exception as e:  # highspy raises varied types on internal failures

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 
-from qsync_opt.solver.backends.base import RawResult, SolveOptions, prologue, result_from_values
+from qsync_opt.solver.backends.base import RawResult, SolveOptions, prologue, result_from_values, seconds_left
 from qsync_opt.solver.problem import Problem
 
 name = "scip"
@@ -55,7 +55,6 @@ def solve(problem: Problem, options: SolveOptions) -> RawResult:
     for v, a in model.objective.items():
         obj.SetCoefficient(xs[v], a)
     obj.SetMinimization()
-    s.SetTimeLimit(int(max(1, options.time_limit_s * 1000)))  # ms
     if options.threads:
         s.SetNumThreads(int(options.threads))
     s.SetSolverSpecificParametersAsString(f"randomization/randomseedshift = {int(options.seed)}\n")
@@ -69,6 +68,7 @@ def solve(problem: Problem, options: SolveOptions) -> RawResult:
     params = pywraplp.MPSolverParameters()
     params.SetDoubleParam(params.RELATIVE_MIP_GAP, float(options.rel_gap))
     build_s = time.perf_counter() - t0
+    s.SetTimeLimit(int(max(1, seconds_left(options) * 1000)))  # ms, after the build: see SolveOptions.deadline
     code = s.Solve(params)
     status = {
         s.OPTIMAL: "optimal",

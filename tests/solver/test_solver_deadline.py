@@ -1,0 +1,82 @@
+"""SolveOptions.deadline: the solver's own limit is cut, after the model is built, to what is left of the caller's
+deadline; without one, `time_limit_s` is handed on as before. Spies record the limit each backend gives its solver
+(no timing: a deadline already passed must leave only the minimum)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from solver_cases import AVAILABLE
+
+from qsync_opt.solver.backends import SolveOptions, get_backend
+from qsync_opt.solver.backends.base import seconds_left
+from qsync_opt.solver.problem import Problem
+
+
+def _problem() -> Problem:
+    p = Problem("tiny")
+    for v in ("a", "b", "c"):
+        p.add_var(v)
+        p.objective[v] = {"a": 3.0, "b": 2.0, "c": 4.0}[v]
+    p.add_onehot("pick", ["a", "b", "c"])
+    return p
+
+
+def test_seconds_left_cuts_the_limit_to_the_deadline():
+    assert seconds_left(SolveOptions(time_limit_s=7.0)) == 7.0
+    assert seconds_left(SolveOptions(time_limit_s=7.0, deadline=time.perf_counter() + 1e4)) == 7.0
+    assert seconds_left(SolveOptions(time_limit_s=7.0, deadline=time.perf_counter() - 1.0)) == 1e-3
+    left = seconds_left(SolveOptions(time_limit_s=7.0, deadline=time.perf_counter() + 2.0))
+    assert 1.0 < left <= 2.0
+
+
+def _spy_limits(monkeypatch, backend: str) -> list[float]:
+    """Record the time limit (seconds) `backend` hands its solver."""
+    seen: list[float] = []
+    if backend == "highs":
+        import highspy
+
+        real = highspy.Highs.setOptionValue
+
+        def set_option(self, key, value):
+            if key == "time_limit":
+                seen.append(float(value))
+            return real(self, key, value)
+
+        monkeypatch.setattr(highspy.Highs, "setOptionValue", set_option)
+    elif backend == "scip":
+        from ortools.linear_solver import pywraplp
+
+        real = pywraplp.Solver.SetTimeLimit
+        monkeypatch.setattr(pywraplp.Solver, "SetTimeLimit", lambda self, ms: (seen.append(ms / 1000), real(self, ms))[1])
+    elif backend == "cpsat":
+        from ortools.sat.python import cp_model
+
+        real = cp_model.CpSolver.solve
+        monkeypatch.setattr(cp_model.CpSolver, "solve",
+                            lambda self, m, *a, **k: (seen.append(self.parameters.max_time_in_seconds),
+                                                      real(self, m, *a, **k))[1])
+    elif backend == "cbc":
+        import pulp
+
+        real = pulp.PULP_CBC_CMD.__init__
+
+        def init(self, *a, **k):
+            seen.append(float(k["timeLimit"]))
+            real(self, *a, **k)
+
+        monkeypatch.setattr(pulp.PULP_CBC_CMD, "__init__", init)
+    return seen
+
+
+@pytest.mark.parametrize("backend", [b for b in ("highs", "cbc", "scip", "cpsat") if AVAILABLE[b]])
+def test_backend_hands_its_solver_what_is_left_of_the_deadline(monkeypatch, backend):
+    seen = _spy_limits(monkeypatch, backend)
+    res = get_backend(backend).solve(_problem(), SolveOptions(time_limit_s=60.0))
+    assert res.status == "optimal" and seen and all(s == pytest.approx(60.0) for s in seen)
+    seen.clear()
+    # a deadline that has already passed (as when building the model used it up): the solver gets the minimum
+    res = get_backend(backend).solve(_problem(), SolveOptions(time_limit_s=60.0, deadline=time.perf_counter() - 1.0))
+    assert seen and max(seen) <= 0.01, seen
+    assert res.status in ("optimal", "feasible", "unknown")  # a 1 ms run may or may not finish; it must not claim more
