@@ -44,7 +44,9 @@ Example (an RL framework's rollout manager, every tick)::
 
 from __future__ import annotations
 
+import gc
 import time
+from contextlib import contextmanager
 from typing import Literal
 
 from qsync_opt.errors import SolverError
@@ -63,7 +65,11 @@ from qsync_opt.rollout.repack_program import _aggregate, _full
 from qsync_opt.solver.backends import EXACT
 
 __all__ = ["FULL_LIMIT", "Move", "RepackResult", "RepackState", "RepackTraj", "RepackWorker", "best_fit",
-           "brute_force", "evaluate", "repack"]
+           "brute_force", "evaluate", "repack", "warm_up"]
+
+SOLVER_SLACK_S = 0.003
+"""Kept back from the solver's deadline for its overshoot of its own limit: a HiGHS solve returned 2.4 ms past it
+in a scratch trace of `benchmarks/rollout.py`'s repack timing (64 workers, 2,000 trajectories, 50 ms)."""
 
 FULL_LIMIT = 1500
 """Largest trajectories × workers count solved in the full form (beyond it: the aggregate form)."""
@@ -79,7 +85,36 @@ def repack(state: RepackState, method: Literal["program", "best-fit"] = "program
     `time_limit_s`, and never returns less than best-fit. Status 'optimal' only when proven.
     `max_rounds` bounds the aggregate form's solve-and-pack rounds (a deterministic budget beside the clock:
     the simulator uses it so that its plans do not depend on the machine's load).
+
+    The limit is a deadline for the whole call: the backend's model conversion counts against it
+    (SolveOptions.deadline) and Python's cyclic collector is paused for the call (a full collection in a
+    process holding torch took 100-134 ms here, twice the default budget). The first call with a backend
+    in a process imports it (CP-SAT: about 0.3 s): `warm_up(backend)` at start-up moves that off the tick.
     """
+    with _collector_paused():
+        return _repack(state, method, backend, time_limit_s, form, max_rounds)
+
+
+def warm_up(backend: str = "highs") -> None:
+    """Import `backend` and run one tiny repack with it, so that the first real tick meets its deadline."""
+    w = [RepackWorker("a", 100, 2, 10.0, 0.01), RepackWorker("b", 100, 2, 10.0, 0.01)]
+    repack(RepackState(w, [RepackTraj("t0", "a", 10, 10), RepackTraj("t1", "b", 10, 10)], 0.9), backend=backend,
+           time_limit_s=1.0, form="full")
+
+
+@contextmanager
+def _collector_paused():
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _repack(state: RepackState, method: str, backend: str, time_limit_s: float, form: str,
+            max_rounds: int | None) -> RepackResult:
     if not 0 < state.kv_threshold <= 1:
         raise SolverError(f"kv_threshold {state.kv_threshold} must be in (0, 1]")
     ids = [w.id for w in state.workers]
@@ -96,13 +131,16 @@ def repack(state: RepackState, method: Literal["program", "best-fit"] = "program
         return _result(state, start, "best-fit", t0, bound=None, status="feasible")
     if backend not in EXACT:
         raise SolverError(f"repack: backend {backend!r} is not exact; use one of {', '.join(EXACT)}")
+    t1 = time.perf_counter()
     base = evaluate(state, start)[0]
+    # kept back from the solver's deadline: packing its answer (about one best-fit) and the two evaluations after it
+    reserve_s = pack_s + 2 * (time.perf_counter() - t1) + SOLVER_SLACK_S
     if not state.trajectories:
         return _result(state, start, "program", t0, bound=base, status="optimal", backend=backend, form="none",
                        baseline_objective=base)
     use = form if form != "auto" else ("full" if len(state.trajectories) * len(ids) <= FULL_LIMIT else "aggregate")
     if use == "full":
-        placement, bound, status = _full(state, backend, time_limit_s, start, t0, pack_s)
+        placement, bound, status = _full(state, backend, time_limit_s, start, t0, reserve_s)
         got = evaluate(state, placement) if placement is not None else None
         if got is None or got[2] or got[0] < base:
             placement, obj = start, base
@@ -111,7 +149,7 @@ def repack(state: RepackState, method: Literal["program", "best-fit"] = "program
         # signed on the true gap (as solver.solve does): CP-SAT's own status speaks for a rounded copy
         proven = bound is not None and obj >= bound - 1e-6 * max(1.0, abs(bound))
     else:
-        placement, bound, proven = _aggregate(state, backend, time_limit_s, start, t0, max_rounds, pack_s)
+        placement, bound, proven = _aggregate(state, backend, time_limit_s, start, t0, max_rounds, reserve_s)
         obj = evaluate(state, placement)[0]
     if bound is not None:
         bound = max(bound, obj)

@@ -18,10 +18,13 @@ PROOF_GAP = 1e-6
 """repack.py calls a placement optimal when its objective is within this relative gap of the bound."""
 
 
-def _opts(time_limit_s: float, hint=None) -> SolveOptions:
+def _opts(deadline: float, hint=None) -> SolveOptions:
+    """Options for one solve that must return by `deadline` (a perf_counter instant): the backend's model
+    conversion counts against it (SolveOptions.deadline)."""
     # ask the backend for half the gap the proof accepts: a backend stopping right at the proof's
     # own tolerance (CBC did, 8.38e-4 against 8.38e-4 on 838) flips between optimal and feasible
-    return SolveOptions(time_limit_s=max(time_limit_s, 1e-3), rel_gap=PROOF_GAP / 2, hint=hint, threads=1)
+    return SolveOptions(time_limit_s=max(deadline - time.perf_counter(), 1e-3), rel_gap=PROOF_GAP / 2, hint=hint,
+                        threads=1, deadline=deadline)
 
 
 def _limit_row(p: Problem, state: RepackState) -> None:
@@ -68,8 +71,7 @@ def _full(state: RepackState, backend: str, time_limit_s: float, start: dict[str
     hint = {f"keep_{w}": float(any(d == w for d in start.values())) for w in wk}
     hint.update({f"x_{t.id}_{w}": float(start[t.id] == w) for t in state.trajectories for w in wk
                  if (t.id, w) in allowed})
-    left = time_limit_s - (time.perf_counter() - t0) - reserve_s
-    raw = get_backend(backend).solve(p, _opts(left, hint))
+    raw = get_backend(backend).solve(p, _opts(t0 + time_limit_s - reserve_s, hint))
     if raw.values is None:
         return None, None, raw.status
     placement = {}
@@ -117,7 +119,7 @@ def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dic
         if left <= 0:
             break
         hint = {f"keep_{w}": float(w in hint_keep) for w in wk}
-        raw = get_backend(backend).solve(p, _opts(left, hint))
+        raw = get_backend(backend).solve(p, _opts(t0 + time_limit_s - pack_s, hint))
         if raw.values is None:
             break
         if first and raw.bound is not None and raw.bound_in_plan_units:

@@ -147,3 +147,36 @@ def test_max_rounds_gives_the_same_plan_under_any_clock():
     plans = {tuple((m.traj, m.dst) for m in repack(st, form="aggregate", time_limit_s=lim, max_rounds=2).moves)
              for lim in (30.0, 60.0)}
     assert len(plans) == 1
+
+
+@pytest.mark.parametrize("form", ["full", "aggregate"])
+def test_the_limit_is_a_deadline_for_the_whole_call(monkeypatch, form):
+    """Every solve the program makes gets a deadline inside the call's limit (the backend's model conversion then
+    counts against it: SolveOptions.deadline), and the cyclic collector is paused during the call and restored."""
+    import gc
+    import time
+
+    import qsync_opt.rollout.repack_program as rp
+
+    seen, real = [], rp.get_backend
+
+    class Spy:
+        def __init__(self, name):
+            self.inner = real(name)
+
+        def solve(self, problem, options):
+            seen.append((options.deadline, gc.isenabled()))
+            return self.inner.solve(problem, options)
+
+    monkeypatch.setattr(rp, "get_backend", Spy)
+    st = _state(3)
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            seen.clear()
+            t0 = time.perf_counter()
+            repack(st, backend="highs", form=form, time_limit_s=30.0)
+            assert gc.isenabled() is enabled  # restored as it was
+        finally:
+            gc.enable()
+        assert seen and all(d is not None and t0 < d <= t0 + 30.0 and not on for d, on in seen), seen
