@@ -80,3 +80,59 @@ def test_backend_hands_its_solver_what_is_left_of_the_deadline(monkeypatch, back
     res = get_backend(backend).solve(_problem(), SolveOptions(time_limit_s=60.0, deadline=time.perf_counter() - 1.0))
     assert seen and max(seen) <= 0.01, seen
     assert res.status in ("optimal", "feasible", "unknown")  # a 1 ms run may or may not finish; it must not claim more
+
+
+def test_stop_at_deadline_arms_a_timer_only_with_a_deadline_and_disarms_it(monkeypatch):
+    import qsync_opt.solver.backends.base as base
+
+    made = []
+
+    class FakeTimer:
+        def __init__(self, delay, fn):
+            self.delay, self.fn, self.cancelled, self.daemon = delay, fn, False, False
+            made.append(self)
+
+        def start(self):
+            pass
+
+        def cancel(self):
+            self.cancelled = True
+
+    monkeypatch.setattr(base.threading, "Timer", FakeTimer)
+    with base.stop_at_deadline(SolveOptions(), lambda: None):
+        pass
+    assert made == []
+    with base.stop_at_deadline(SolveOptions(deadline=time.perf_counter() + 5.0), lambda: None):
+        assert len(made) == 1 and 0 < made[0].delay <= 5.0 and not made[0].cancelled
+    assert made[0].cancelled  # the solve returned: the timer must not stop a later one
+
+
+def test_stop_at_deadline_calls_stop_once_the_deadline_has_passed():
+    import threading
+
+    from qsync_opt.solver.backends.base import stop_at_deadline
+
+    fired = threading.Event()
+    with stop_at_deadline(SolveOptions(deadline=time.perf_counter() - 1.0), fired.set):
+        assert fired.wait(30.0)  # a solver still running would be stopped now
+
+
+@pytest.mark.parametrize("backend,stop", [("scip", "InterruptSolve"), ("cpsat", "stop_search")])
+def test_scip_and_cpsat_are_stopped_at_the_deadline(monkeypatch, backend, stop):
+    if not AVAILABLE[backend]:
+        pytest.skip(f"{backend} not available")
+    import contextlib
+    import importlib
+
+    mod = importlib.import_module(f"qsync_opt.solver.backends.{backend}")
+    armed = []
+
+    @contextlib.contextmanager
+    def spy(options, fn):
+        armed.append((options.deadline, getattr(fn, "__name__", "")))
+        yield
+
+    monkeypatch.setattr(mod, "stop_at_deadline", spy)
+    deadline = time.perf_counter() + 60.0
+    get_backend(backend).solve(_problem(), SolveOptions(time_limit_s=60.0, deadline=deadline))
+    assert armed and all(d == deadline and name == stop for d, name in armed), armed

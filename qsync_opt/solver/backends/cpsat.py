@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from qsync_opt.errors import SolverError
 from qsync_opt.solver.backends.base import (RawResult, SolveOptions, prologue, proven_within, result_from_values,
-                                            seconds_left)
+                                            seconds_left, stop_at_deadline)
 from qsync_opt.solver.backends.linear import LinearModel
 from qsync_opt.solver.problem import Problem
 
@@ -160,7 +160,8 @@ def _run(lm: LinearModel, sm: "ScaledModel", options: SolveOptions, hint: dict[s
     p.log_search_progress = bool(options.msg)
     if not PRESOLVE:
         p.cp_model_presolve = False
-    code = solver.solve(m)
+    with stop_at_deadline(options, solver.stop_search):
+        code = solver.solve(m)
     status = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible"}.get(code, "unknown")
     found = status in ("optimal", "feasible")
     return _Run(

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import time
 
-from qsync_opt.solver.backends.base import RawResult, SolveOptions, prologue, result_from_values, seconds_left
+from qsync_opt.solver.backends.base import (RawResult, SolveOptions, prologue, result_from_values, seconds_left,
+                                            stop_at_deadline)
 from qsync_opt.solver.problem import Problem
 
 name = "scip"
@@ -69,7 +70,8 @@ def solve(problem: Problem, options: SolveOptions) -> RawResult:
     params.SetDoubleParam(params.RELATIVE_MIP_GAP, float(options.rel_gap))
     build_s = time.perf_counter() - t0
     s.SetTimeLimit(int(max(1, seconds_left(options) * 1000)))  # ms, after the build: see SolveOptions.deadline
-    code = s.Solve(params)
+    with stop_at_deadline(options, s.InterruptSolve):
+        code = s.Solve(params)
     status = {
         s.OPTIMAL: "optimal",
         s.FEASIBLE: "feasible",
