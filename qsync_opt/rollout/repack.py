@@ -133,14 +133,15 @@ def _repack(state: RepackState, method: str, backend: str, time_limit_s: float, 
         raise SolverError(f"repack: backend {backend!r} is not exact; use one of {', '.join(EXACT)}")
     t1 = time.perf_counter()
     base = evaluate(state, start)[0]
-    # kept back from the solver's deadline: packing its answer (about one best-fit) and the two evaluations after it
-    reserve_s = pack_s + 2 * (time.perf_counter() - t1) + SOLVER_SLACK_S
+    # kept back from the solver's deadline: packing its answer (about one best-fit), the two evaluations after it
+    # and the solver's overshoot
+    post_s = 2 * (time.perf_counter() - t1) + SOLVER_SLACK_S
     if not state.trajectories:
         return _result(state, start, "program", t0, bound=base, status="optimal", backend=backend, form="none",
                        baseline_objective=base)
     use = form if form != "auto" else ("full" if len(state.trajectories) * len(ids) <= FULL_LIMIT else "aggregate")
     if use == "full":
-        placement, bound, status = _full(state, backend, time_limit_s, start, t0, reserve_s)
+        placement, bound, status = _full(state, backend, time_limit_s, start, t0, pack_s + post_s)
         got = evaluate(state, placement) if placement is not None else None
         if got is None or got[2] or got[0] < base:
             placement, obj = start, base
@@ -149,7 +150,7 @@ def _repack(state: RepackState, method: str, backend: str, time_limit_s: float, 
         # signed on the true gap (as solver.solve does): CP-SAT's own status speaks for a rounded copy
         proven = bound is not None and obj >= bound - 1e-6 * max(1.0, abs(bound))
     else:
-        placement, bound, proven = _aggregate(state, backend, time_limit_s, start, t0, max_rounds, reserve_s)
+        placement, bound, proven = _aggregate(state, backend, time_limit_s, start, t0, max_rounds, pack_s, post_s)
         obj = evaluate(state, placement)[0]
     if bound is not None:
         bound = max(bound, obj)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from qsync_opt.rollout.repack_best_fit import _pack
+from qsync_opt.rollout.repack_best_fit import OutOfTime, _pack
 from qsync_opt.rollout.repack_model import RepackState, evaluate
 from qsync_opt.solver.backends import get_backend
 from qsync_opt.solver.backends.base import SolveOptions
@@ -82,10 +82,21 @@ def _full(state: RepackState, backend: str, time_limit_s: float, start: dict[str
 
 
 def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dict[str, str], t0: float,
-               max_rounds: int | None = None, pack_s: float = 0.0):
-    """Solve-and-pack rounds until `time_limit_s` since `t0`. `pack_s` (what one best-fit packing
-    took) is kept back from each solve for the packing of its answer, and a repair that would pack
-    past the limit stops at the best packing so far: the limit is the caller's deadline."""
+               max_rounds: int | None = None, pack_s: float = 0.0, post_s: float = 0.0):
+    """Solve-and-pack rounds until `time_limit_s` since `t0`. The slowest packing so far (at first `pack_s`, what
+    best-fit took) and `post_s` (the caller's work after this returns) are kept back from each solve for the packing
+    of its answer, and a repair that would pack past that stops at the best packing so far: the limit is the
+    caller's deadline."""
+    slowest = [pack_s]
+
+    def pack(keep):
+        a = time.perf_counter()
+        placement = _pack(state, keep, deadline=t0 + time_limit_s - post_s)
+        slowest[0] = max(slowest[0], time.perf_counter() - a)
+        return placement
+
+    def reserve() -> float:
+        return slowest[0] + post_s
     caps = state.caps()
     wk = {w.id: w for w in state.workers}
     need_total = sum(t.need for t in state.trajectories)
@@ -115,11 +126,11 @@ def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dic
             break
         rounds += 1
         t_it = time.perf_counter()
-        left = time_limit_s - (t_it - t0) - pack_s
+        left = time_limit_s - (t_it - t0) - reserve()
         if left <= 0:
             break
         hint = {f"keep_{w}": float(w in hint_keep) for w in wk}
-        raw = get_backend(backend).solve(p, _opts(t0 + time_limit_s - pack_s, hint))
+        raw = get_backend(backend).solve(p, _opts(t0 + time_limit_s - reserve(), hint))
         if raw.values is None:
             break
         if first and raw.bound is not None and raw.bound_in_plan_units:
@@ -128,7 +139,10 @@ def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dic
         keep = {w for w in wk if raw.values.get(f"keep_{w}", 0.0) > 0.5}
         if -raw.objective <= best_obj + 1e-9:
             break  # the (cut) relaxation cannot beat what we hold
-        placement = _pack(state, keep)
+        try:
+            placement = pack(keep)
+        except OutOfTime:
+            break  # its answer would come too late: what we hold stands
         if placement is not None:
             obj = evaluate(state, placement)[0]
             if obj > best_obj:
@@ -141,16 +155,22 @@ def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dic
         order = sorted(freed, key=lambda w: (worth[w], w))
         lo, hi, packed = 0, len(order), None  # pack(keep + order[:hi]) succeeds; pack(keep + order[:lo]) failed
         while hi - lo > 1:
-            if time.perf_counter() - t0 + pack_s > time_limit_s:
+            if time.perf_counter() - t0 + reserve() > time_limit_s:
                 break  # past the deadline: what is packed so far (or best-fit) stands
             mid = (lo + hi) // 2
-            placement = _pack(state, set(keep) | set(order[:mid]))
+            try:
+                placement = pack(set(keep) | set(order[:mid]))
+            except OutOfTime:
+                break
             if placement is None:
                 lo = mid
             else:
                 hi, packed = mid, placement
-        if packed is None and time.perf_counter() - t0 + pack_s <= time_limit_s:
-            packed = _pack(state, set(keep) | set(order[:hi]))
+        if packed is None and time.perf_counter() - t0 + reserve() <= time_limit_s:
+            try:
+                packed = pack(set(keep) | set(order[:hi]))
+            except OutOfTime:
+                pass
         if packed is not None:
             obj = evaluate(state, packed)[0]
             if obj > best_obj:

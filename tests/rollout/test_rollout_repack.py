@@ -180,3 +180,17 @@ def test_the_limit_is_a_deadline_for_the_whole_call(monkeypatch, form):
         finally:
             gc.enable()
         assert seen and all(d is not None and t0 < d <= t0 + 30.0 and not on for d, on in seen), seen
+
+
+def test_a_packing_past_its_deadline_stops():
+    """The aggregate form's packing checks the call's deadline (its time cannot be foreseen under the tail guard)."""
+    import time
+
+    from qsync_opt.rollout.repack_best_fit import OutOfTime, _pack
+
+    ws = [RepackWorker("a", 8000, 8, 10.0, 0.01), RepackWorker("b", 8000, 8, 10.0, 0.01)]
+    st = RepackState(ws, [RepackTraj("t0", "b", 100, 100), RepackTraj("t1", "b", 100, 100)], 0.9)
+    assert _pack(st, {"a"}) == {"t0": "a", "t1": "a"}
+    assert _pack(st, {"a"}, deadline=time.perf_counter() + 1e4) == {"t0": "a", "t1": "a"}
+    with pytest.raises(OutOfTime):
+        _pack(st, {"a"}, deadline=time.perf_counter() - 1.0)
