@@ -11,7 +11,7 @@ import math
 
 from qsync_opt.rollout.repack import RepackState, RepackTraj, RepackWorker, repack
 
-REPROFILL_STEPS_PER_TOKEN = 0.01
+REPREFILL_STEPS_PER_TOKEN = 0.01
 """Repack price of moving one context token (re-prefill), in decode steps of the destination."""
 
 
@@ -40,7 +40,7 @@ def repack_tick(self) -> None:
             if not rem:
                 continue
             rws.append(RepackWorker(str(i), 1e9, self.cap, value=float(max(rem.values())),
-                                    move_cost_per_token=REPROFILL_STEPS_PER_TOKEN))
+                                    move_cost_per_token=REPREFILL_STEPS_PER_TOKEN))
             ts += [RepackTraj(str(tid), str(i), prog[i][tid], r) for tid, r in rem.items()]
         if len(rws) < 2:
             continue

@@ -25,11 +25,11 @@ from qsync_opt.rollout.actors import (
 )
 from qsync_opt.rollout.calibrate import CalibratedCosts, calibrate
 from qsync_opt.rollout.driver import MAX_STEPS_PER_CALL, Driver, RunResult
-from qsync_opt.rollout.driver_repack import REPROFILL_STEPS_PER_TOKEN
+from qsync_opt.rollout.driver_repack import REPREFILL_STEPS_PER_TOKEN
 
 __all__ = [
     "MAX_STEPS_PER_CALL",
-    "REPROFILL_STEPS_PER_TOKEN",
+    "REPREFILL_STEPS_PER_TOKEN",
     "CalibratedCosts",
     "Driver",
     "RunResult",

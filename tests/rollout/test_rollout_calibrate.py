@@ -154,3 +154,42 @@ def test_partial_rollout_interrupt_waits_for_calls_then_extracts_and_broadcasts(
         assert x["drained"] >= x["at"]
         assert x["bcast_done"] - x["drained"] == pytest.approx(0.005 + sync.broadcast_s)  # extract, then broadcast
     assert any(x["drained"] > x["at"] + 1e-6 for x in full)  # some rollouts were mid-call
+
+
+def test_prefill_is_fitted_per_number_of_processes_computing_from_the_timestamps(job):
+    """A prefill's contention is read from the calls in flight (and the trainer's step) at its midpoint: a
+    re-prefill issued first but run beside three others is priced at 4, not at the 1 the driver saw at issue."""
+    rng = np.random.RandomState(1)
+    lines = {1: (1.0, 0.01), 2: (1.6, 0.02), 3: (2.2, 0.03), 4: (3.0, 0.04)}
+    pre, calls, train = [], [(0.0, 1, -1e9, -1e9 + 1)], []  # a call long gone counts for nothing
+    for i in range(400):
+        k = 1 + i % 4
+        t0 = 10.0 * i  # each prefill in its own window, with k processes computing around it (itself included)
+        with_trainer = k > 1 and (i // 4) % 2 == 1  # in half the windows one of the k is the trainer's step
+        calls += [(0.0, 1, t0 - 1.0, t0 + 5.0)] * (k - with_trainer)
+        if with_trainer:
+            train.append((int(rng.randint(200, 2000)), 0.1, 0.0, t0 - 0.5, t0 - 0.5, 0, 2.0))
+        m, tok = int(rng.randint(1, 5)), float(rng.randint(8, 300))
+        a, b = lines[k]
+        pre.append((m, tok, m * (a + b * tok) / 1e3, 0.0, t0))
+    steps = [(int(b), int(b) * 50, (1.0 + 0.2 * b) / 1e3, 1, 0.0, 0.0, 0) for b in rng.randint(1, 17, 200)]
+    logs = {"rollout": [{"step": steps, "prefill": pre, "load": []}], "calls": calls, "broadcast": [0.02],
+            "pull": [0.01], "train": train}
+    c = calibrate(job, {"partial-rollout": [SimpleNamespace(logs=logs)]})[0][0]
+    for k, want in lines.items():
+        assert c.pre_share[k - 1] == pytest.approx(want, rel=1e-6), k
+        assert c.prefill_ms(2, 100.0, busy=k) == pytest.approx(2 * (want[0] + want[1] * 100.0))
+    assert c.prefill_ms(2, 100.0, busy=9) == pytest.approx(2 * (lines[4][0] + lines[4][1] * 100.0))  # beyond: the top
+
+
+def test_partial_rollouts_reprefill_is_priced_at_every_rollout_prefilling_at_once(job):
+    """After partial-rollout's broadcast every rollout re-prefills at once: priced at the line measured with that
+    many processes computing (costlier when contention is), never at one alone."""
+    from dataclasses import replace
+
+    (c,), s, t = _calibrated(0.0)
+    flat = replace(c, pre_share=tuple([c.pre] * 5))
+    steep = replace(c, pre_share=tuple((c.pre[0] * k, c.pre[1] * k) for k in range(1, 6)))
+    r_flat, r_steep = (simulate(job, "partial-rollout", costs=[x], sync=s, train_s=t) for x in (flat, steep))
+    assert r_steep.rollout_reprefill_frac > 1.5 * r_flat.rollout_reprefill_frac > 0
+    assert r_steep.trajectories_per_s < r_flat.trajectories_per_s
