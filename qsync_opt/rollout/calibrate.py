@@ -35,9 +35,6 @@ class CalibratedCosts:
     """What the driver waits per step call beyond the actor's own time (the Ray round trip, the driver's loop)."""
     steps_per_call: int = 16
     """Decode steps per call at most (rollout.driver.MAX_STEPS_PER_CALL): a call also ends at a finish."""
-    pre_share: tuple = ()
-    """pre_share[k − 1]: the (a, b) of prefill_ms when k processes compute at once (partial-rollout re-prefills on
-    every rollout at once, right after its broadcast)."""
 
     def decode_ms(self, batch, total_ctx):
         a, b, c = self.dec
@@ -54,19 +51,13 @@ class CalibratedCosts:
         """The driver's overhead for `steps` decode steps run without a finish: one round trip per call."""
         return self.call_overhead_ms * math.ceil(max(1, steps) / self.steps_per_call)
 
-    def _pre_line(self, busy):
-        if busy is None or not self.pre_share:
-            return self.pre
-        return self.pre_share[max(1, min(busy, len(self.pre_share))) - 1]
-
-    def prefill_ms(self, m, tokens, busy=None):
-        """Prefill of m sequences of `tokens`; with `busy`, at the line measured with that many processes computing."""
-        a, b = self._pre_line(busy)
+    def prefill_ms(self, m, tokens):
+        a, b = self.pre
         return max(1e-3, m * (a + b * tokens))
 
-    def prefill_set_ms(self, lengths, busy=None):
+    def prefill_set_ms(self, lengths):
         """Prefill of sequences of unequal lengths: the measured per-sequence line summed (exact for a line)."""
-        a, b = self._pre_line(busy)
+        a, b = self.pre
         ls = [x for x in lengths if x > 0]
         return max(1e-3, sum(a + b * x for x in ls)) if ls else 0.0
 
@@ -104,26 +95,31 @@ def calibrate(job, results: dict):
     for r in _flat(results):
         for lg in r.logs["rollout"]:
             steps += [s[:4] for s in lg["step"]]
-            if lg["prefill"]:
-                busy = _computing_at([p[4] + p[2] / 2 for p in lg["prefill"]], r.logs)
-                pre += [(*p[:3], int(k)) for p, k in zip(lg["prefill"], busy)]
+            pre += [p[:3] for p in lg["prefill"]]
         loads += r.logs["broadcast"]
         pulls += r.logs["pull"]
         train += [(t[0], t[1], t[5] if len(t) > 5 else 0) for t in r.logs["train"]]
         calls += [c[:2] for c in r.logs["calls"]]
     S = np.asarray(steps, dtype=float)
+    X = np.c_[np.ones(len(S)), S[:, 0], S[:, 1]]
+    dec = np.linalg.lstsq(X, S[:, 2] * 1e3, rcond=None)[0]
     # the actors and the trainer share this machine's cores: one fit per number k of them computing at once
     n_act = sum(g.count for g in job.cluster.groups if g.name in {w.group for w in job.rollout.workers})
-    share = _fit_by_busy(np.c_[np.ones(len(S)), S[:, 0], S[:, 1]], S[:, 2] * 1e3, S[:, 3], n_act + 1, 30, S[:, 0], 3)
+    share = []
+    for k in range(1, n_act + 2):
+        sel = S[:, 3] == k
+        if sel.sum() >= 30 and len(set(S[sel, 0])) >= 3:
+            share.append(tuple(float(x) for x in np.linalg.lstsq(X[sel], S[sel, 2] * 1e3, rcond=None)[0]))
+        else:
+            share.append(share[-1] if share else tuple(float(x) for x in dec))
+    share = tuple(share)
     dec = share[0]
     # what the driver waits beyond the actor's own time (Ray call, the driver's loop), per call
     C = np.asarray(calls, dtype=float)
     overhead_ms = 1e3 * float(C[:, 0].mean()) if len(C) else 0.0
     P = np.asarray(pre, dtype=float)
-    # per-sequence prefill: dt / m against mean tokens, pooled and per number of processes computing at once
+    # per-sequence prefill: dt / m against mean tokens
     pa = np.linalg.lstsq(np.c_[np.ones(len(P)), P[:, 1]], P[:, 2] * 1e3 / P[:, 0], rcond=None)[0]
-    pre_share = _fit_by_busy(np.c_[np.ones(len(P)), P[:, 1]], P[:, 2] * 1e3 / P[:, 0], P[:, 3], n_act + 1, 10, P[:, 1], 2,
-                             pooled=pa)
     T = np.asarray(train, dtype=float)
     if len(set(T[:, 2])) > 1:
         ta = np.linalg.lstsq(np.c_[np.ones(len(T)), T[:, 0], T[:, 2]], T[:, 1], rcond=None)[0]
@@ -133,40 +129,10 @@ def calibrate(job, results: dict):
     load = float(np.mean(loads)) if loads else 0.0
     pull = float(np.mean(pulls)) if pulls else load
     costs = [CalibratedCosts("rollout", "cpu", 32, n_act, 1e12, 1.0, pull, (float(dec[0]), float(dec[1]), float(dec[2])),
-                             (float(pa[0]), float(pa[1])), share, overhead_ms, MAX_STEPS_PER_CALL, pre_share)]
+                             (float(pa[0]), float(pa[1])), share, overhead_ms, MAX_STEPS_PER_CALL)]
     sync = SyncCosts(broadcast_s=load, push_s=0.0, relay_fanout_s=0.0, kv_link_gbs=1e-9, kv_link_latency_s=1e9)
     train_s = CalibratedTrain(float(ta[0]), float(ta[1]), float(ta[2]))
     return costs, sync, train_s, {"decode_ms": dec, "share_by_busy": share, "call_overhead_ms": overhead_ms,
-                                  "prefill_ms_per_seq": tuple(map(float, pa)), "prefill_by_busy": pre_share,
-                                  "train_s": tuple(map(float, ta)),
+                                  "prefill_ms_per_seq": tuple(map(float, pa)), "train_s": tuple(map(float, ta)),
                                   "broadcast_s": load, "pull_s": pull,
                                   "samples": {"steps": len(S), "prefills": len(P), "train": len(T), "calls": len(C)}}
-
-
-def _fit_by_busy(X, y, busy, levels: int, min_samples: int, spread, min_distinct: int, pooled=None) -> tuple:
-    """One least-squares line y ~ X per number k = 1..levels of processes computing at once (`busy`); a level with
-    fewer than `min_samples` samples or `min_distinct` distinct `spread` values takes the level below's line (level 1:
-    `pooled`, else the fit over every sample)."""
-    if pooled is None:
-        pooled = np.linalg.lstsq(X, y, rcond=None)[0]
-    out = []
-    for k in range(1, levels + 1):
-        sel = busy == k
-        if sel.sum() >= min_samples and len(set(spread[sel])) >= min_distinct:
-            out.append(tuple(float(x) for x in np.linalg.lstsq(X[sel], y[sel], rcond=None)[0]))
-        else:
-            out.append(out[-1] if out else tuple(float(x) for x in pooled))
-    return tuple(out)
-
-
-def _computing_at(ts, logs: dict) -> np.ndarray:
-    """How many processes computed at each instant of `ts` (this host's perf_counter) in one run: the rollout calls in
-    flight (the driver's call log: issued to returned) and the trainer if it was in a step. A prefill runs inside
-    its own call, so this counts it. Taken from the timestamps, not from the driver's count when it issued the
-    call: partial-rollout issues its re-prefills one after another, and they then all run at once."""
-    t = np.asarray(ts, dtype=float)[:, None]
-    calls = np.asarray([c[2:4] for c in logs.get("calls", ()) if len(c) > 3], dtype=float).reshape(-1, 2)
-    n = ((calls[:, 0] <= t) & (t <= calls[:, 1])).sum(1)
-    tr = np.asarray([(x[3], x[3] + x[6]) for x in logs.get("train", ()) if len(x) > 6], dtype=float).reshape(-1, 2)
-    n += ((tr[:, 0] <= t) & (t <= tr[:, 1])).any(1)
-    return np.maximum(1, n)

@@ -118,11 +118,10 @@ class PolicyRules:
         for w in self.workers:
             w.version = self.version
         if then == "partial":
-            busy = sum(1 for w in self.workers if w.batch) + self.trainer_busy  # every rollout re-prefills at once
             for w in self.workers:
                 if w.batch:
                     ctx = [t.prompt + t.gen_base + (w.steps - t.start_step) for t in w.batch.values()]
-                    dt = self._prefill_s(w, ctx, busy)  # long-tailed contexts: attention at Σ L²
+                    dt = self._prefill_s(w, ctx)  # long-tailed contexts: attention at Σ L²
                     self.reprefill_s += dt
                     self._pause(w, dt, GEN)
         if then == "stale":

@@ -194,17 +194,13 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self._set_state(w, GEN)
         self._push(self.now + n * dt, "chunk", w.idx, w.epoch)
 
-    def _prefill_s(self, w: _Worker, ctxs: list, busy: int | None = None) -> float:
+    @staticmethod
+    def _prefill_s(w: _Worker, ctxs: list) -> float:
         """Seconds to prefill these contexts on w in one micro-batch: equal lengths at the memoised uniform price,
-        unequal ones (re-queued or interrupted trajectories) with attention at Σ L² (WorkerCosts.prefill_set_ms).
-        On a shared host, at the line measured with `busy` processes computing (default: those computing now, w
-        included), as decode steps are."""
-        kw = {}
-        if self.shared_host:
-            kw["busy"] = busy if busy is not None else self.n_gen + self.trainer_busy + (w.state != GEN)
+        unequal ones (re-queued or interrupted trajectories) with attention at Σ L² (WorkerCosts.prefill_set_ms)."""
         if min(ctxs) == max(ctxs):
-            return w.c.prefill_ms(len(ctxs), ctxs[0], **kw) / 1e3
-        return w.c.prefill_set_ms(ctxs, **kw) / 1e3
+            return w.c.prefill_ms(len(ctxs), ctxs[0]) / 1e3
+        return w.c.prefill_set_ms(ctxs) / 1e3
 
     def _pause(self, w: _Worker, seconds: float, state: str):
         self._progress(w)
