@@ -133,8 +133,8 @@ def _repack(state: RepackState, method: str, backend: str, time_limit_s: float, 
         raise SolverError(f"repack: backend {backend!r} is not exact; use one of {', '.join(EXACT)}")
     t1 = time.perf_counter()
     base = evaluate(state, start)[0]
-    # kept back from the solver's deadline: packing its answer (about one best-fit), the two evaluations after it
-    # and the solver's overshoot
+    # kept back from the solver's deadline besides packing its answer (pack_s, about one best-fit): the two
+    # evaluations after it and the solver's overshoot
     post_s = 2 * (time.perf_counter() - t1) + SOLVER_SLACK_S
     if not state.trajectories:
         return _result(state, start, "program", t0, bound=base, status="optimal", backend=backend, form="none",
