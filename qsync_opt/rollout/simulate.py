@@ -185,6 +185,10 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         n = max(1, w.heap[0][0] - w.steps)
         self._set_state(w, GEN)
         if self.shared_host:  # costs measured on one machine whose cores the workers and the trainer share
+            # one chunk per call, as the real driver issues them (MAX_STEPS_PER_CALL, cut short by a finish): the
+            # number computing at once is read at each call, so a rollout left alone in a tail is not charged, for
+            # hundreds of steps, the contention of the moment its chunk began
+            n = min(n, max(1, int(getattr(w.c, "steps_per_call", n))))
             busy = self.n_gen + self.trainer_busy
             dt = (w.c.decode_ms_shared(b, w.total_ctx() + b * (n - 1) / 2, busy) + w.c.call_ms(n) / n) / 1e3
         else:
