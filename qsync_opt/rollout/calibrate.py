@@ -68,11 +68,13 @@ class CalibratedCosts:
 @dataclass(frozen=True)
 class CalibratedTrain:
     """Trainer step seconds = a + b·tokens + g·(actors decoding beside it): the trainer shares the host's cores
-    with the rollout actors, so its step is slower while they decode (measured, not assumed)."""
+    with the rollout actors, so its step is slower while they decode (measured, not assumed). `tokens` are the
+    padded batch's positions (trajectories × the longest): what the real trainer computes."""
 
     a: float
     b: float
     g: float = 0.0
+    padded: bool = True
 
     def __call__(self, tokens, beside: int = 0) -> float:
         return max(1e-3, self.a + self.b * tokens + self.g * beside)
@@ -83,6 +85,19 @@ def _flat(results: dict) -> list:
     for r in results.values():
         out += r if isinstance(r, list) else [r]
     return out
+
+
+def _beside_mean(t, calls) -> float:
+    """Actors with a step call in flight, averaged over a trainer step's wall (t: a train_log entry, issued at
+    t[4], t[1] s long; calls: (overhead, steps, issued, returned)): how many decode beside it changes within the
+    step, and the simulator re-times its step at each change (processor sharing), so the fit is against the mean.
+    An entry without its issue time (older logs): the count at issue."""
+    if len(t) < 6:
+        return 0.0
+    a, b = t[4], t[4] + t[1]
+    if b <= a or not calls or len(calls[0]) < 4:
+        return float(t[5])
+    return sum(max(0.0, min(b, c[3]) - max(a, c[2])) for c in calls) / (b - a)
 
 
 def calibrate(job, results: dict):
@@ -98,7 +113,7 @@ def calibrate(job, results: dict):
             pre += [p[:3] for p in lg["prefill"]]
         loads += r.logs["broadcast"]
         pulls += r.logs["pull"]
-        train += [(t[0], t[1], t[5] if len(t) > 5 else 0) for t in r.logs["train"]]
+        train += [(t[0], t[1], _beside_mean(t, r.logs["calls"])) for t in r.logs["train"]]
         calls += [c[:2] for c in r.logs["calls"]]
     S = np.asarray(steps, dtype=float)
     X = np.c_[np.ones(len(S)), S[:, 0], S[:, 1]]

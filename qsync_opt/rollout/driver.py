@@ -208,7 +208,8 @@ class Driver:
         self.tokens += sum(self.trajs[tid]["target"] - len(self.trajs[tid]["prompt"]) for tid, _ in batch)
         seqs = [tok for _, tok in batch]
         plens = [len(self.trajs[tid]["prompt"]) for tid, _ in batch]
-        self.train_tokens = sum(len(x) for x in seqs)
+        # the trainer computes a padded batch: trajectories x the longest of them (_Trainer.train)
+        self.train_tokens = len(seqs) * max(len(x) for x in seqs)
         self.train_gen = sum(self.w[j]["call"] is not None for j in self.alive)  # actors decoding beside it
         self.train_call = self.trainer.train.remote(seqs, plens)
         self.pending[self.train_call] = ("train", None)
@@ -252,7 +253,7 @@ class Driver:
                    "to_admit": []} for _ in range(n)]
         self.call_log, self.bcast_log, self.pull_log, self.train_log = [], [], [], []
         self.interrupt_log = []  # partial-rollout: [version seen, calls returned, contexts out, broadcast done]
-        # train_log: (tokens, wall seen by the driver, trainer CPU s, trainer start, driver issue, actors decoding at
+        # train_log: (padded tokens: trajectories x the longest, wall seen by the driver, trainer CPU s, trainer start, driver issue, actors decoding at
         # issue, the trainer's own wall s incl. publishing the weights)
         self.trajs, self.queue, self.buffer = {}, [], []
         self.next_id = self.round = self.version = self.rollout_version = self.relay_version = 0

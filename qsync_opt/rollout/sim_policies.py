@@ -59,18 +59,45 @@ class PolicyRules:
         for t in batch:
             self.stale.append(self.version - t.version)
         tokens = sum(t.prompt + t.target for t in batch)
+        if getattr(self.train_s, "padded", False):  # a trainer that pads the batch to its longest (the real run's)
+            tokens = len(batch) * max(t.prompt + t.target for t in batch)
         self.tokens_trained += sum(t.target for t in batch)
-        # calibrated on a shared host: the step is slower while rollouts decode beside it
-        if self.shared_host and hasattr(self.train_s, "g"):  # a worker whose last trajectory just ended is not beside
-            dur = self.train_s(tokens, beside=sum(1 for w in self.workers if w.state == GEN and w.batch))
-        else:
-            dur = self.train_s(tokens)
         self.trainer_busy = True
-        self.trainer_time += dur
-        self._push(self.now + dur, "train_done")
+        self.train_epoch += 1
+        if self.shared_host and hasattr(self.train_s, "g"):
+            # calibrated on a shared host: the step is slower while rollouts decode beside it, and how many do changes
+            # during the step; it progresses at 1 / train_s(tokens, beside) of the step per second, re-timed at every
+            # change (_retime_train), as processes sharing cores do
+            self.train_ps = [tokens, 0.0, self.now, self._beside(), self.now]
+            dur = self.train_s(tokens, beside=self.train_ps[3])
+        else:
+            self.train_ps = None
+            dur = self.train_s(tokens)
+            self.trainer_time += dur
+        self._push(self.now + dur, "train_done", self.train_epoch)
+
+    def _beside(self) -> int:
+        """Rollouts decoding beside the trainer (a worker whose last trajectory just ended is not)."""
+        return sum(1 for w in self.workers if w.state == GEN and w.batch)
+
+    def _retime_train(self):
+        """The number decoding beside the trainer changed: the step's progress so far at the old rate, the rest at
+        the new one."""
+        tokens, done, since, beside, _ = ps = self.train_ps
+        now_beside = self._beside()
+        if now_beside == beside:
+            return
+        ps[1] = done + (self.now - since) / self.train_s(tokens, beside=beside)
+        ps[2], ps[3] = self.now, now_beside
+        self.train_epoch += 1
+        self._push(self.now + max(0.0, 1.0 - ps[1]) * self.train_s(tokens, beside=now_beside), "train_done",
+                   self.train_epoch)
 
     def _on_train_done(self):
         self.trainer_busy = False
+        if self.train_ps is not None:
+            self.trainer_time += self.now - self.train_ps[4]
+            self.train_ps = None
         self.trained += 1
         self.version += 1
         self.t_end = self.now

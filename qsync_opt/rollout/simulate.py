@@ -111,6 +111,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.trainer_busy = False
         self.trainer_stall_until = 0.0
         self.trainer_time = 0.0
+        self.train_epoch, self.train_ps = 0, None
         self.trained = 0
         self.tokens_trained = 0
         self.stale = []
@@ -163,6 +164,8 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         if self.timeline_until is not None and w.since < self.timeline_until and now > w.since:
             w.segments.append((w.since, min(now, self.timeline_until), w.state))
         w.state, w.since = state, now
+        if self.train_ps is not None:
+            self._retime_train()
 
     def _progress(self, w: _Worker):
         """Advance w's steps to now and cancel its chunk event."""
@@ -367,6 +370,8 @@ class Simulator(PolicyRules, RepackTick, Metrics):
                 if payload[1] == wk.epoch:
                     self._on_resume(wk)
             elif kind == "train_done":
+                if payload[0] != self.train_epoch:  # re-timed since (_retime_train)
+                    continue
                 self._on_train_done()
                 if self.kind == "stale":
                     self._maybe_broadcast()

@@ -154,3 +154,124 @@ def test_partial_rollout_interrupt_waits_for_calls_then_extracts_and_broadcasts(
         assert x["drained"] >= x["at"]
         assert x["bcast_done"] - x["drained"] == pytest.approx(0.005 + sync.broadcast_s)  # extract, then broadcast
     assert any(x["drained"] > x["at"] + 1e-6 for x in full)  # some rollouts were mid-call
+
+
+def test_trainer_contention_fitted_against_the_mean_number_decoding_during_its_step(job):
+    """The actors decoding beside a trainer step change within it (a barrier policy's rollouts finish mid-step): the
+    fit takes the time-averaged count of step calls in flight over the step, not the count at its issue."""
+    from qsync_opt.rollout.calibrate import _beside_mean
+
+    # a step issued at 1.0 s, 0.2 s long; calls: one over all of it, one over half, one before it, one after
+    calls = [(0.0, 1, 0.5, 1.5), (0.0, 1, 1.1, 1.2), (0.0, 1, 0.2, 0.9), (0.0, 1, 1.3, 2.0)]
+    t = (1000, 0.2, 0.0, 0.0, 1.0, 3, 0.2)
+    assert _beside_mean(t, calls) == pytest.approx(1.5)
+    # recovered from logs whose wall follows the mean, with the count at issue saying otherwise
+    rng = np.random.RandomState(1)
+    res = _fake_results(rng)
+    for runs in res.values():
+        for r in runs:
+            train, calls = [], []
+            for i, tok in enumerate(rng.randint(200, 2000, 40)):
+                start, mean = 10.0 * i, rng.uniform(0, 4)
+                dt = 0.05 + 1e-4 * tok + 0.03 * mean
+                calls += [(0.004, 10, start - 1, start + dt)] * int(mean) + \
+                         [(0.004, 10, start - 1, start + dt * (mean - int(mean)))]
+                train.append((int(tok), dt, 0.0, 0.0, start, 4, dt))
+            r.logs["train"], r.logs["calls"] = train, calls
+    _, _, train_s, _ = calibrate(job, res)
+    assert (train_s.a, train_s.b, train_s.g) == pytest.approx((0.05, 1e-4, 0.03))
+
+
+class _Traced:
+    """A Simulator on calibrated costs that records every decode chunk (start, n steps, s per step, processes
+    computing at its start) and, for each trainer step, its start, end, padded tokens and the count decoding
+    beside it at every change."""
+
+    @staticmethod
+    def run(job, variant, costs, sync, train_s):
+        from qsync_opt.rollout.simulate import Simulator
+
+        class T(Simulator):
+            def _start_chunk(self, w):
+                before = w.chunk
+                super()._start_chunk(w)
+                if w.chunk is not None and w.chunk is not before:
+                    self.chunks.append((w.chunk, self.n_gen + self.trainer_busy, len(w.batch), w.total_ctx()))
+
+            def _set_state(self, w, state):
+                super()._set_state(w, state)
+                if self.trainer_busy:
+                    self.train[-1]["beside"].append((self.now, self._beside()))
+
+            def _maybe_train(self):
+                busy = self.trainer_busy
+                super()._maybe_train()
+                if self.trainer_busy and not busy:
+                    self.train.append({"start": self.now, "tokens": self.train_ps[0],
+                                       "beside": [(self.now, self._beside())]})
+
+            def _on_train_done(self):
+                self.train[-1]["end"] = self.now
+                super()._on_train_done()
+
+        s = T(job, variant, costs, sync, None, None, train_s)
+        s.chunks, s.train = [], []
+        r = s.run()
+        return s, r
+
+
+def test_decode_charged_per_call_at_the_contention_read_at_each_call(job):
+    """On a shared host the simulator runs one chunk per driver call (16 decode steps at most, as the real driver
+    issues them), each charged at the number computing when it starts: a rollout left alone in a barrier policy's
+    tail pays the alone price within 16 steps, not, for hundreds of steps, the contention its chunk began in."""
+    costs, sync, train_s = _calibrated(0.03, overhead_ms=5.0)
+    c = costs[0]
+    s, r = _Traced.run(job, "sync", costs, sync, train_s)
+    assert r.steps == job.rollout.steps and s.chunks
+    assert max(n for (_, _, n), *_ in s.chunks) == 16
+    for (_, dt, n), busy, b, ctx in s.chunks:
+        assert 1 <= n <= 16
+        assert dt == pytest.approx((c.decode_ms_shared(b, ctx + b * (n - 1) / 2, busy) + c.call_overhead_ms / n) / 1e3)
+    assert any(busy == 1 for _, busy, *_ in s.chunks)  # the tails ran alone
+
+
+@pytest.mark.parametrize("variant", ["one-step-off", "trajectory-async"])
+def test_trainer_step_retimed_at_each_change_of_the_actors_beside_it(job, variant):
+    """Processor sharing: a trainer step progresses at 1 / train_s(tokens, beside) of itself per second, with
+    `beside` the rollouts decoding at that moment; its end is where the progress reaches 1, integrated here from
+    the recorded changes independently of the simulator's bookkeeping. Its tokens are the padded batch's."""
+    costs, sync, train_s = _calibrated(0.03)
+    s, r = _Traced.run(job, variant, costs, sync, train_s)
+    assert r.steps == job.rollout.steps and len(s.train) == job.rollout.steps
+    changed = 0
+    for st in s.train:
+        pts = [(t, k) for t, k in st["beside"] if t <= st["end"]]
+        done = 0.0
+        for (t0, k), (t1, _) in zip(pts, pts[1:] + [(st["end"], None)]):
+            done += (t1 - t0) / train_s(st["tokens"], beside=k)
+        assert done == pytest.approx(1.0, abs=1e-9)
+        changed += len({k for _, k in pts}) > 1
+    assert changed  # some steps saw the count change
+
+
+def test_trainer_tokens_are_the_padded_batch(job):
+    """The real trainer pads its batch to the longest trajectory: the calibrated simulator charges trajectories ×
+    the longest, the modelled GPU trainer (sequence packing) the sum."""
+    from qsync_opt.rollout.simulate import Simulator
+
+    costs, sync, train_s = _calibrated(0.0)
+    seen = {}
+
+    class T(Simulator):
+        def _maybe_train(self):
+            keep = list(self.buffer)
+            busy = self.trainer_busy
+            super()._maybe_train()
+            if self.trainer_busy and not busy and not seen:
+                batch = [t for t in keep if t not in self.buffer]
+                seen["want"] = len(batch) * max(t.prompt + t.target for t in batch)
+                seen["sum"] = sum(t.prompt + t.target for t in batch)
+                seen["got"] = self.train_ps[0]
+
+    T(job, "trajectory-async", costs, sync, None, None, train_s).run()
+    assert seen["got"] == seen["want"] > seen["sum"]
