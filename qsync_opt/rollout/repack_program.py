@@ -82,11 +82,11 @@ def _full(state: RepackState, backend: str, time_limit_s: float, start: dict[str
 
 
 def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dict[str, str], t0: float,
-               max_rounds: int | None = None, pack_s: float = 0.0, post_s: float = 0.0):
+               max_rounds: int | None = None, pack_s: float = 0.0, post_s: float = 0.0, start_obj: float | None = None):
     """Solve-and-pack rounds until `time_limit_s` since `t0`. The slowest packing so far (at first `pack_s`, what
     best-fit took) and `post_s` (the caller's work after this returns) are kept back from each solve for the packing
     of its answer, and a repair that would pack past that stops at the best packing so far: the limit is the
-    caller's deadline."""
+    caller's deadline. Returns (placement, bound, proven, its objective); `start_obj`: start's, if the caller has it."""
     slowest = [pack_s]
 
     def pack(keep):
@@ -115,7 +115,7 @@ def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dic
     p.add_constraint("kv_cover", {f"keep_{w}": caps[w][0] for w in wk}, ">=", float(need_total))
     p.add_constraint("batch_cover", {f"keep_{w}": float(caps[w][1]) for w in wk}, ">=", float(count))
     _limit_row(p, state)
-    best, best_obj = start, evaluate(state, start)[0]
+    best, best_obj = start, (evaluate(state, start)[0] if start_obj is None else start_obj)
     bound = None
     hint_keep = set(start.values())
     first = True
@@ -179,4 +179,4 @@ def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dic
         p.add_constraint(f"cut_{len(p.constraints)}", {f"keep_{w}": 1.0 for w in freed}, ">=", 1.0)
         last = time.perf_counter() - t_it
     proven = bound is not None and best_obj >= bound - 1e-6 * max(1.0, abs(bound))
-    return best, bound, proven
+    return best, bound, proven, best_obj
