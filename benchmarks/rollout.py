@@ -3,6 +3,7 @@ calibrated simulator.
 
     python benchmarks/rollout.py --out DIR [--sim-steps 10] [--skip-real] [--real-rounds 3] [--real-steps N] [--eta 1]
     python benchmarks/rollout.py --out DIR --repack-only     # the repack decision timing alone
+    python benchmarks/rollout.py --out DIR --real-only [--real-rounds 7]   # the real run alone (rollout_real.csv)
 
 Simulated cases: a 7B-class policy (Qwen2.5-7B shape: 28 layers, GQA with 4 KV heads, 57,344 KV
 bytes per token), response lengths lognormal with p99/median = 10, on 64 A100, 128 H100, and hybrid
@@ -337,15 +338,23 @@ def main(argv=None):
     ap.add_argument("--real-steps", type=int, default=None, help="trainer steps of the real run (default: the spec's)")
     ap.add_argument("--cases", nargs="*", default=None, help="subset of case names")
     ap.add_argument("--eta", type=int, default=1, help="staleness bound η of every asynchronous policy (simulated cases)")
+    ap.add_argument("--real-only", action="store_true",
+                    help="only the real run against its calibrated prediction (rollout_real.csv, rollout_rounds.csv): "
+                         "to repeat it without the simulated cases")
     ap.add_argument("--repack-only", action="store_true",
                     help="only the repack decision timing (rollout_repack.csv), no simulation and no real run")
     args = ap.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
+    if args.real_only and (args.skip_real or args.repack_only):
+        ap.error("--real-only runs only the real run: it excludes --skip-real and --repack-only")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.repack_only:
-        rows = simulated_cases(args) + ([] if args.skip_real else real_run(args, out, argv))
-        table = out / ("rollout_simulated.csv" if args.skip_real else "rollout.csv")
+        if args.real_only:
+            rows, table = real_run(args, out, argv), out / "rollout_real.csv"
+        else:
+            rows = simulated_cases(args) + ([] if args.skip_real else real_run(args, out, argv))
+            table = out / ("rollout_simulated.csv" if args.skip_real else "rollout.csv")
         with open(table, "w", newline="") as f:
             header(f, argv)
             w = csv.DictWriter(f, fieldnames=COLUMNS, restval="")
@@ -353,7 +362,8 @@ def main(argv=None):
             for r in rows:
                 w.writerow({k: fmt(v) for k, v in r.items()})
         print(f"\nwrote {table}")
-    print(f"wrote {write_repack_timing(out, argv)}")
+    if not args.real_only:
+        print(f"wrote {write_repack_timing(out, argv)}")
 
 
 if __name__ == "__main__":
