@@ -35,6 +35,8 @@ class CalibratedCosts:
     """What the driver waits per step call beyond the actor's own time (the Ray round trip, the driver's loop)."""
     steps_per_call: int = 16
     """Decode steps per call at most (rollout.driver.MAX_STEPS_PER_CALL): a call also ends at a finish."""
+    pre_call_ms: float = 0.0
+    """What one admission (a prefill of any number of sequences) costs besides its sequences' line `pre`."""
 
     def decode_ms(self, batch, total_ctx):
         a, b, c = self.dec
@@ -52,14 +54,15 @@ class CalibratedCosts:
         return self.call_overhead_ms * math.ceil(max(1, steps) / self.steps_per_call)
 
     def prefill_ms(self, m, tokens):
+        """One admission of m sequences of `tokens` each."""
         a, b = self.pre
-        return max(1e-3, m * (a + b * tokens))
+        return max(1e-3, self.pre_call_ms + m * (a + b * tokens))
 
     def prefill_set_ms(self, lengths):
-        """Prefill of sequences of unequal lengths: the measured per-sequence line summed (exact for a line)."""
+        """One admission of sequences of unequal lengths: the measured per-sequence line summed (exact for a line)."""
         a, b = self.pre
         ls = [x for x in lengths if x > 0]
-        return max(1e-3, sum(a + b * x for x in ls)) if ls else 0.0
+        return max(1e-3, self.pre_call_ms + sum(a + b * x for x in ls)) if ls else 0.0
 
     def full_rate(self, batch, mean_ctx):
         return batch / ((self.decode_ms(batch, batch * mean_ctx) + self.call_overhead_ms / self.steps_per_call) / 1e3)
@@ -133,8 +136,14 @@ def calibrate(job, results: dict):
     C = np.asarray(calls, dtype=float)
     overhead_ms = 1e3 * float(C[:, 0].mean()) if len(C) else 0.0
     P = np.asarray(pre, dtype=float)
-    # per-sequence prefill: dt / m against mean tokens
-    pa = np.linalg.lstsq(np.c_[np.ones(len(P)), P[:, 1]], P[:, 2] * 1e3 / P[:, 0], rcond=None)[0]
+    # one admission: a constant, plus a line per sequence in its tokens (dt = c + m·a + b·Σtokens). Fitted per
+    # sequence alone (dt / m), an admission's constant was spread over its sequences: the 14-sequence admissions of
+    # trajectory-async were charged 55-70% over their wall, sync's 4-sequence ones 15% under
+    pc = np.linalg.lstsq(np.c_[np.ones(len(P)), P[:, 0], P[:, 0] * P[:, 1]], P[:, 2] * 1e3, rcond=None)[0]
+    if pc[0] < 0 or pc[1] < 0:  # no admission-size spread to separate them: the per-sequence line alone
+        pa, pre_call = np.linalg.lstsq(np.c_[np.ones(len(P)), P[:, 1]], P[:, 2] * 1e3 / P[:, 0], rcond=None)[0], 0.0
+    else:
+        pa, pre_call = pc[1:], float(pc[0])
     T = np.asarray(train, dtype=float)
     if len(set(T[:, 2])) > 1:
         ta = np.linalg.lstsq(np.c_[np.ones(len(T)), T[:, 0], T[:, 2]], T[:, 1], rcond=None)[0]
@@ -144,10 +153,10 @@ def calibrate(job, results: dict):
     load = float(np.mean(loads)) if loads else 0.0
     pull = float(np.mean(pulls)) if pulls else load
     costs = [CalibratedCosts("rollout", "cpu", 32, n_act, 1e12, 1.0, pull, (float(dec[0]), float(dec[1]), float(dec[2])),
-                             (float(pa[0]), float(pa[1])), share, overhead_ms, MAX_STEPS_PER_CALL)]
+                             (float(pa[0]), float(pa[1])), share, overhead_ms, MAX_STEPS_PER_CALL, pre_call)]
     sync = SyncCosts(broadcast_s=load, push_s=0.0, relay_fanout_s=0.0, kv_link_gbs=1e-9, kv_link_latency_s=1e9)
     train_s = CalibratedTrain(float(ta[0]), float(ta[1]), float(ta[2]))
     return costs, sync, train_s, {"decode_ms": dec, "share_by_busy": share, "call_overhead_ms": overhead_ms,
-                                  "prefill_ms_per_seq": tuple(map(float, pa)), "train_s": tuple(map(float, ta)),
+                                  "prefill_ms_per_seq": tuple(map(float, pa)), "prefill_ms_per_admission": pre_call, "train_s": tuple(map(float, ta)),
                                   "broadcast_s": load, "pull_s": pull,
                                   "samples": {"steps": len(S), "prefills": len(P), "train": len(T), "calls": len(C)}}

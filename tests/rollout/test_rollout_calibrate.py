@@ -275,3 +275,21 @@ def test_trainer_tokens_are_the_padded_batch(job):
 
     T(job, "trajectory-async", costs, sync, None, None, train_s).run()
     assert seen["got"] == seen["want"] > seen["sum"]
+
+
+def test_prefill_fit_separates_the_admission_constant_from_the_per_sequence_line(job):
+    """An admission costs a constant besides its sequences (measured ~6 ms against ~0.6 ms a sequence here): fitted
+    per sequence alone, the constant spread over the sequences charged large admissions far over their wall."""
+    res = _fake_results(np.random.RandomState(2))
+    rng = np.random.RandomState(3)
+    for runs in res.values():
+        for r in runs:
+            ms, toks = rng.randint(1, 15, 80), rng.randint(8, 300, 80)
+            r.logs["rollout"][0]["prefill"] = [(int(m), float(t), (4.0 + m * (0.5 + 0.02 * t)) / 1e3, 0.0, 0.0)
+                                               for m, t in zip(ms, toks)]
+    costs, _, _, info = calibrate(job, res)
+    c = costs[0]
+    assert c.pre_call_ms == pytest.approx(4.0) and c.pre == pytest.approx((0.5, 0.02))
+    assert c.prefill_ms(14, 100) == pytest.approx(4.0 + 14 * 2.5)
+    assert c.prefill_set_ms([100, 200, 0]) == pytest.approx(4.0 + 2.5 + 4.5)
+    assert info["prefill_ms_per_admission"] == pytest.approx(4.0)
