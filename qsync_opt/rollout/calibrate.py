@@ -157,6 +157,7 @@ def calibrate(job, results: dict):
     sync = SyncCosts(broadcast_s=load, push_s=0.0, relay_fanout_s=0.0, kv_link_gbs=1e-9, kv_link_latency_s=1e9)
     train_s = CalibratedTrain(float(ta[0]), float(ta[1]), float(ta[2]))
     return costs, sync, train_s, {"decode_ms": dec, "share_by_busy": share, "call_overhead_ms": overhead_ms,
-                                  "prefill_ms_per_seq": tuple(map(float, pa)), "prefill_ms_per_admission": pre_call, "train_s": tuple(map(float, ta)),
+                                  "prefill_ms_per_seq": tuple(map(float, pa)), "prefill_ms_per_admission": pre_call,
+                                  "train_s": tuple(map(float, ta)),
                                   "broadcast_s": load, "pull_s": pull,
                                   "samples": {"steps": len(S), "prefills": len(P), "train": len(T), "calls": len(C)}}

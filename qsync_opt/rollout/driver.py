@@ -253,8 +253,8 @@ class Driver:
                    "to_admit": []} for _ in range(n)]
         self.call_log, self.bcast_log, self.pull_log, self.train_log = [], [], [], []
         self.interrupt_log = []  # partial-rollout: [version seen, calls returned, contexts out, broadcast done]
-        # train_log: (padded tokens: trajectories x the longest, wall seen by the driver, trainer CPU s, trainer start, driver issue, actors decoding at
-        # issue, the trainer's own wall s incl. publishing the weights)
+        # train_log: (padded tokens: trajectories x the longest, wall seen by the driver, trainer CPU s, trainer start,
+        # driver issue, actors decoding at issue, the trainer's own wall s incl. publishing the weights)
         self.trajs, self.queue, self.buffer = {}, [], []
         self.next_id = self.round = self.version = self.rollout_version = self.relay_version = 0
         self.round_done, self.pending = {}, {}
