@@ -9,7 +9,7 @@ interrupts, relay pulls).
 
 from __future__ import annotations
 
-from qsync_opt.rollout.sim_records import GEN, SYNC, _Worker
+from qsync_opt.rollout.sim_records import GEN, SYNC, _TrainStep, _Worker
 
 
 class PolicyRules:
@@ -68,8 +68,8 @@ class PolicyRules:
             # calibrated on a shared host: the step is slower while rollouts decode beside it, and how many do changes
             # during the step; it progresses at 1 / train_s(tokens, beside) of the step per second, re-timed at every
             # change (_retime_train), as processes sharing cores do
-            self.train_ps = [tokens, 0.0, self.now, self._beside(), self.now]
-            dur = self.train_s(tokens, beside=self.train_ps[3])
+            self.train_ps = _TrainStep(tokens, self._beside(), self.now)
+            dur = self.train_s(tokens, beside=self.train_ps.beside)
         else:
             self.train_ps = None
             dur = self.train_s(tokens)
@@ -83,20 +83,20 @@ class PolicyRules:
     def _retime_train(self):
         """The number decoding beside the trainer changed: the step's progress so far at the old rate, the rest at
         the new one."""
-        tokens, done, since, beside, _ = ps = self.train_ps
+        ps = self.train_ps
         now_beside = self._beside()
-        if now_beside == beside:
+        if now_beside == ps.beside:
             return
-        ps[1] = done + (self.now - since) / self.train_s(tokens, beside=beside)
-        ps[2], ps[3] = self.now, now_beside
+        ps.done += (self.now - ps.since) / self.train_s(ps.tokens, beside=ps.beside)
+        ps.since, ps.beside = self.now, now_beside
         self.train_epoch += 1
-        self._push(self.now + max(0.0, 1.0 - ps[1]) * self.train_s(tokens, beside=now_beside), "train_done",
+        self._push(self.now + max(0.0, 1.0 - ps.done) * self.train_s(ps.tokens, beside=now_beside), "train_done",
                    self.train_epoch)
 
     def _on_train_done(self):
         self.trainer_busy = False
         if self.train_ps is not None:
-            self.trainer_time += self.now - self.train_ps[4]
+            self.trainer_time += self.now - self.train_ps.start
             self.train_ps = None
         self.trained += 1
         self.version += 1

@@ -41,3 +41,14 @@ class _Worker:
 
     def total_ctx(self, k=None) -> float:
         return self.c0 + len(self.batch) * (self.steps if k is None else k)
+
+
+class _TrainStep:
+    """A trainer step in progress on a shared host (processor sharing): `done` of it by `since`, at the rate
+    1 / train_s(tokens, beside) since then; `start` for the trainer's busy time."""
+
+    __slots__ = ("beside", "done", "since", "start", "tokens")
+
+    def __init__(self, tokens, beside, now):
+        self.tokens, self.beside = tokens, beside
+        self.done, self.since, self.start = 0.0, now, now

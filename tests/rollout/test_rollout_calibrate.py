@@ -207,7 +207,7 @@ class _Traced:
                 busy = self.trainer_busy
                 super()._maybe_train()
                 if self.trainer_busy and not busy:
-                    self.train.append({"start": self.now, "tokens": self.train_ps[0],
+                    self.train.append({"start": self.now, "tokens": self.train_ps.tokens,
                                        "beside": [(self.now, self._beside())]})
 
             def _on_train_done(self):
@@ -271,7 +271,7 @@ def test_trainer_tokens_are_the_padded_batch(job):
                 batch = [t for t in keep if t not in self.buffer]
                 seen["want"] = len(batch) * max(t.prompt + t.target for t in batch)
                 seen["sum"] = sum(t.prompt + t.target for t in batch)
-                seen["got"] = self.train_ps[0]
+                seen["got"] = self.train_ps.tokens
 
     T(job, "trajectory-async", costs, sync, None, None, train_s).run()
     assert seen["got"] == seen["want"] > seen["sum"]
