@@ -21,7 +21,9 @@ class SimResult:
     trajectories_per_s: float
     tokens_per_s: float
     rollout_idle_frac: float
-    """1 − the rollouts' generating fraction (idle + syncing + migrating)."""
+    """1 − the rollouts' generating fraction (idle + syncing + migrating). On a shared host (a calibrated run) the
+    driver's round trip of each decode call is not generating either, as the real run counts it (an actor generates
+    from a call's start to its return, rollout.driver): the timeline draws the trip inside the call."""
     rollout_sync_frac: float
     rollout_migrate_frac: float
     trainer_idle_frac: float
@@ -81,7 +83,7 @@ class Metrics:
         return SimResult(
             variant=self.variant, steps=self.trained, sim_time_s=T,
             trajectories_per_s=self.trained * self.B / T, tokens_per_s=self.tokens_trained / T,
-            rollout_idle_frac=1 - gen / (n * T), rollout_sync_frac=tot[SYNC] / (n * T),
+            rollout_idle_frac=1 - (gen - self.trip_total) / (n * T), rollout_sync_frac=tot[SYNC] / (n * T),
             rollout_migrate_frac=tot[MIGRATE] / (n * T), trainer_idle_frac=1 - self.trainer_time / T,
             staleness_mean=float(np.mean(self.stale)), staleness_max=int(max(self.stale)),
             kv_util_mean=float(np.mean(kv)) if kv else 0.0, repacks=self.repacks, moves=self.moves,

@@ -32,6 +32,7 @@ class _Worker:
         self.reserved = 0.0
         self.epoch = 0
         self.chunk = None  # (t0, dt, n)
+        self.trip_s = 0.0  # of the chunk's dt per step: the driver's round trip (shared host), not generating
         self.paused_until = -1.0
         self.state, self.since = IDLE, 0.0
         self.totals = {s: 0.0 for s in STATES}

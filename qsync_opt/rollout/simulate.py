@@ -124,6 +124,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.repacks = self.moves = 0
         self.repack_overhead = 0.0
         self.reprefill_s = 0.0  # partial-rollout: rollout-seconds re-prefilling interrupted trajectories
+        self.trip_total = 0.0  # shared host: rollout-seconds of decode calls spent in the driver's round trip
         self.solver_walls: list[float] = []
         self.repack_clock_stops = 0
         self.tail_extension_s = 0.0
@@ -173,6 +174,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
             t0, dt, n = w.chunk
             done = min(n, int((self.now - t0) / dt + 1e-9)) if dt > 0 else n
             w.steps += done
+            self.trip_total += done * w.trip_s
             w.chunk = None
         w.epoch += 1
 
@@ -193,7 +195,8 @@ class Simulator(PolicyRules, RepackTick, Metrics):
             # hundreds of steps, the contention of the moment its chunk began
             n = min(n, max(1, int(getattr(w.c, "steps_per_call", n))))
             busy = self.n_gen + self.trainer_busy
-            dt = (w.c.decode_ms_shared(b, w.total_ctx() + b * (n - 1) / 2, busy) + w.c.call_ms(n) / n) / 1e3
+            w.trip_s = w.c.call_ms(n) / n / 1e3
+            dt = w.c.decode_ms_shared(b, w.total_ctx() + b * (n - 1) / 2, busy) / 1e3 + w.trip_s
         else:
             dt = w.c.decode_ms(b, w.total_ctx() + b * (n - 1) / 2) / 1e3
         w.chunk = (self.now, dt, n)
@@ -295,6 +298,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
     def _on_chunk(self, w: _Worker):
         t0, dt, n = w.chunk
         w.steps += n
+        self.trip_total += n * w.trip_s
         w.chunk = None
         finished = []
         while w.heap and w.heap[0][0] <= w.steps:

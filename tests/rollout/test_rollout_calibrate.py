@@ -92,6 +92,28 @@ def test_call_overhead_slows_the_simulated_run(job):
             simulate(job, v, costs=c0, sync=s, train_s=t).sim_time_s
 
 
+@pytest.mark.parametrize("variant", ["sync", "trajectory-async"])
+def test_round_trip_of_a_call_is_not_generating(job, variant):
+    """The real run counts an actor generating from a call's start to its return (rollout.driver), so the driver's
+    round trip is idle there; the simulator must count it the same. One step per call, a flat a-ms step with an
+    o-ms trip against a flat (a + o)-ms step with none: the same schedule, and a generating share a / (a + o) of
+    the second's (prefill priced at the 1 µs floor)."""
+    from qsync_opt.rollout.costs import SyncCosts
+
+    a, o = 3.0, 1.0
+
+    def costs(step_ms, trip_ms):
+        line = ((step_ms, 0.0, 0.0),) * 5
+        return [CalibratedCosts("rollout", "cpu", 32, 4, 1e12, 1.0, 0.01, line[0], (0.0, 0.0), line, trip_ms, 1)]
+
+    sync = SyncCosts(broadcast_s=0.02, push_s=0.0, relay_fanout_s=0.0, kv_link_gbs=1e-9, kv_link_latency_s=1e9)
+    train = CalibratedTrain(0.05, 1e-4, 0.0)
+    with_trip = simulate(job, variant, costs=costs(a, o), sync=sync, train_s=train)
+    folded = simulate(job, variant, costs=costs(a + o, 0.0), sync=sync, train_s=train)
+    assert with_trip.sim_time_s == pytest.approx(folded.sim_time_s, rel=1e-9)
+    assert 1 - with_trip.rollout_idle_frac == pytest.approx((1 - folded.rollout_idle_frac) * a / (a + o), rel=1e-3)
+
+
 def test_broadcast_and_pull_calibrated_as_means(job):
     """The simulator sums broadcasts and pulls, so the calibration takes their mean (a sum's expectation), not the
     median: a run whose syncs are sometimes slow pays those slow syncs."""
