@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qsync_opt.rollout.agreement import discordant, kendall_tau_b, normalised_rounds, round_normalised
+from qsync_opt.rollout.agreement import discordant, kendall_tau_b, normalised_rounds, ordered_pairs, round_normalised
 from qsync_opt.rollout.repack import RepackState, RepackTraj, RepackWorker, repack, warm_up
 from qsync_opt.rollout.simulate import VARIANTS, Simulator, simulate
 from qsync_opt.rollout.spec import load_rollout_spec
@@ -289,9 +289,17 @@ def real_run(args, out: Path, argv) -> list[dict]:
     norm = round_normalised(rounds)
     print(f"  ranking real (paired rounds): {sorted(real, key=lambda v: -norm[v])}; Kendall tau-b against the "
           f"prediction {kendall_tau_b(predicted, norm):.2f} (medians: {kendall_tau_b(predicted, med):.2f})")
-    for d in discordant(predicted, rounds):
+    disc = discordant(predicted, rounds)
+    for d in disc:
         print(f"  discordant: predicted {d.higher_predicted} {d.predicted_ratio:.3f}x {d.lower_predicted}, measured "
-              f"{d.real_ratio:.3f}x round-normalised, ahead in {d.wins} of {d.rounds} rounds")
+              f"{d.real_ratio:.3f}x round-normalised, ahead in {d.wins} of {d.rounds} rounds; per-round ratio's median "
+              f"in {d.interval[0]:.3f}-{d.interval[1]:.3f}x ({d.confidence:.1%}, sign test): "
+              + ("the real run orders them: a wrong prediction" if d.resolved else "the real run does not order them"))
+    n_pairs = len(rounds) * (len(rounds) - 1) // 2
+    n_ord, n_same = ordered_pairs(predicted, rounds)
+    print(f"  pairs ordered oppositely: {len(disc)} of {n_pairs}, of them ordered by the real run: "
+          f"{sum(d.resolved for d in disc)}; pairs the real run orders (sign-test interval of the per-round ratio "
+          f"excludes 1): {n_ord}, predicted in the same order: {n_same}")
     with open(out / "rollout_rounds.csv", "w", newline="") as f:
         header(f, argv)
         w = csv.writer(f)

@@ -10,6 +10,11 @@ The simulator's ranking and the real one agree when no pair is ordered oppositel
 simulator predicts exactly alike (the same schedule: no repack happened, so repack-best-fit and repack-program
 ran trajectory-async's) are tied in the prediction and constrain nothing; Kendall's tau-b (`kendall_tau_b`) counts
 such ties as neither agreement nor disagreement.
+
+A discordant pair is not yet a wrong prediction: two variants a few percent apart trade places from round to
+round. `ratio_interval` bounds the median over rounds of one variant's per-round ratio to the other's with the
+sign test's order statistics (distribution-free: it assumes only that rounds are independent), and a discordant
+pair is `resolved` when that interval excludes 1: the real run orders the pair at that confidence.
 """
 
 from __future__ import annotations
@@ -50,6 +55,14 @@ class Discordant:
     wins: int
     """Rounds in which the predicted-higher variant measured more."""
     rounds: int
+    interval: tuple[float, float] = (0.0, math.inf)
+    """`ratio_interval` of higher / lower: where the median per-round ratio lies, at `confidence`."""
+    confidence: float = 0.0
+
+    @property
+    def resolved(self) -> bool:
+        """The real run orders this pair (the interval excludes 1): the prediction is wrong, not within noise."""
+        return self.interval[1] < 1.0 or self.interval[0] > 1.0
 
 
 def discordant(predicted: dict[str, float], rounds: dict[str, list[float]]) -> list[Discordant]:
@@ -63,9 +76,45 @@ def discordant(predicted: dict[str, float], rounds: dict[str, list[float]]) -> l
             hi, lo = (a, b) if predicted[a] >= predicted[b] else (b, a)
             if _tied(predicted[hi], predicted[lo]) or real[hi] >= real[lo]:
                 continue
+            lo_r, hi_r, conf = ratio_interval(rounds, hi, lo)
             out.append(Discordant(hi, lo, predicted[hi] / predicted[lo], real[hi] / real[lo],
-                                  pair_wins(rounds, hi, lo), n))
+                                  pair_wins(rounds, hi, lo), n, (lo_r, hi_r), conf))
     return sorted(out, key=lambda d: -d.predicted_ratio)
+
+
+def ratio_interval(rounds: dict[str, list[float]], a: str, b: str, confidence: float = 0.95) -> tuple[float, float, float]:
+    """(low, high, achieved confidence): an interval for the median over rounds of a's throughput / b's in the same
+    round, from the order statistics x(k) <= median <= x(n + 1 - k) with the largest k whose coverage
+    1 - 2 P(Binomial(n, 1/2) <= k - 1) is at least `confidence` (exact, distribution-free). Fewer than 6 rounds
+    cannot reach 95%: then k = 1 (the whole range) and its lower coverage is returned."""
+    n = _rounds(rounds)
+    x = sorted(p / q for p, q in zip(rounds[a], rounds[b]))
+    k, cover = 1, _sign_cover(n, 1)
+    while k + 1 <= (n + 1) // 2 and _sign_cover(n, k + 1) >= confidence:
+        k += 1
+        cover = _sign_cover(n, k)
+    return x[k - 1], x[n - k], cover
+
+
+def _sign_cover(n: int, k: int) -> float:
+    """P(x(k) <= median <= x(n + 1 - k)) for n independent draws of a continuous variable."""
+    return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2.0 ** n
+
+
+def ordered_pairs(predicted: dict[str, float], rounds: dict[str, list[float]],
+                  confidence: float = 0.95) -> tuple[int, int]:
+    """(pairs the real run orders, of those the ones the simulator orders the same way): a pair is ordered when
+    `ratio_interval` excludes 1; one the simulator predicts tied counts as not the same way."""
+    names = sorted(rounds)
+    ordered = same = 0
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            lo, hi, _ = ratio_interval(rounds, a, b, confidence)
+            if lo <= 1.0 <= hi:
+                continue
+            ordered += 1
+            same += _sign(predicted[a], predicted[b]) == (1 if lo > 1.0 else -1)
+    return ordered, same
 
 
 def kendall_tau_b(x: dict[str, float], y: dict[str, float]) -> float:
