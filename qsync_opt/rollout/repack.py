@@ -61,15 +61,19 @@ from qsync_opt.rollout.repack_model import (
     brute_force,
     evaluate,
 )
-from qsync_opt.rollout.repack_program import _aggregate, _full
+from qsync_opt.rollout.repack_program import _aggregate, _full, stop_latency
 from qsync_opt.solver.backends import EXACT
 
 __all__ = ["FULL_LIMIT", "Move", "RepackResult", "RepackState", "RepackTraj", "RepackWorker", "best_fit",
            "brute_force", "evaluate", "repack", "warm_up"]
 
 SOLVER_SLACK_S = 0.003
-"""Kept back from the solver's deadline for its overshoot of its own limit: a HiGHS solve returned 2.4 ms past it
-in a scratch trace of `benchmarks/rollout.py`'s repack timing (64 workers, 2,000 trajectories, 50 ms)."""
+"""Kept back from the solver's deadline for its overshoot of its own limit, at least (a HiGHS solve returned 2.4 ms
+past it in a scratch trace of `benchmarks/rollout.py`'s repack timing: 64 workers, 2,000 trajectories, 50 ms); more
+once a backend has been seen later than that (repack_program.stop_latency), up to SLACK_CAP of the limit."""
+
+SLACK_CAP = 0.2
+"""The most of a call's limit kept back for a backend's overshoot: one outlier must not starve every later solve."""
 
 FULL_LIMIT = 1500
 """Largest trajectories × workers count solved in the full form (beyond it: the aggregate form)."""
@@ -135,7 +139,7 @@ def _repack(state: RepackState, method: str, backend: str, time_limit_s: float, 
     base = evaluate(state, start)[0]
     # kept back from the solver's deadline besides packing its answer (pack_s, about one best-fit): the two
     # evaluations after it (the packing's, then _result's with its moves) and the solver's overshoot
-    post_s = 2 * (time.perf_counter() - t1) + SOLVER_SLACK_S
+    post_s = 2 * (time.perf_counter() - t1) + stop_latency(backend, SOLVER_SLACK_S, SLACK_CAP * time_limit_s)
     if not state.trajectories:
         return _result(state, start, "program", t0, bound=base, status="optimal", backend=backend, form="none",
                        baseline_objective=base)

@@ -5,7 +5,9 @@ for the program; `repack` there chooses the form."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 
 from qsync_opt.rollout.repack_best_fit import OutOfTime, _pack
 from qsync_opt.rollout.repack_model import RepackState, evaluate
@@ -16,6 +18,34 @@ from qsync_opt.solver.problem import Problem
 
 PROOF_GAP = 1e-6
 """repack.py calls a placement optimal when its objective is within this relative gap of the bound."""
+
+
+STOP_WINDOW = 32
+"""Solves per backend whose lateness `stop_latency` remembers."""
+_late: dict[str, deque] = {}
+_late_lock = threading.Lock()
+
+
+def note_lateness(backend: str, seconds: float) -> None:
+    """Record how long past the deadline it was given a solve of `backend` returned (negative: early)."""
+    with _late_lock:
+        _late.setdefault(backend, deque(maxlen=STOP_WINDOW)).append(seconds)
+
+
+def stop_latency(backend: str, floor_s: float, cap_s: float) -> float:
+    """What to keep back from a solve's deadline for `backend`'s overshoot of it: the latest of its last STOP_WINDOW
+    solves in this process, at least `floor_s`, at most `cap_s`. Each backend stops at its own pace (measured on
+    the repack timing state at 50 ms, 2026-12-03: SCIP up to 5.9 ms late, HiGHS 3.3, CP-SAT 2.0, CBC 1.4), and
+    a loaded machine stretches that; a fixed reserve was too small for SCIP on one call in 30."""
+    with _late_lock:
+        seen = max(_late.get(backend, ()), default=0.0)
+    return min(cap_s, max(floor_s, seen))
+
+
+def _solve(backend: str, p: Problem, deadline: float, hint=None):
+    raw = get_backend(backend).solve(p, _opts(deadline, hint))
+    note_lateness(backend, time.perf_counter() - deadline)
+    return raw
 
 
 def _opts(deadline: float, hint=None) -> SolveOptions:
@@ -71,7 +101,7 @@ def _full(state: RepackState, backend: str, time_limit_s: float, start: dict[str
     hint = {f"keep_{w}": float(any(d == w for d in start.values())) for w in wk}
     hint.update({f"x_{t.id}_{w}": float(start[t.id] == w) for t in state.trajectories for w in wk
                  if (t.id, w) in allowed})
-    raw = get_backend(backend).solve(p, _opts(t0 + time_limit_s - reserve_s, hint))
+    raw = _solve(backend, p, t0 + time_limit_s - reserve_s, hint)
     if raw.values is None:
         return None, None, raw.status
     placement = {}
@@ -130,7 +160,7 @@ def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dic
         if left <= 0:
             break
         hint = {f"keep_{w}": float(w in hint_keep) for w in wk}
-        raw = get_backend(backend).solve(p, _opts(t0 + time_limit_s - reserve(), hint))
+        raw = _solve(backend, p, t0 + time_limit_s - reserve(), hint)
         if raw.values is None:
             break
         if first and raw.bound is not None and raw.bound_in_plan_units:

@@ -194,3 +194,51 @@ def test_a_packing_past_its_deadline_stops():
     assert _pack(st, {"a"}, deadline=time.perf_counter() + 1e4) == {"t0": "a", "t1": "a"}
     with pytest.raises(OutOfTime):
         _pack(st, {"a"}, deadline=time.perf_counter() - 1.0)
+
+
+def test_stop_latency_remembers_each_backends_lateness_within_floor_and_cap(monkeypatch):
+    import qsync_opt.rollout.repack_program as rp
+
+    monkeypatch.setattr(rp, "_late", {})
+    assert rp.stop_latency("scip", 0.003, 0.01) == 0.003  # nothing seen: the floor
+    rp.note_lateness("scip", -0.018)
+    rp.note_lateness("scip", 0.0059)
+    assert rp.stop_latency("scip", 0.003, 0.01) == pytest.approx(0.0059)
+    assert rp.stop_latency("highs", 0.003, 0.01) == 0.003  # per backend
+    rp.note_lateness("scip", 0.5)
+    assert rp.stop_latency("scip", 0.003, 0.01) == 0.01  # one outlier cannot starve the next solves
+    for _ in range(rp.STOP_WINDOW):
+        rp.note_lateness("scip", -0.01)
+    assert rp.stop_latency("scip", 0.003, 0.01) == 0.003  # forgotten after STOP_WINDOW solves
+
+
+def test_a_backend_seen_late_gets_its_deadline_earlier(monkeypatch):
+    """Every solve's lateness is recorded, and what stop_latency answers is kept back from the next call's solves:
+    half a second more lateness, half a second earlier deadlines (far above the call's own millisecond jitter)."""
+    import time
+
+    import qsync_opt.rollout.repack as rk
+    import qsync_opt.rollout.repack_program as rp
+
+    monkeypatch.setattr(rp, "_late", {})
+    seen, real = [], rp.get_backend
+
+    class Spy:
+        def __init__(self, name):
+            self.inner = real(name)
+
+        def solve(self, problem, options):
+            seen.append(options.deadline)
+            return self.inner.solve(problem, options)
+
+    monkeypatch.setattr(rp, "get_backend", Spy)
+    st = _state(3)
+    first = {}
+    for late in (0.0, 0.5):
+        monkeypatch.setattr(rk, "stop_latency", lambda backend, floor, cap, late=late: max(floor, late))
+        seen.clear()
+        t0 = time.perf_counter()
+        repack(st, backend="highs", form="full", time_limit_s=30.0)
+        first[late] = seen[0] - t0
+        assert len(rp._late["highs"]) >= len(seen)  # every solve's lateness noted
+    assert first[0.0] - first[0.5] == pytest.approx(0.5 - 0.003, abs=0.05)
