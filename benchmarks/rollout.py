@@ -159,12 +159,14 @@ def _cpu_s() -> float:
 
 
 def _timed(reps, call):
-    rs, cpu = [], []
+    """`reps` results and each one's CPU ms: a call over its limit with CPU well under its wall
+    waited for a core (a loaded machine descheduled it), one with CPU over the limit did too much work."""
+    rs, cpu_ms = [], []
     for _ in range(reps):
         c0 = _cpu_s()
         rs.append(call())
-        cpu.append(_cpu_s() - c0)
-    return rs, 1e3 * statistics.median(cpu)
+        cpu_ms.append(1e3 * (_cpu_s() - c0))
+    return rs, cpu_ms
 
 
 def _timing(make, reps, reps_long):
@@ -181,11 +183,13 @@ def _timing(make, reps, reps_long):
 
 
 def _timing_row(st, method, backend, limit, rs, cpu_ms, r, base):
+    over = [f"{1e3 * x.wall_s:.1f}/{c:.1f}" for x, c in zip(rs, cpu_ms) if limit != "" and x.wall_s > limit]
     walls = sorted(1e3 * x.wall_s for x in rs)
     return {"method": method, "tail_guard": st.tail_guard, "backend": backend,
             "limit_ms": "" if limit == "" else limit * 1e3, "calls": len(rs),
-            "median_ms": statistics.median(walls), "cpu_ms_median": cpu_ms, "max_ms": walls[-1],
+            "median_ms": statistics.median(walls), "cpu_ms_median": statistics.median(cpu_ms), "max_ms": walls[-1],
             "over_limit": "" if limit == "" else sum(w > limit * 1e3 for w in walls),
+            "over_wall_cpu_ms": " ".join(over),
             "freed": len(r.freed), "objective": r.objective, "vs_best_fit": r.objective / base if base else "",
             "status": r.status, "gap": "" if r.gap is None else r.gap}
 
@@ -322,6 +326,7 @@ def write_repack_timing(out: Path, argv) -> Path:
     print("\nrepack decision, 64 workers x 2,000 in-flight trajectories:")
     for t in timing:
         over = "" if t["over_limit"] == "" else f", {t['over_limit']} of {t['calls']} over the limit"
+        over += f" (wall/CPU ms: {t['over_wall_cpu_ms']})" if t["over_wall_cpu_ms"] else ""
         print(f"  {t['method']:8s} {'guard ' if t['tail_guard'] else '      '}{t['backend']:6s} limit {t['limit_ms']!s:>6} ms: "
               f"median {t['median_ms']:6.1f} ms, max {t['max_ms']:6.1f} ms{over}, CPU {t['cpu_ms_median']:6.1f} ms, "
               f"freed {t['freed']}, objective {t['objective']:.0f} "
