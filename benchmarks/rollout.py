@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import os
 import random
 import resource
@@ -139,15 +140,24 @@ def header(f, args):
 
 
 def repack_timing(reps: int = 30, reps_long: int = 3):
-    """Every backend's repack decision on one 64-worker, 2,000-trajectory state: `reps` calls at the 50 ms default
-    limit (how many overran it, and by how much) and `reps_long` at 1 s (what more time buys)."""
+    """Every backend's repack decision on one 64-worker, 2,000-trajectory state, timed as the caller sees it (from the
+    call to its return): `reps` calls at the 50 ms default limit (how many overran it, and by how much), first as the
+    process stands, then after `warm_up(freeze=True)` (gc.freeze: the collection a decision's allocations trigger no
+    longer rescans torch's objects), then `reps_long` at 1 s (what more time buys). The process is unfrozen after."""
     rng = random.Random(1)
     ws = [RepackWorker(f"w{i}", 400000, 64, rng.uniform(1e4, 2e4), rng.choice([0.01, 0.012])) for i in range(64)]
     ts = [RepackTraj(f"t{k}", f"w{rng.randrange(64)}", rng.randint(600, 8000), rng.randint(0, 6000))
           for k in range(2000)]
     out = []
-    for guard in (False, True):  # a fresh state per call: a state caches its caps and loads
-        out += _timing(lambda g=guard: RepackState(ws, ts, 0.9, max_freed=None, tail_guard=g), reps, reps_long)
+    try:
+        for frozen in (False, True):
+            if frozen:
+                warm_up("highs", freeze=True)
+            for guard in (False, True):  # a fresh state per call: a state caches its caps and loads
+                out += _timing(lambda g=guard: RepackState(ws, ts, 0.9, max_freed=None, tail_guard=g), reps,
+                               reps_long if frozen else 0, frozen)
+    finally:
+        gc.unfreeze()
     return out
 
 
@@ -159,37 +169,41 @@ def _cpu_s() -> float:
 
 
 def _timed(reps, call):
-    """`reps` results and each one's CPU ms: a call over its limit with CPU well under its wall
-    waited for a core (a loaded machine descheduled it), one with CPU over the limit did too much work."""
-    rs, cpu_ms = [], []
+    """`reps` results with each one's wall and CPU ms as the caller sees them (from the call to its return: the
+    collection the decision's allocations trigger as the collector resumes is in it). A call over its limit with
+    CPU well under its wall waited for a core (a loaded machine descheduled it); one with CPU over it did too much."""
+    rs, wall_ms, cpu_ms = [], [], []
     for _ in range(reps):
-        c0 = _cpu_s()
+        c0, t0 = _cpu_s(), time.perf_counter()
         rs.append(call())
+        wall_ms.append(1e3 * (time.perf_counter() - t0))
         cpu_ms.append(1e3 * (_cpu_s() - c0))
-    return rs, cpu_ms
+    return rs, wall_ms, cpu_ms
 
 
-def _timing(make, reps, reps_long):
+def _timing(make, reps, reps_long, frozen):
     out = []
     st = make()
-    bf, bf_cpu = _timed(reps, lambda: repack(make(), method="best-fit"))
-    out.append(_timing_row(st, "best-fit", "", "", bf, bf_cpu, bf[0], bf[0].objective))
+    bf = _timed(reps, lambda: repack(make(), method="best-fit"))
+    out.append(_timing_row(st, "best-fit", "", "", *bf, bf[0][0].objective, frozen))
     for be in [b for b in EXACT if available()[b]]:
         warm_up(be)  # the first call with a backend in a process imports it (repack.warm_up)
         for limit, n in ((0.05, reps), (1.0, reps_long)):
-            rs, cpu = _timed(n, lambda: repack(make(), backend=be, time_limit_s=limit))
-            out.append(_timing_row(st, "program", be, limit, rs, cpu, rs[-1], bf[0].objective))
+            if n:
+                out.append(_timing_row(st, "program", be, limit,
+                                       *_timed(n, lambda: repack(make(), backend=be, time_limit_s=limit)),
+                                       bf[0][0].objective, frozen))
     return out
 
 
-def _timing_row(st, method, backend, limit, rs, cpu_ms, r, base):
-    over = [f"{1e3 * x.wall_s:.1f}/{c:.1f}" for x, c in zip(rs, cpu_ms) if limit != "" and x.wall_s > limit]
-    walls = sorted(1e3 * x.wall_s for x in rs)
-    return {"method": method, "tail_guard": st.tail_guard, "backend": backend,
+def _timing_row(st, method, backend, limit, rs, wall_ms, cpu_ms, base, frozen=False):
+    over = [f"{w:.1f}/{c:.1f}" for w, c in zip(wall_ms, cpu_ms) if limit != "" and w > limit * 1e3]
+    walls, r = sorted(wall_ms), rs[-1]
+    return {"method": method, "tail_guard": st.tail_guard, "gc_frozen": frozen, "backend": backend,
             "limit_ms": "" if limit == "" else limit * 1e3, "calls": len(rs),
             "median_ms": statistics.median(walls), "cpu_ms_median": statistics.median(cpu_ms), "max_ms": walls[-1],
-            "over_limit": "" if limit == "" else sum(w > limit * 1e3 for w in walls),
-            "over_wall_cpu_ms": " ".join(over),
+            "over_limit": "" if limit == "" else len(over), "over_wall_cpu_ms": " ".join(over),
+            "after_decision_ms_max": max(w - 1e3 * x.wall_s for w, x in zip(wall_ms, rs)),
             "freed": len(r.freed), "objective": r.objective, "vs_best_fit": r.objective / base if base else "",
             "status": r.status, "gap": "" if r.gap is None else r.gap}
 
@@ -327,8 +341,10 @@ def write_repack_timing(out: Path, argv) -> Path:
     for t in timing:
         over = "" if t["over_limit"] == "" else f", {t['over_limit']} of {t['calls']} over the limit"
         over += f" (wall/CPU ms: {t['over_wall_cpu_ms']})" if t["over_wall_cpu_ms"] else ""
-        print(f"  {t['method']:8s} {'guard ' if t['tail_guard'] else '      '}{t['backend']:6s} limit {t['limit_ms']!s:>6} ms: "
+        print(f"  {t['method']:8s} {'guard ' if t['tail_guard'] else '      '}{'frozen ' if t['gc_frozen'] else '       '}"
+              f"{t['backend']:6s} limit {t['limit_ms']!s:>6} ms: "
               f"median {t['median_ms']:6.1f} ms, max {t['max_ms']:6.1f} ms{over}, CPU {t['cpu_ms_median']:6.1f} ms, "
+              f"returned <= {t['after_decision_ms_max']:.1f} ms after deciding, "
               f"freed {t['freed']}, objective {t['objective']:.0f} "
               f"({t['vs_best_fit'] if t['vs_best_fit'] == '' else format(t['vs_best_fit'], '.3f')}x best-fit), "
               f"{t['status']}, gap {t['gap'] if t['gap'] == '' else format(t['gap'], '.1e')}")

@@ -22,15 +22,18 @@ def test_real_only_with_a_mode_that_excludes_it_exits_2(tmp_path, capsys, other)
 
 
 def test_repack_timing_row_names_each_call_over_its_limit_with_its_cpu():
-    """A call over the limit is listed as wall/CPU ms, so a reader can tell a descheduled call (CPU under the
-    limit) from one that did too much work; calls within it are not listed."""
+    """Times are the caller's (call to return); a call over the limit is listed as wall/CPU ms, so a reader can tell
+    a descheduled call (CPU under the limit) from one that did too much work; calls within it are not listed; what
+    the caller waited past the decision's own clock (the collector resuming) is reported."""
     from types import SimpleNamespace
 
     rs = [SimpleNamespace(wall_s=w, freed=["w1"], objective=2.0, status="feasible", gap=None)
-          for w in (0.040, 0.052, 0.049, 0.0515)]
-    row = rollout._timing_row(SimpleNamespace(tail_guard=False), "program", "scip", 0.05, rs,
-                              [39.0, 46.0, 48.0, 51.0], rs[-1], 1.0)
+          for w in (0.039, 0.047, 0.049, 0.051)]
+    walls = [40.0, 52.0, 49.0, 51.5]
+    row = rollout._timing_row(SimpleNamespace(tail_guard=False), "program", "scip", 0.05, rs, walls,
+                              [39.0, 46.0, 48.0, 51.0], 1.0, frozen=True)
     assert row["over_limit"] == 2 and row["over_wall_cpu_ms"] == "52.0/46.0 51.5/51.0"
-    assert row["cpu_ms_median"] == 47.0 and row["max_ms"] == 52.0
-    best = rollout._timing_row(SimpleNamespace(tail_guard=False), "best-fit", "", "", rs, [1.0] * 4, rs[0], 2.0)
+    assert row["cpu_ms_median"] == 47.0 and row["max_ms"] == 52.0 and row["gc_frozen"] is True
+    assert row["after_decision_ms_max"] == pytest.approx(5.0)  # 52 ms seen by the caller, 47 ms decided
+    best = rollout._timing_row(SimpleNamespace(tail_guard=False), "best-fit", "", "", rs, walls, [1.0] * 4, 2.0)
     assert best["over_limit"] == "" and best["over_wall_cpu_ms"] == ""
