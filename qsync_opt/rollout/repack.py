@@ -31,7 +31,9 @@ nothing better in time).
 
 Example (an RL framework's rollout manager, every tick)::
 
-    from qsync_opt.rollout.repack import RepackState, RepackWorker, RepackTraj, repack
+    from qsync_opt.rollout.repack import RepackState, RepackWorker, RepackTraj, repack, warm_up
+
+    warm_up("highs", freeze=True)  # once, at start-up, after the model is loaded: see warm_up
 
     workers = [RepackWorker("w0", kv_capacity=8000, batch_cap=8, value=500.0, move_cost_per_token=0.01),
                RepackWorker("w1", kv_capacity=8000, batch_cap=8, value=500.0, move_cost_per_token=0.01)]

@@ -242,3 +242,20 @@ def test_a_backend_seen_late_gets_its_deadline_earlier(monkeypatch):
         first[late] = seen[0] - t0
         assert len(rp._late["highs"]) >= len(seen)  # every solve's lateness noted
     assert first[0.0] - first[0.5] == pytest.approx(0.5 - 0.003, abs=0.05)
+
+
+def test_warm_up_freezes_only_when_asked():
+    """warm_up(freeze=True) moves what the process holds to the collector's permanent generation (gc.freeze); a plain
+    warm_up leaves the collector as it was."""
+    import gc
+
+    from qsync_opt.rollout.repack import warm_up
+
+    gc.unfreeze()
+    try:
+        warm_up("highs")
+        assert gc.get_freeze_count() == 0 and gc.isenabled()
+        warm_up("highs", freeze=True)
+        assert gc.get_freeze_count() > 0 and gc.isenabled()
+    finally:
+        gc.unfreeze()  # the test session keeps its collector as it was
