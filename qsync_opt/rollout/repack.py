@@ -106,11 +106,11 @@ def warm_up(backend: str = "highs", freeze: bool = False) -> None:
 
     `freeze=True` then calls `gc.freeze()`: every object alive now (torch, the model, the framework) moves to the
     collector's permanent generation and is never scanned again. `repack` pauses the collector during a decision,
-    so the collection its allocations trigger runs right after it, in the caller's time; in a process holding torch
-    that was a full collection of ~200,000 objects, 25-130 ms after a 40 ms decision, on about one call in 20
-    (`benchmarks/rollout.py --repack-only`, 2026-12-03); frozen, at most 1.2 ms. The cost: objects alive at the
-    freeze that later become cyclic garbage are never freed (refcounting still frees the rest): freeze once, at
-    start-up, after loading what the process keeps."""
+    so the collection its allocations trigger runs as the collector resumes, before the call returns; in a process
+    holding torch that was a full collection: the call returned 155-199 ms after its decision on 2 of 240 calls at
+    50 ms in each of two runs (`benchmarks/rollout.py`, 2026-12-03); frozen, at most 11.3 ms after (CP-SAT; 6.5 ms
+    with the other backends and best-fit). The cost: objects alive at the freeze that later become cyclic garbage are
+    never freed (refcounting still frees the rest): freeze once, at start-up, after loading what the process keeps."""
     w = [RepackWorker("a", 100, 2, 10.0, 0.01), RepackWorker("b", 100, 2, 10.0, 0.01)]
     repack(RepackState(w, [RepackTraj("t0", "a", 10, 10), RepackTraj("t1", "b", 10, 10)], 0.9), backend=backend,
            time_limit_s=1.0, form="full")
