@@ -172,11 +172,14 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         """Advance w's steps to now and cancel its chunk event."""
         if w.chunk is not None:
             t0, dt, n = w.chunk
-            done = min(n, int((self.now - t0) / dt + 1e-9)) if dt > 0 else n
-            w.steps += done
-            self.trip_total += done * w.trip_s
+            self._advance(w, min(n, int((self.now - t0) / dt + 1e-9)) if dt > 0 else n)
             w.chunk = None
         w.epoch += 1
+
+    def _advance(self, w: _Worker, steps: int):
+        """w decoded `steps` steps of its chunk: each paid its share of the call's round trip (not generating)."""
+        w.steps += steps
+        self.trip_total += steps * w.trip_s
 
     def _start_chunk(self, w: _Worker):
         if w.chunk is not None or self.now < w.paused_until:
@@ -296,9 +299,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
 
     # ---------------------------------------------------------------- handlers
     def _on_chunk(self, w: _Worker):
-        t0, dt, n = w.chunk
-        w.steps += n
-        self.trip_total += n * w.trip_s
+        self._advance(w, w.chunk[2])
         w.chunk = None
         finished = []
         while w.heap and w.heap[0][0] <= w.steps:
