@@ -149,3 +149,40 @@ def test_scip_and_cpsat_are_stopped_at_the_deadline(monkeypatch, backend, stop):
     deadline = time.perf_counter() + 60.0
     get_backend(backend).solve(_problem(), SolveOptions(time_limit_s=60.0, deadline=deadline))
     assert armed and all(d == deadline and name == stop for d, name in armed), armed
+
+
+def _scip_answering(monkeypatch, code_name: str, wait_for_stop: bool):
+    """SCIP's Solve replaced by one that (optionally) waits for the interrupt, then answers `code_name`."""
+    import threading
+
+    from ortools.linear_solver import pywraplp
+
+    interrupted = threading.Event()
+    monkeypatch.setattr(pywraplp.Solver, "InterruptSolve", lambda self: (interrupted.set(), True)[1])
+
+    def solve(self, *a):
+        if wait_for_stop:
+            assert interrupted.wait(30.0)
+        return getattr(pywraplp.Solver, code_name)
+
+    monkeypatch.setattr(pywraplp.Solver, "Solve", solve)
+
+
+@pytest.mark.skipif(not AVAILABLE["scip"], reason="OR-Tools built without SCIP")
+def test_scip_stopped_at_the_deadline_is_unknown_not_an_error(monkeypatch):
+    """Interrupted at the deadline, SCIP sometimes answers ABNORMAL (seen under load in CI): the solve was stopped, not
+    broken, so the status is "unknown" with no values, as for NOT_SOLVED."""
+    _scip_answering(monkeypatch, "ABNORMAL", wait_for_stop=True)
+    res = get_backend("scip").solve(_problem(), SolveOptions(time_limit_s=60.0, deadline=time.perf_counter() - 1.0))
+    assert res.status == "unknown" and res.values is None and res.objective is None
+    assert "deadline" in res.message
+
+
+@pytest.mark.skipif(not AVAILABLE["scip"], reason="OR-Tools built without SCIP")
+def test_scip_abnormal_without_a_stop_request_stays_an_error(monkeypatch):
+    _scip_answering(monkeypatch, "ABNORMAL", wait_for_stop=False)
+    res = get_backend("scip").solve(_problem(), SolveOptions(time_limit_s=60.0))
+    assert res.status == "error"
+    # a deadline still far off: no stop was requested, so ABNORMAL is SCIP's own failure
+    res = get_backend("scip").solve(_problem(), SolveOptions(time_limit_s=60.0, deadline=time.perf_counter() + 1e4))
+    assert res.status == "error"

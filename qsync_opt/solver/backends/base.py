@@ -71,6 +71,13 @@ STOP_REPEAT_S = 0.001
 """How often `stop_at_deadline` repeats its stop request once the deadline has passed."""
 
 
+@dataclass
+class StopRequests:
+    """What `stop_at_deadline` did: `sent` is True once it has asked the solver to stop."""
+
+    sent: bool = False
+
+
 @contextmanager
 def stop_at_deadline(options: SolveOptions, stop):
     """Call `stop()` from a thread once `options.deadline` has passed, and again every STOP_REPEAT_S until the solve
@@ -78,9 +85,13 @@ def stop_at_deadline(options: SolveOptions, stop):
     their own limit: SCIP (`InterruptSolve`) once returned 57 ms into a 50 ms repack decision; CP-SAT
     (`stop_search`). Repeated, because a request that arrives before the solver has entered its search is dropped:
     OR-Tools builds SCIP's model inside `Solve`, and a SCIP interrupted 2 ms into a build of 300 rows ran on to its
-    own 1 s limit (stopped at 9.8 ms with the request repeated; a scratch run, 2026-12-03)."""
+    own 1 s limit (stopped at 9.8 ms with the request repeated; a scratch run, 2026-12-03).
+
+    Yields a `StopRequests`: its `sent` says, once the solve has returned, whether a stop was requested, so a backend
+    can tell a solver that failed from one it stopped (SCIP may answer an interrupt with ABNORMAL)."""
+    requests = StopRequests()
     if options.deadline is None:
-        yield
+        yield requests
         return
     done = threading.Event()
 
@@ -88,6 +99,7 @@ def stop_at_deadline(options: SolveOptions, stop):
         if done.wait(max(0.0, options.deadline - time.perf_counter())):
             return  # returned in time
         while True:
+            requests.sent = True
             stop()
             if done.wait(STOP_REPEAT_S):
                 return
@@ -95,7 +107,7 @@ def stop_at_deadline(options: SolveOptions, stop):
     watcher = threading.Thread(target=watch, name="stop-at-deadline", daemon=True)
     watcher.start()
     try:
-        yield
+        yield requests
     finally:
         done.set()
         watcher.join()  # no request may reach a solver after its solve has returned
