@@ -241,7 +241,8 @@ def test_a_backend_seen_late_gets_its_deadline_earlier(monkeypatch):
         repack(st, backend="highs", form="full", time_limit_s=30.0)
         first[late] = seen[0] - t0
         assert len(rp._late["highs"]) >= len(seen)  # every solve's lateness noted
-    assert first[0.0] - first[0.5] == pytest.approx(0.5 - 0.003, abs=0.05)
+    # the 0.5 s reserve moves the deadline by itself; abs leaves room for a descheduled process between the clocks
+    assert first[0.0] - first[0.5] == pytest.approx(0.5 - 0.003, abs=0.2)
 
 
 def test_warm_up_freezes_only_when_asked():
