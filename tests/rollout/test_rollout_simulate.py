@@ -63,12 +63,48 @@ def test_sync_matches_hand_computation_without_tail():
     assert got == pytest.approx(want, rel=2e-3)  # chunks use the mean context: exact for affine t
 
 
-def test_plan_recommends_the_fastest(job):
+def test_plan_recommends_the_simplest_within_a_tie_of_the_fastest(job):
+    from qsync_opt.rollout.plan import TIE_FRAC
+
     plan = solve(job)
-    best = max(plan.policies, key=lambda p: p.trajectories_per_s)
-    assert plan.recommended == best.variant
+    fastest = max(p.trajectories_per_s for p in plan.policies)
+    tied = [p.variant for p in plan.policies if p.trajectories_per_s >= (1 - TIE_FRAC) * fastest]
+    assert plan.recommended == min(tied, key=VARIANTS.index)
     assert {p.variant for p in plan.policies} == set(VARIANTS)
     assert '"recommended"' in plan.to_json()
+
+
+def _fig(variant, tps, staleness=0.0, staleness_max=0):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(variant=variant, trajectories_per_s=tps, staleness_mean=staleness,
+                           staleness_max=staleness_max)
+
+
+def test_recommend_takes_the_fastest_outside_a_tie():
+    from qsync_opt.rollout.plan import recommend
+
+    v, why = recommend([_fig("sync", 10.0), _fig("repack-best-fit", 40.0, 1.5, 4), _fig("repack-program", 41.0, 1.6, 5)])
+    assert v == "repack-program"  # 2.5% ahead: past the 1% tie
+    assert "1.02x the next best (repack-best-fit)" in why and "max 5" in why
+
+
+def test_recommend_takes_the_simpler_variant_in_a_tie():
+    """Within TIE_FRAC of the fastest the gain is one draw of the workload: the variant with fewer moving parts
+    (earlier in VARIANTS) is recommended, and the reason names the faster one and the margin."""
+    from qsync_opt.rollout.plan import TIE_FRAC, recommend
+
+    figs = [_fig("repack-program", 43.19, 1.62, 6), _fig("repack-best-fit", 43.16, 1.58, 6),
+            _fig("partial-rollout", 42.53, 0.98, 4), _fig("sync", 12.9)]
+    v, why = recommend(figs)
+    assert v == "repack-best-fit"  # partial-rollout is 1.5% behind: outside the tie
+    assert "repack-program is within 1%" in why and "+0.07%" in why
+    # the order, not the list's, decides; every variant tied: sync
+    v, _ = recommend(list(reversed([_fig(x, 50.0) for x in VARIANTS])))
+    assert v == "sync"
+    # the tie's edge: exactly TIE_FRAC behind is tied, a hair more is not
+    assert recommend([_fig("repack-program", 100.0), _fig("stale", 100.0 * (1 - TIE_FRAC))])[0] == "stale"
+    assert recommend([_fig("repack-program", 100.0), _fig("stale", 100.0 * (1 - TIE_FRAC) - 1e-6)])[0] == "repack-program"
 
 
 def test_report_writes_timeline_and_kv_pngs(job, tmp_path):
