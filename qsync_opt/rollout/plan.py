@@ -8,6 +8,8 @@ the simulator under the serving cost model (or calibrated costs), not measuremen
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -116,16 +118,100 @@ class RolloutPlan(BaseModel):
         return p
 
 
+WORKER_MODULE = "qsync_opt.rollout.sim_worker"
+"""What `simulate_variants` runs as `python -m` for a worker process."""
+
+PARALLEL_AFTER_S = 0.5
+"""`simulate_variants` runs the rest in worker processes when its first variant took at least this long: a worker
+pays about 1.5 s importing the package (the CLI's Laminar example: 39 s of simulation over 7 variants)."""
+
+
+def simulate_variants(job, variants=VARIANTS, processes: int | None = None, **kw) -> dict[str, SimResult]:
+    """`simulate(job, v, **kw)` for every v in `variants`, in that order. The simulator is deterministic, so the
+    variants are independent: the first runs here, and when it took PARALLEL_AFTER_S or more the others run in up
+    to `processes` worker processes at once (default: the CPUs this process may use), the repack variants first.
+    Results are those of the serial loop, value for value (wall times aside: the simulator's and its solver's are
+    measured, not simulated).
+
+    A worker is `python -m qsync_opt.rollout.sim_worker` fed by pipe, not a multiprocessing child: spawning one
+    re-imports the caller's `__main__`, which re-runs a script that calls `qsync_opt.solve` without a main guard;
+    a worker that fails leaves its variant to this process, which raises what it raises."""
+    variants = list(variants)
+    if not variants:
+        return {}
+    t0 = time.perf_counter()
+    out = {variants[0]: simulate(job, variants[0], **kw)}
+    rest = variants[1:]
+    n = processes if processes is not None else len(os.sched_getaffinity(0))
+    if n < 2 or len(rest) < 2 or time.perf_counter() - t0 < PARALLEL_AFTER_S:
+        out.update((v, simulate(job, v, **kw)) for v in rest)
+        return out
+    import queue
+    import threading
+
+    todo: queue.Queue = queue.Queue()
+    for v in reversed(rest):  # the repack variants, the slowest, first
+        todo.put(v)
+    done: dict[str, SimResult | None] = {}
+    threads = [threading.Thread(target=_worker_loop, args=(job, kw, todo, done), daemon=True)
+               for _ in range(min(n, len(rest)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.update((v, done.get(v) if done.get(v) is not None else simulate(job, v, **kw)) for v in rest)
+    return out
+
+
+def _worker_loop(job, kw: dict, todo, done: dict) -> None:
+    """Feed one worker process (`qsync_opt.rollout.sim_worker`) variants from `todo` until it is empty; a variant
+    the worker fails on is left out of `done` (the caller then runs it itself), and the worker is not used again."""
+    import pickle
+    import queue
+    import subprocess
+    import sys
+
+    from qsync_opt.rollout.sim_worker import read_msg, write_msg
+
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # the package this process runs, not another install
+    env["PYTHONPATH"] = os.pathsep.join([root, env["PYTHONPATH"]]) if env.get("PYTHONPATH") else root
+    try:
+        p = subprocess.Popen([sys.executable, "-m", WORKER_MODULE], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    except OSError:
+        return
+    try:
+        while True:
+            try:
+                v = todo.get_nowait()
+            except queue.Empty:
+                break
+            write_msg(p.stdin, pickle.dumps((job, v, kw)))
+            msg = read_msg(p.stdout)
+            if msg is None:
+                break  # the worker died: this variant runs in the caller, the rest of the queue in other workers
+            done[v] = pickle.loads(msg)
+    except (OSError, EOFError, pickle.UnpicklingError):
+        pass
+    finally:
+        try:
+            p.stdin.close()  # end of input: the worker exits
+        except OSError:
+            pass
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def solve(job, steps: int | None = None, variants=VARIANTS, keep_results: dict | None = None) -> RolloutPlan:
     """Simulate every policy variant of `job` and recommend one. `keep_results`, if a dict, receives
     variant -> SimResult (with timelines for the first few trainer steps) for the report."""
     from qsync_opt.rollout.simulate import _variant_of
 
     r = job.rollout
-    results = {}
-    for v in variants:
-        res = simulate(job, v, steps=steps, timeline_until=None)
-        results[v] = res
+    results = simulate_variants(job, variants, steps=steps, timeline_until=None)
     recommended, reason = recommend(results.values())
     w = r.workload
     mean_prompt = w.prompt_len if isinstance(w.prompt_len, int) else w.prompt_len.mean(10**9)

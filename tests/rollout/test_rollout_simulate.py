@@ -190,3 +190,48 @@ def test_fresh_horizon_caps_the_value_of_freeing():
     assert fresh_horizon_s(10.0, 0, 1) == math.inf
     assert fresh_horizon_s(120.0, 2, 1) == pytest.approx(60.0)  # one mean period at η = 1
     assert fresh_horizon_s(120.0, 2, 4) == pytest.approx(240.0)  # η periods
+
+
+def _figures(results: dict) -> dict:
+    """Every figure of every variant but the wall times (the simulator's and its solver's: measured, not simulated)."""
+    return {v: {k: x for k, x in r.row().items() if k != "wall_s" and not k.startswith("solver_wall")}
+            for v, r in results.items()}
+
+
+def test_variants_in_worker_processes_equal_the_serial_loop(job, monkeypatch):
+    import qsync_opt.rollout.plan as plan
+
+    variants = ("sync", "partial-rollout", "repack-best-fit", "repack-program")
+    serial = plan.simulate_variants(job, variants, processes=1)
+    assert list(serial) == list(variants)
+    monkeypatch.setattr(plan, "PARALLEL_AFTER_S", 0.0)  # the tiny job is fast: force the workers
+    spawned = []
+    real_popen = __import__("subprocess").Popen
+
+    def popen(*a, **k):
+        spawned.append(a[0])
+        return real_popen(*a, **k)
+
+    monkeypatch.setattr("subprocess.Popen", popen)
+    here = []
+    monkeypatch.setattr(plan, "simulate", lambda j, v, **kw: (here.append(v), simulate(j, v, **kw))[1])
+    parallel = plan.simulate_variants(job, variants, processes=2)
+    assert len(spawned) == 2 and all(plan.WORKER_MODULE in cmd for cmd in spawned)
+    assert here == ["sync"]  # the first here, the other three in the workers
+    assert list(parallel) == list(variants)
+    assert _figures(parallel) == _figures(serial)
+
+
+def test_a_failed_worker_leaves_its_variants_to_the_caller(job, monkeypatch):
+    """A worker that cannot start (here: no such module) answers nothing; the caller runs those variants itself
+    and the plan is the same."""
+    import qsync_opt.rollout.plan as plan
+
+    variants = ("sync", "stale", "trajectory-async")
+    serial = plan.simulate_variants(job, variants, processes=1)
+    monkeypatch.setattr(plan, "PARALLEL_AFTER_S", 0.0)
+    monkeypatch.setattr(plan, "WORKER_MODULE", "qsync_opt.no_such_worker")
+    here = []
+    monkeypatch.setattr(plan, "simulate", lambda j, v, **kw: (here.append(v), simulate(j, v, **kw))[1])
+    assert _figures(plan.simulate_variants(job, variants, processes=2)) == _figures(serial)
+    assert sorted(here) == sorted(variants)
