@@ -131,11 +131,12 @@ def _parser() -> argparse.ArgumentParser:
                    "that is expected >10x slower (runtime.emulate: true in the spec does the same)")
     t.set_defaults(func=_cmd_train)
 
-    r = sub.add_parser("run", help="profile -> indicate -> solve -> predict -> train -> report; each stage's artefact cached in the output folder")
+    r = sub.add_parser("run", help="profile -> indicate -> solve -> predict -> train -> report; each stage's artefact "
+                       "cached in the output folder (a rollout spec: every policy simulated, timeline and KV PNGs)")
     r.add_argument("spec")
     r.add_argument("-o", "--output", required=True, help="folder for the stages' artefacts, train/, report.md and PNGs")
     r.add_argument("--from", dest="start", help="rerun from this stage: profile | indicate | solve | predict | train | report")
-    r.add_argument("--steps", type=int, help="training steps (default: training.steps)")
+    r.add_argument("--steps", type=int, help="training steps (default: training.steps; rollout: rollout.steps)")
     r.add_argument("--emulate", action="store_true", help="as for train: emulate absent devices even when >10x slower")
     r.set_defaults(func=_cmd_run)
 
@@ -380,10 +381,34 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_run(args) -> int:
+    from qsync_opt.spec.load import read_document
+
+    if read_document(args.spec)[0].get("kind") == "rollout":
+        return _run_rollout(args)
     from qsync_opt.training.run import run
 
     stages = run(args.spec, args.output, start=args.start, steps=args.steps, emulate=args.emulate)
     print(f"report: {stages['report']}")
+    return EXIT_OK
+
+
+def _run_rollout(args) -> int:
+    """`qsync-opt run` on a rollout spec: the plan (every policy simulated), its timeline and KV-utilisation PNGs and
+    report.md in the output folder. The real run on Ray actors is `qsync_opt.rollout.run` and benchmarks/rollout.py."""
+    from qsync_opt.jobs import load_spec
+    from qsync_opt.rollout.plan import print_plan, run_report
+
+    for flag, given in (("--from", args.start), ("--emulate", args.emulate)):
+        if given:
+            raise SpecError(f"{flag}: for a training job's stages; a rollout run simulates every policy and draws it "
+                            f"(drop {flag})")
+    if args.steps is not None and args.steps < 1:
+        raise SpecError(f"--steps {args.steps}: simulated trainer steps must be at least 1")
+    out = _console()
+    plan, paths = run_report(load_spec(args.spec), args.output, steps=args.steps)
+    print_plan(plan, out)
+    for what in ("plan", "timeline", "kv", "report"):
+        out.print(f"{what}: {paths[what]}")
     return EXIT_OK
 
 

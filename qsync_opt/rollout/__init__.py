@@ -7,6 +7,7 @@ Public surface (what the CLI calls):
 * ``print_plan(plan, console)``: rich tables
 * ``simulate(job, variant=None, ...) -> SimResult``
 * ``write_report(job, out_dir) -> {"timeline": png, "kv": png}``
+* ``run_report(job, out_dir) -> (RolloutPlan, paths)``: ``qsync-opt run`` on a rollout spec (plan, PNGs, report.md)
 * ``run(job, out_dir, ...) -> RunResult``: the real run with Ray actors (needs ray; SpecError otherwise)
 * ``repack(state) -> RepackResult``: the per-tick library call
 """
@@ -14,7 +15,7 @@ Public surface (what the CLI calls):
 from importlib import import_module
 
 _LAZY = {  # name -> module: imported on first use, so that reading any spec does not import the simulator
-    "RolloutPlan": "plan", "print_plan": "plan", "solve": "plan", "write_report": "plan",
+    "RolloutPlan": "plan", "print_plan": "plan", "solve": "plan", "write_report": "plan", "run_report": "plan",
     "RepackState": "repack", "RepackTraj": "repack", "RepackWorker": "repack", "repack": "repack",
     "VARIANTS": "simulate", "SimResult": "simulate", "simulate": "simulate",
     "RolloutJob": "spec", "load_rollout_spec": "spec",
@@ -35,4 +36,4 @@ def run(job, out_dir, **kwargs):
 
 
 __all__ = ["VARIANTS", "RepackState", "RepackTraj", "RepackWorker", "RolloutJob", "RolloutPlan", "SimResult",
-           "load_rollout_spec", "print_plan", "repack", "run", "simulate", "solve", "write_report"]
+           "load_rollout_spec", "print_plan", "repack", "run", "run_report", "simulate", "solve", "write_report"]

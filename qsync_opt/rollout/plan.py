@@ -207,11 +207,18 @@ def _worker_loop(job, kw: dict, todo, done: dict) -> None:
 
 def solve(job, steps: int | None = None, variants=VARIANTS, keep_results: dict | None = None) -> RolloutPlan:
     """Simulate every policy variant of `job` and recommend one. `keep_results`, if a dict, receives
-    variant -> SimResult (with timelines for the first few trainer steps) for the report."""
+    variant -> SimResult (without timelines: `run_report` keeps those)."""
+    results = simulate_variants(job, variants, steps=steps, timeline_until=None)
+    if keep_results is not None:
+        keep_results.update(results)
+    return plan_from(job, results, steps)
+
+
+def plan_from(job, results: dict[str, SimResult], steps: int | None = None) -> RolloutPlan:
+    """The plan of `job` from its simulated variants (`simulate_variants`)."""
     from qsync_opt.rollout.simulate import _variant_of
 
     r = job.rollout
-    results = simulate_variants(job, variants, steps=steps, timeline_until=None)
     recommended, reason = recommend(results.values())
     w = r.workload
     mean_prompt = w.prompt_len if isinstance(w.prompt_len, int) else w.prompt_len.mean(10**9)
@@ -221,8 +228,6 @@ def solve(job, steps: int | None = None, variants=VARIANTS, keep_results: dict |
                              kv_capacity_tokens=c.kv_capacity_tokens,
                              decode_ms_at_cap=c.decode_ms(r.repack.batch_cap, r.repack.batch_cap * mean_ctx),
                              prefill_ms=c.prefill_ms(1, mean_prompt), pull_s=c.pull_s) for c in all_worker_costs(job)]
-    if keep_results is not None:
-        keep_results.update(results)
     notes = ["figures are simulator predictions under the serving cost model (rollout.costs), "
              "with a perfect length predictor for KV reservation and repack"]
     return RolloutPlan(name=job.name, model=r.model.label, batch=w.batch, recommended=recommended, reason=reason,
@@ -266,34 +271,109 @@ def print_plan(plan: RolloutPlan, console) -> None:
 COLORS = {"generating": "#2b8a3e", "idle": "#dee2e6", "syncing": "#1c7ed6", "migrating": "#e8590c"}
 
 
+def simulate_with_timelines(job, variants=VARIANTS, steps: int | None = None,
+                            timeline_steps: int = 4) -> tuple[dict[str, SimResult], dict[str, float]]:
+    """Every variant simulated whole, each keeping its per-worker timeline over its first `timeline_steps` trainer
+    steps; returns (variant -> SimResult, variant -> simulated second its first `timeline_steps` steps end).
+    A short run per variant finds that second; the whole runs then share the latest (`simulate_variants`)."""
+    n = min(timeline_steps, steps or job.rollout.steps)
+    until = {v: simulate(job, v, steps=n).sim_time_s for v in variants}
+    results = simulate_variants(job, variants, steps=steps, timeline_until=max(until.values(), default=0.0))
+    return results, until
+
+
 def write_report(job, out_dir: str | Path, variants=("sync", "trajectory-async", "repack-program"),
                  steps: int | None = None, timeline_steps: int = 4, max_workers: int = 32) -> dict[str, Path]:
     """Timeline PNG (per worker: generating, idle, syncing, migrating) and KV-utilisation PNG for
-    `variants`, plus plan.json; returns the paths written."""
+    `variants`; returns the paths written."""
+    results, until = simulate_with_timelines(job, variants, steps, timeline_steps)
+    return draw_report(job, out_dir, results, until, timeline_steps, max_workers)
+
+
+def pictured(plan: RolloutPlan) -> list[str]:
+    """The variants `run_report` draws: sync, the fastest policy without repack but sync, and the recommended one."""
+    fig = {p.variant: p for p in plan.policies}
+    plain = [v for v in VARIANTS if v in fig and v not in ("sync", "repack-best-fit", "repack-program")]
+    shown = ["sync"] if "sync" in fig else []
+    if plain:
+        shown.append(max(plain, key=lambda v: fig[v].trajectories_per_s))
+    if plan.recommended not in shown:
+        shown.append(plan.recommended)
+    return shown
+
+
+def run_report(job, out_dir: str | Path, steps: int | None = None, timeline_steps: int = 4,
+               max_workers: int = 32) -> tuple[RolloutPlan, dict[str, Path]]:
+    """`qsync-opt run` on a rollout spec: every policy simulated (the plan), then out_dir/plan.json, timeline.png
+    and kv_utilisation.png (the variants of `pictured`) and report.md, each written whole or not at all."""
+    from qsync_opt.io import atomic_write_text
+
+    results, until = simulate_with_timelines(job, VARIANTS, steps, timeline_steps)
+    plan = plan_from(job, results, steps)
+    shown = pictured(plan)
+    paths = draw_report(job, out_dir, {v: results[v] for v in shown}, until, timeline_steps, max_workers)
+    out = Path(out_dir)
+    paths["plan"] = out / "plan.json"
+    atomic_write_text(paths["plan"], plan.to_json())
+    paths["report"] = out / "report.md"
+    atomic_write_text(paths["report"], report_markdown(plan, shown))
+    return plan, paths
+
+
+def report_markdown(plan: RolloutPlan, shown: list[str]) -> str:
+    lines = [f"# {plan.name}: rollout plan", "",
+             f"{plan.model}, {plan.batch} trajectories per trainer step, {plan.steps} trainer steps simulated.", "",
+             f"**Recommended: {plan.recommended}**: {plan.reason}.", "",
+             "| policy | traj/s | tokens/s | x sync | rollout idle | trainer idle | staleness mean / max | KV util "
+             "| repacks | moves |", "|---|---|---|---|---|---|---|---|---|---|"]
+    sync = next((p.trajectories_per_s for p in plan.policies if p.variant == "sync"), None)
+    for p in plan.policies:
+        x = f"{p.trajectories_per_s / sync:.2f}" if sync else ""
+        mark = " (recommended)" if p.variant == plan.recommended else ""
+        lines.append(f"| {p.variant}{mark} | {p.trajectories_per_s:.2f} | {p.tokens_per_s:,.0f} | {x} | "
+                     f"{p.rollout_idle_frac:.1%} | {p.trainer_idle_frac:.1%} | {p.staleness_mean:.2f} / "
+                     f"{p.staleness_max} | {p.kv_util_mean:.1%} | {p.repacks} | {p.moves} |")
+    lines += ["", "| group | device | bits | count | KV tokens | decode ms at the batch cap | prefill ms | pull s |",
+              "|---|---|---|---|---|---|---|---|"]
+    for w in plan.workers:
+        lines.append(f"| {w.group} | {w.device} | {w.bits} | {w.count} | {w.kv_capacity_tokens:,.0f} | "
+                     f"{w.decode_ms_at_cap:.1f} | {w.prefill_ms:.1f} | {w.pull_s:.2f} |")
+    lines += ["", f"Weight sync: global broadcast {plan.broadcast_s:.2f} s (every rollout stalls), relay push "
+              f"{plan.push_s:.2f} s (the trainer only).", "",
+              f"Per-worker timeline ({', '.join(shown)}): ![timeline](timeline.png)", "",
+              "KV-cache utilisation over all rollouts: ![KV utilisation](kv_utilisation.png)", ""]
+    lines += [f"Note: {n}." for n in plan.notes]
+    return "\n".join(lines) + "\n"
+
+
+def draw_report(job, out_dir: str | Path, results: dict[str, SimResult], until: dict[str, float],
+                timeline_steps: int = 4, max_workers: int = 32) -> dict[str, Path]:
+    """Draw timeline.png (each variant's first `timeline_steps` trainer steps, up to `until[variant]`) and
+    kv_utilisation.png for `results` (SimResults with timelines) into out_dir; returns the paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
+    from qsync_opt.io import atomic_write_bytes
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results = {}
-    for v in variants:
-        probe = simulate(job, v, steps=min(timeline_steps, steps or job.rollout.steps))
-        results[v] = simulate(job, v, steps=steps, timeline_until=probe.sim_time_s)
+    variants = list(results)
     fig, axes = plt.subplots(len(variants), 1, figsize=(12, 2.2 + 0.12 * min(max_workers, len(results[variants[0]].timeline)) * len(variants)),
                              squeeze=False)
     for ax, v in zip(axes[:, 0], variants):
         res = results[v]
+        end = until.get(v) or max((b for segs in res.timeline for _, b, _ in segs), default=1.0)
         lanes = res.timeline[:max_workers]
         for i, segs in enumerate(lanes):
             by = {}
             for a, b, s in segs:
-                by.setdefault(s, []).append((a, b - a))
+                if a < end:
+                    by.setdefault(s, []).append((a, min(b, end) - a))
             for s, spans in by.items():
                 ax.broken_barh(spans, (i - 0.4, 0.8), facecolors=COLORS[s], linewidth=0)
-        end = max((b for segs in lanes for _, b, _ in segs), default=1.0)
         ax.set_xlim(0, end)
         ax.set_ylim(-0.6, len(lanes) - 0.4)
         ax.set_yticks([])
@@ -304,7 +384,7 @@ def write_report(job, out_dir: str | Path, variants=("sync", "trajectory-async",
     fig.legend(handles=[Patch(color=c, label=s) for s, c in COLORS.items()], loc="upper right", ncol=4, fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     paths = {"timeline": out / "timeline.png"}
-    fig.savefig(paths["timeline"], dpi=110)
+    atomic_write_bytes(paths["timeline"], _png(fig))
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(10, 3.5))
     for v in variants:
@@ -318,6 +398,14 @@ def write_report(job, out_dir: str | Path, variants=("sync", "trajectory-async",
     ax.grid(alpha=0.3)
     fig.tight_layout()
     paths["kv"] = out / "kv_utilisation.png"
-    fig.savefig(paths["kv"], dpi=110)
+    atomic_write_bytes(paths["kv"], _png(fig))
     plt.close(fig)
     return paths
+
+
+def _png(fig) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return buf.getvalue()

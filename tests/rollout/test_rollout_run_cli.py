@@ -1,0 +1,61 @@
+"""`qsync-opt run` on a rollout spec: the plan, the timeline and KV PNGs and report.md in the output folder; options
+that belong to a training run exit 2 naming themselves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qsync_opt.cli.commands import main
+from qsync_opt.jobs import load_spec
+from qsync_opt.rollout.plan import solve
+from qsync_opt.rollout.simulate import VARIANTS
+
+SPEC = str(Path(__file__).resolve().parents[2] / "examples" / "rollout_cpu_tiny.yaml")
+
+
+def test_run_writes_the_plan_pictures_and_report(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", SPEC, "-o", str(out), "--steps", "6"]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["steps"] == 6 and [p["variant"] for p in plan["policies"]] == list(VARIANTS)
+    want = solve(load_spec(SPEC), steps=6)  # the same figures as `qsync-opt solve`
+    assert plan["recommended"] == want.recommended
+    assert [p["trajectories_per_s"] for p in plan["policies"]] == [p.trajectories_per_s for p in want.policies]
+    for png in ("timeline.png", "kv_utilisation.png"):
+        data = (out / png).read_bytes()
+        assert data[:4] == b"\x89PNG" and len(data) > 10_000, png
+    report = (out / "report.md").read_text()
+    assert f"**Recommended: {want.recommended}**" in report
+    for v in VARIANTS:
+        assert f"| {v}" in report, v
+    assert "![timeline](timeline.png)" in report and "Per-worker timeline (sync, " in report
+    printed = capsys.readouterr().out
+    assert "recommended:" in printed and str(out / "report.md") in printed
+
+
+@pytest.mark.parametrize("args, named", [(["--from", "solve"], "--from"), (["--emulate"], "--emulate"),
+                                         (["--steps", "0"], "--steps 0")])
+def test_training_options_and_bad_steps_exit_2_naming_them(tmp_path, capsys, args, named):
+    assert main(["run", SPEC, "-o", str(tmp_path / "run"), *args]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_pictured_variants_are_sync_the_best_plain_async_and_the_recommended():
+    from types import SimpleNamespace
+
+    from qsync_opt.rollout.plan import pictured
+
+    def plan(rec, **tps):
+        return SimpleNamespace(recommended=rec, policies=[SimpleNamespace(variant=v, trajectories_per_s=t)
+                                                          for v, t in tps.items()])
+
+    figs = {"sync": 1.0, "one-step-off": 2.0, "stale": 3.0, "partial-rollout": 0.5, "trajectory-async": 4.0,
+            "repack-best-fit": 4.5, "repack-program": 4.6}
+    assert pictured(plan("repack-best-fit", **figs)) == ["sync", "trajectory-async", "repack-best-fit"]
+    figs["partial-rollout"] = 5.0  # the recommended is the best plain one: drawn once
+    assert pictured(plan("partial-rollout", **figs)) == ["sync", "partial-rollout"]
