@@ -205,10 +205,12 @@ def _worker_loop(job, kw: dict, todo, done: dict) -> None:
             p.kill()
 
 
-def solve(job, steps: int | None = None, variants=VARIANTS, keep_results: dict | None = None) -> RolloutPlan:
+def solve(job, steps: int | None = None, variants=VARIANTS, keep_results: dict | None = None,
+          processes: int | None = None) -> RolloutPlan:
     """Simulate every policy variant of `job` and recommend one. `keep_results`, if a dict, receives
-    variant -> SimResult (without timelines: `run_report` keeps those)."""
-    results = simulate_variants(job, variants, steps=steps, timeline_until=None)
+    variant -> SimResult (without timelines: `run_report` keeps those). `processes`: as for `simulate_variants`
+    (1: everything in this process, no worker started)."""
+    results = simulate_variants(job, variants, processes=processes, steps=steps, timeline_until=None)
     if keep_results is not None:
         keep_results.update(results)
     return plan_from(job, results, steps)
