@@ -192,7 +192,7 @@ def _worker_loop(job, kw: dict, todo, done: dict) -> None:
             if msg is None:
                 break  # the worker died: this variant runs in the caller, the rest of the queue in other workers
             done[v] = pickle.loads(msg)
-    except (OSError, EOFError, pickle.UnpicklingError):
+    except Exception:  # noqa: BLE001 - a job that does not pickle, a worker that died: the caller runs what is left
         pass
     finally:
         try:

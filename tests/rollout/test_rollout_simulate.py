@@ -235,3 +235,21 @@ def test_a_failed_worker_leaves_its_variants_to_the_caller(job, monkeypatch):
     monkeypatch.setattr(plan, "simulate", lambda j, v, **kw: (here.append(v), simulate(j, v, **kw))[1])
     assert _figures(plan.simulate_variants(job, variants, processes=2)) == _figures(serial)
     assert sorted(here) == sorted(variants)
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # a worker thread that raised
+def test_a_job_that_does_not_pickle_runs_in_the_caller_without_a_traceback(job, monkeypatch, capsys):
+    import pickle
+
+    import qsync_opt.rollout.plan as plan
+
+    variants = ("sync", "stale", "trajectory-async")
+    serial = plan.simulate_variants(job, variants, processes=1)
+    monkeypatch.setattr(plan, "PARALLEL_AFTER_S", 0.0)
+
+    def no_pickle(*a, **k):
+        raise TypeError("cannot pickle this job")
+
+    monkeypatch.setattr(pickle, "dumps", no_pickle)
+    assert _figures(plan.simulate_variants(job, variants, processes=2)) == _figures(serial)
+    assert "Traceback" not in capsys.readouterr().err
