@@ -392,7 +392,8 @@ def draw_report(job, out_dir: str | Path, results: dict[str, SimResult], until: 
     for v in variants:
         xs = [t for t, _ in results[v].kv_series]
         ys = [u * 100 for _, u in results[v].kv_series]
-        ax.plot(xs, ys, label=f"{v} (mean {results[v].kv_util_mean:.0%})", linewidth=1)
+        m = 100 * results[v].kv_util_mean
+        ax.plot(xs, ys, label=f"{v} (mean {m:.0f}%)" if m >= 1 else f"{v} (mean {m:.2g}%)", linewidth=1)
     ax.set_xlabel("simulated seconds")
     ax.set_ylabel("KV cache in use, % of capacity")
     ax.set_title(f"{job.name}: KV utilisation over all rollouts", fontsize=10, loc="left")
