@@ -38,6 +38,7 @@ __all__ = [
     "_build_model",
     "_need_ray",
     "calibrate",
+    "check_runs_here",
     "make_actors",
     "model_dict",
     "run",
@@ -75,12 +76,45 @@ def run(job, out_dir=None, variants=None, kill_after_steps: int | None = None, s
     return out
 
 
+def _available_bytes() -> float | None:
+    """MemAvailable of this machine (Linux), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_runs_here(job, available_bytes: float | None = None) -> None:
+    """Refuse, before Ray starts, a real run whose models do not fit this machine's memory: every rollout actor builds
+    the spec's model in fp32 on this CPU, and the trainer holds it with its gradients and AdamW's two moments, and
+    the object store a published version or two: about (actors + 6) x 4 bytes per parameter. The Laminar example's
+    8B model on 64 actors would need some 2 TiB."""
+    from qsync_opt.errors import SpecError
+    from qsync_opt.rollout.costs import model_params
+
+    n = sum(g.count for g in job.cluster.groups if g.name in {w.group for w in job.rollout.workers})
+    params = model_params(job.rollout.model)
+    need = (n + 6) * 4.0 * params
+    avail = _available_bytes() if available_bytes is None else available_bytes
+    if avail is not None and need > 0.8 * avail:
+        raise SpecError(
+            f"rollout.model: the real run builds {job.rollout.model.label} ({params / 1e9:.2f} B parameters) in fp32 on "
+            f"this CPU for each of {n} rollout actors and the trainer, about {need / 2**30:.1f} GiB, against "
+            f"{avail / 2**30:.1f} GiB available; run a small model here (as examples/rollout_cpu_tiny.yaml does) and "
+            f"plan the large one with `qsync-opt solve`")
+
+
 def run_rounds(job, rounds: int, variants=None, kill_after_steps: int | None = None, seed: int = 0) -> dict:
     """`rounds` runs of every variant, interleaved (round 1 runs each variant once, then round 2, ...), so that
     the load of a shared machine, which drifts over minutes, falls on every variant alike; returns
     variant -> [RunResult per round] (the same drawn lengths and seed in every round)."""
     from qsync_opt.rollout.simulate import VARIANTS
 
+    check_runs_here(job)
     ray = start_ray()
     out: dict = {}
     actors, trainer = make_actors(job, seed)
