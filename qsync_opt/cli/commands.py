@@ -138,6 +138,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--from", dest="start", help="rerun from this stage: profile | indicate | solve | predict | train | report")
     r.add_argument("--steps", type=int, help="training steps (default: training.steps; rollout: rollout.steps)")
     r.add_argument("--emulate", action="store_true", help="as for train: emulate absent devices even when >10x slower")
+    r.add_argument("--real", action="store_true", help="rollout spec: also run every policy here on Ray actors (extra "
+                   "'rollout') and write measured.csv beside the simulator calibrated from that run")
+    r.add_argument("--rounds", type=int, default=1, help="rollout --real: interleaved rounds of every policy (default 1)")
     r.set_defaults(func=_cmd_run)
 
     b = sub.add_parser("bench", help="benchmarks")
@@ -385,6 +388,9 @@ def _cmd_run(args) -> int:
 
     if read_document(args.spec)[0].get("kind") == "rollout":
         return _run_rollout(args)
+    for flag, given in (("--real", args.real), ("--rounds", args.rounds != 1)):
+        if given:
+            raise SpecError(f"{flag}: for a rollout spec's real run on Ray actors (drop {flag})")
     from qsync_opt.training.run import run
 
     stages = run(args.spec, args.output, start=args.start, steps=args.steps, emulate=args.emulate)
@@ -404,11 +410,27 @@ def _run_rollout(args) -> int:
                             f"(drop {flag})")
     if args.steps is not None and args.steps < 1:
         raise SpecError(f"--steps {args.steps}: simulated trainer steps must be at least 1")
+    if args.rounds < 1:
+        raise SpecError(f"--rounds {args.rounds}: the real run needs at least 1 round")
+    job = load_spec(args.spec)
+    if args.steps is not None:  # the plan, the pictures and the real run alike
+        job = job.model_copy(update={"rollout": job.rollout.model_copy(update={"steps": args.steps})})
+    if args.real:
+        from qsync_opt.rollout.ray_run import _need_ray, check_runs_here
+
+        _need_ray()  # the extra is missing: say so before simulating anything
+        check_runs_here(job)
     out = _console()
-    plan, paths = run_report(load_spec(args.spec), args.output, steps=args.steps)
+    plan, paths = run_report(job, args.output, steps=args.steps)
     print_plan(plan, out)
-    for what in ("plan", "timeline", "kv", "report"):
-        out.print(f"{what}: {paths[what]}")
+    if args.real:
+        from qsync_opt.rollout.plan import write_measured
+
+        out.print(f"real run here: {args.rounds} round(s) of every policy on Ray actors ...")
+        paths.update(write_measured(job, args.output, args.rounds, out))
+    for what in ("plan", "timeline", "kv", "report", "measured"):
+        if what in paths:
+            out.print(f"{what}: {paths[what]}")
     return EXIT_OK
 
 

@@ -322,6 +322,56 @@ def run_report(job, out_dir: str | Path, steps: int | None = None, timeline_step
     return plan, paths
 
 
+def write_measured(job, out_dir: str | Path, rounds: int = 1, console=None) -> dict[str, Path]:
+    """Run every policy here on Ray actors `rounds` times (`ray_run.measured_vs_predicted`), write
+    out_dir/measured.csv (measured beside the simulator calibrated from this run) and add the table to report.md;
+    print it on `console` if given. The run's figures are this machine's, not the spec's fleet's."""
+    import csv
+    import io
+
+    from qsync_opt.io import atomic_write_text
+    from qsync_opt.rollout.ray_run import measured_vs_predicted
+
+    load0 = os.getloadavg()[0]
+    rows, info = measured_vs_predicted(job, rounds)
+    load1 = os.getloadavg()[0]
+    out = Path(out_dir)
+    buf = io.StringIO()
+    buf.write(f"# {job.name}: every policy on Ray actors here, {rounds} interleaved round(s), median round; load "
+              f"{load0:.2f} -> {load1:.2f} on {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
+    buf.write(f"# calibration: {info}\n")
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerows(rows)
+    paths = {"measured": out / "measured.csv"}
+    atomic_write_text(paths["measured"], buf.getvalue())
+    lines = ["", f"## Measured here ({rounds} round(s) on Ray actors, load {load0:.2f} -> {load1:.2f})", "",
+             "Every policy run on this machine, beside the simulator calibrated from that run (measured.csv).", "",
+             "| policy | measured traj/s | predicted | off | rollout idle measured / predicted | "
+             "trainer idle measured / predicted |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['policy']} | {r['real_trajectories_per_s']:.2f} | {r['predicted_trajectories_per_s']:.2f} | "
+                     f"{r['predicted_vs_real']:+.0%} | {r['real_rollout_idle_frac']:.0%} / "
+                     f"{r['predicted_rollout_idle_frac']:.0%} | {r['real_trainer_idle_frac']:.0%} / "
+                     f"{r['predicted_trainer_idle_frac']:.0%} |")
+    report = out / "report.md"
+    atomic_write_text(report, (report.read_text() if report.exists() else "") + "\n".join(lines) + "\n")
+    if console is not None:
+        from rich.table import Table
+
+        t = Table(title=f"measured here vs the calibrated simulator ({rounds} round(s), load {load0:.2f} -> "
+                        f"{load1:.2f})", title_justify="left")
+        for col in ("policy", "measured traj/s", "predicted", "off", "rollout idle m/p", "trainer idle m/p"):
+            t.add_column(col, justify="left" if col == "policy" else "right")
+        for r in rows:
+            t.add_row(r["policy"], f"{r['real_trajectories_per_s']:.2f}", f"{r['predicted_trajectories_per_s']:.2f}",
+                      f"{r['predicted_vs_real']:+.0%}",
+                      f"{r['real_rollout_idle_frac']:.0%} / {r['predicted_rollout_idle_frac']:.0%}",
+                      f"{r['real_trainer_idle_frac']:.0%} / {r['predicted_trainer_idle_frac']:.0%}")
+        console.print(t)
+    return paths
+
+
 def report_markdown(plan: RolloutPlan, shown: list[str]) -> str:
     lines = [f"# {plan.name}: rollout plan", "",
              f"{plan.model}, {plan.batch} trajectories per trainer step, {plan.steps} trainer steps simulated.", "",

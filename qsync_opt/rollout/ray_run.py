@@ -40,6 +40,7 @@ __all__ = [
     "calibrate",
     "check_runs_here",
     "make_actors",
+    "measured_vs_predicted",
     "model_dict",
     "run",
     "run_rounds",
@@ -141,6 +142,29 @@ def run_rounds(job, rounds: int, variants=None, kill_after_steps: int | None = N
         ray.kill(a)
     ray.kill(trainer)
     return out
+
+
+def measured_vs_predicted(job, rounds: int = 1, variants=None, seed: int = 0) -> tuple[list[dict], str]:
+    """Run every variant for real `rounds` times (interleaved, `run_rounds`), fit the simulator's costs to all of
+    it (`calibrate`) and simulate each variant with them; returns one row per variant (the median round's measured
+    figures beside the calibrated prediction) and the calibration's summary."""
+    from qsync_opt.rollout.simulate import simulate
+
+    real = run_rounds(job, rounds, variants, seed=seed)
+    costs, sync_c, train_s, info = calibrate(job, real)
+    rows = []
+    for v, rs in real.items():
+        rs = sorted(rs, key=lambda x: x.trajectories_per_s)
+        r = rs[len(rs) // 2]
+        p = simulate(job, v, costs=costs, sync=sync_c, train_s=train_s)
+        rows.append({"policy": v, "rounds": len(rs), "real_trajectories_per_s": r.trajectories_per_s,
+                     "predicted_trajectories_per_s": p.trajectories_per_s,
+                     "predicted_vs_real": p.trajectories_per_s / r.trajectories_per_s - 1,
+                     "real_rollout_idle_frac": r.rollout_idle_frac, "predicted_rollout_idle_frac": p.rollout_idle_frac,
+                     "real_trainer_idle_frac": r.trainer_idle_frac, "predicted_trainer_idle_frac": p.trainer_idle_frac,
+                     "real_staleness_mean": r.staleness_mean, "predicted_staleness_mean": p.staleness_mean,
+                     "real_repacks": r.repacks, "predicted_repacks": p.repacks, "lost_actors": len(r.lost_actors)})
+    return rows, str(info)
 
 
 def _write_results(results: dict, out_dir) -> None:

@@ -59,3 +59,40 @@ def test_pictured_variants_are_sync_the_best_plain_async_and_the_recommended():
     assert pictured(plan("repack-best-fit", **figs)) == ["sync", "trajectory-async", "repack-best-fit"]
     figs["partial-rollout"] = 5.0  # the recommended is the best plain one: drawn once
     assert pictured(plan("partial-rollout", **figs)) == ["sync", "partial-rollout"]
+
+
+def test_real_run_writes_measured_beside_predicted(tmp_path, capsys):
+    """--real: every policy run here on Ray actors (2 steps, 1 round), measured.csv beside the calibrated simulator,
+    and the table added to report.md. No figure is asserted: the machine's load moves them."""
+    pytest.importorskip("ray")
+    import csv
+
+    out = tmp_path / "run"
+    assert main(["run", SPEC, "-o", str(out), "--steps", "2", "--real"]) == 0
+    text = (out / "measured.csv").read_text()
+    assert text.startswith("# cpu-tiny: every policy on Ray actors here, 1 interleaved round(s)")
+    rows = list(csv.DictReader(line for line in text.splitlines() if not line.startswith("#")))
+    assert [r["policy"] for r in rows] == list(VARIANTS)
+    for r in rows:
+        assert float(r["real_trajectories_per_s"]) > 0 and float(r["predicted_trajectories_per_s"]) > 0
+        assert r["lost_actors"] == "0"
+    assert json.loads((out / "plan.json").read_text())["steps"] == 2
+    report = (out / "report.md").read_text()
+    assert "## Measured here (1 round(s) on Ray actors" in report and "**Recommended:" in report
+    assert "measured here vs the calibrated simulator" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("spec, args, named", [
+    (SPEC, ["--rounds", "0"], "--rounds 0"),
+    (str(Path(SPEC).parent / "rollout_laminar.yaml"), ["--real"], "rollout.model: the real run builds llama-3-8b"),
+    (str(Path(SPEC).parent / "cpu_tiny.yaml"), ["--real"], "--real: for a rollout spec"),
+    (str(Path(SPEC).parent / "cpu_tiny.yaml"), ["--rounds", "3"], "--rounds: for a rollout spec"),
+])
+def test_real_run_options_exit_2_before_anything_runs(tmp_path, capsys, spec, args, named, monkeypatch):
+    from qsync_opt.rollout import ray_run
+
+    monkeypatch.setattr(ray_run, "_available_bytes", lambda: 24 * 2**30)  # this machine's memory on any machine
+    assert main(["run", spec, "-o", str(tmp_path / "run"), *args]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
