@@ -122,7 +122,7 @@ def calibrate(job, results: dict):
     X = np.c_[np.ones(len(S)), S[:, 0], S[:, 1]]
     dec = np.linalg.lstsq(X, S[:, 2] * 1e3, rcond=None)[0]
     # the actors and the trainer share this machine's cores: one fit per number k of them computing at once
-    n_act = sum(g.count for g in job.cluster.groups if g.name in {w.group for w in job.rollout.workers})
+    n_act = job.rollout_devices
     share = []
     for k in range(1, n_act + 2):
         sel = S[:, 3] == k

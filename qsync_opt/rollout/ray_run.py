@@ -59,7 +59,7 @@ def make_actors(job, seed: int = 0):
     """One rollout actor per rollout device of the job, and the trainer; all start from the same weights."""
     ray = _need_ray()
     cfg = model_dict(job)
-    n = sum(g.count for g in job.cluster.groups if g.name in {w.group for w in job.rollout.workers})
+    n = job.rollout_devices
     R = ray.remote(num_cpus=0, max_restarts=0)(_Rollout)
     T = ray.remote(num_cpus=0)(_Trainer)
     actors = [R.remote(i, cfg, job.rollout.repack.batch_cap, seed) for i in range(n)]
@@ -97,7 +97,7 @@ def check_runs_here(job, available_bytes: float | None = None) -> None:
     from qsync_opt.errors import SpecError
     from qsync_opt.rollout.costs import model_params
 
-    n = sum(g.count for g in job.cluster.groups if g.name in {w.group for w in job.rollout.workers})
+    n = job.rollout_devices
     params = model_params(job.rollout.model)
     need = (n + 6) * 4.0 * params
     avail = _available_bytes() if available_bytes is None else available_bytes

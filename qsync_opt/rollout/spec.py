@@ -223,6 +223,12 @@ class RolloutJob(_Model):
     cluster: Cluster
     rollout: RolloutSection
 
+    @property
+    def rollout_devices(self) -> int:
+        """Devices of the rollout worker groups: one rollout worker (a Ray actor in the real run) each."""
+        groups = {w.group for w in self.rollout.workers}
+        return sum(g.count for g in self.cluster.groups if g.name in groups)
+
     @model_validator(mode="after")
     def _groups_and_fit(self) -> RolloutJob:
         names = [g.name for g in self.cluster.groups]
