@@ -27,8 +27,7 @@ COLS = ("spec", "mode", "processes", "runs", "wall_s_median", "wall_s_runs", "vs
 
 
 def _figures(results: dict) -> dict:
-    return {v: {k: x for k, x in r.row().items() if k != "wall_s" and not k.startswith("solver_wall")}
-            for v, r in results.items()}
+    return {v: r.simulated() for v, r in results.items()}
 
 
 def main(argv=None) -> int:

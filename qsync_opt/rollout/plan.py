@@ -37,16 +37,16 @@ def recommend(results) -> tuple[str, str]:
     order = {v: i for i, v in enumerate(VARIANTS)}
     best = min(tied, key=lambda x: order.get(x.variant, len(order)))
     reason = f"{best.trajectories_per_s:.2f} trajectories/s"
+    staleness = f"mean staleness {best.staleness_mean:.2f} (max {best.staleness_max})"
     if best is not fastest:
         return best.variant, (
             reason + f"; {fastest.variant} is within {TIE_FRAC:.0%} ({fastest.trajectories_per_s:.2f}, "
             f"+{fastest.trajectories_per_s / best.trajectories_per_s - 1:.2%}), a tie at the simulator's resolution, "
-            f"so the simpler policy is recommended; mean staleness {best.staleness_mean:.2f} (max {best.staleness_max})")
-    others = [x for x in rs if x is not best]
-    if others:
-        runner = others[0]
+            f"so the simpler policy is recommended; {staleness}")
+    if len(rs) > 1:
+        runner = rs[1]  # best is the fastest, rs[0]
         reason += (f", {best.trajectories_per_s / runner.trajectories_per_s:.2f}x the next best ({runner.variant}); "
-                   f"mean staleness {best.staleness_mean:.2f} (max {best.staleness_max})")
+                   f"{staleness}")
     return best.variant, reason
 
 
@@ -349,11 +349,8 @@ def write_measured(job, out_dir: str | Path, rounds: int = 1, console=None) -> d
              "Every policy run on this machine, beside the simulator calibrated from that run (measured.csv).", "",
              "| policy | measured traj/s | predicted | off | rollout idle measured / predicted | "
              "trainer idle measured / predicted |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['policy']} | {r['real_trajectories_per_s']:.2f} | {r['predicted_trajectories_per_s']:.2f} | "
-                     f"{r['predicted_vs_real']:+.0%} | {r['real_rollout_idle_frac']:.0%} / "
-                     f"{r['predicted_rollout_idle_frac']:.0%} | {r['real_trainer_idle_frac']:.0%} / "
-                     f"{r['predicted_trainer_idle_frac']:.0%} |")
+    cells = [_measured_cells(r) for r in rows]
+    lines += [f"| {' | '.join(c)} |" for c in cells]
     report = out / "report.md"
     atomic_write_text(report, (report.read_text() if report.exists() else "") + "\n".join(lines) + "\n")
     if console is not None:
@@ -363,13 +360,18 @@ def write_measured(job, out_dir: str | Path, rounds: int = 1, console=None) -> d
                         f"{load1:.2f})", title_justify="left")
         for col in ("policy", "measured traj/s", "predicted", "off", "rollout idle m/p", "trainer idle m/p"):
             t.add_column(col, justify="left" if col == "policy" else "right")
-        for r in rows:
-            t.add_row(r["policy"], f"{r['real_trajectories_per_s']:.2f}", f"{r['predicted_trajectories_per_s']:.2f}",
-                      f"{r['predicted_vs_real']:+.0%}",
-                      f"{r['real_rollout_idle_frac']:.0%} / {r['predicted_rollout_idle_frac']:.0%}",
-                      f"{r['real_trainer_idle_frac']:.0%} / {r['predicted_trainer_idle_frac']:.0%}")
+        for c in cells:
+            t.add_row(*c)
         console.print(t)
     return paths
+
+
+def _measured_cells(r: dict) -> list[str]:
+    """One row of `measured_vs_predicted` as the report's and the console's table cells."""
+    return [r["policy"], f"{r['real_trajectories_per_s']:.2f}", f"{r['predicted_trajectories_per_s']:.2f}",
+            f"{r['predicted_vs_real']:+.0%}",
+            f"{r['real_rollout_idle_frac']:.0%} / {r['predicted_rollout_idle_frac']:.0%}",
+            f"{r['real_trainer_idle_frac']:.0%} / {r['predicted_trainer_idle_frac']:.0%}"]
 
 
 def report_markdown(plan: RolloutPlan, shown: list[str]) -> str:

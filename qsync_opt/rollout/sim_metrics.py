@@ -13,6 +13,10 @@ import numpy as np
 from qsync_opt.rollout.sim_records import GEN, MIGRATE, STATES, SYNC
 
 
+MEASURED = ("wall_s", "solver_wall_ms_mean", "solver_wall_ms_max")
+"""SimResult fields timed on this machine rather than simulated."""
+
+
 @dataclass
 class SimResult:
     variant: str
@@ -53,6 +57,11 @@ class SimResult:
 
     def row(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("kv_series", "timeline", "worker_labels")}
+
+    def simulated(self) -> dict:
+        """`row()` without the figures this machine measured (the simulator's and its solver's wall times): what a
+        deterministic simulation must reproduce, value for value."""
+        return {k: v for k, v in self.row().items() if k not in MEASURED}
 
 
 class Metrics:
