@@ -70,11 +70,14 @@ def _loads(state: RepackState):
     return got
 
 
-def _by_need(state: RepackState) -> list[RepackTraj]:
-    """The state's trajectories, largest need first (ties by id), sorted once per state."""
-    got = state.__dict__.get("_by_need")
+def _laminar_order(state: RepackState) -> list[RepackTraj]:
+    """The state's trajectories in the order best_fit places them: worker by worker from the least loaded (KV held)
+    up, each worker's largest need first (ties by id); sorted once per state."""
+    got = state.__dict__.get("_laminar_order")
     if got is None:
-        got = state.__dict__["_by_need"] = sorted(state.trajectories, key=lambda t: (-t.need, t.id))
+        kv = _loads(state)[0]
+        got = state.__dict__["_laminar_order"] = sorted(state.trajectories,
+                                                        key=lambda t: (kv[t.worker], t.worker, -t.need, t.id))
     return got
 
 
@@ -134,15 +137,19 @@ class OutOfTime(Exception):
 
 
 def _pack(state: RepackState, keep: set[str], deadline: float | None = None) -> dict[str, str] | None:
-    """Best-fit decreasing of the freed workers' trajectories onto the kept ones; None if it fails. With a
-    `deadline` (a perf_counter instant) it raises OutOfTime once past it: under the tail guard one packing
-    took 1 to 16 ms on the same 64-worker, 2,000-trajectory state, so its time cannot be foreseen."""
+    """Best-fit's placement of the freed workers' trajectories onto the kept ones: freed worker by freed worker from
+    the least loaded up, each one's largest first, to its tightest fit; None if one does not fit. So a program's plan
+    differs from best-fit's only in which workers it frees. (A global best-fit decreasing over all freed
+    trajectories, the order until 2026-12-03, packed the same keep sets 0.3-0.6% worse end to end in the simulator:
+    64 A100, 50 steps, seeds 0-2.) With a `deadline` (a perf_counter instant) it raises OutOfTime once past it: under
+    the tail guard one packing took 1 to 16 ms on the same 64-worker, 2,000-trajectory state, so its time cannot be
+    foreseen."""
     caps = state.caps()
     kv, n, on = _loads(state)
     bins = _Bins(state, [w for w in keep], kv, n, caps)
     placement = {}
     placed = 0
-    for t in _by_need(state):
+    for t in _laminar_order(state):
         if t.worker in keep:
             placement[t.id] = t.worker
             continue

@@ -260,3 +260,35 @@ def test_warm_up_freezes_only_when_asked():
         assert gc.get_freeze_count() > 0 and gc.isenabled()
     finally:
         gc.unfreeze()  # the test session keeps its collector as it was
+
+
+def test_a_keep_set_is_packed_as_best_fit_places_freed_worker_by_freed_worker():
+    """_pack places the freed workers' trajectories worker by worker from the least loaded up, each to its tightest
+    fit, as best_fit does: here the lighter A's trajectory takes r1's 10 free tokens and B's goes to r2 (a global
+    largest-first packing put B's, the larger, into r1 and A's into r2)."""
+    from qsync_opt.rollout.repack_best_fit import _pack
+
+    ws = [RepackWorker("r1", 110, 64, 0.0, 0.01), RepackWorker("r2", 200, 64, 0.0, 0.01),
+          RepackWorker("A", 1000, 64, 50.0, 0.01), RepackWorker("B", 1000, 64, 50.0, 0.01)]
+    ts = [RepackTraj("h1", "r1", 60, 40), RepackTraj("h2", "r2", 60, 40),
+          RepackTraj("ta", "A", 4, 5), RepackTraj("tb", "B", 5, 5)]
+    st = RepackState(ws, ts, kv_threshold=1.0)
+    assert _pack(st, {"r1", "r2"}) == {"h1": "r1", "h2": "r2", "ta": "r1", "tb": "r2"}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_full_forms_keep_set_goes_to_the_tightest_fit(backend):
+    """Among receivers of one move cost the program is indifferent; its plan places as best-fit does (tightest fit),
+    at the same objective. Best-fit frees L here (the least loaded: its warm start says nothing of where A's
+    trajectory would go); the program frees A, worth more."""
+    rooms = [500, 300, 900, 700, 650, 400, 800, 120, 550, 350, 750, 450]
+    ws = [RepackWorker(f"r{i}", 1000, 64, 0.0, 0.01) for i in range(len(rooms))] + [
+        RepackWorker("A", 1000, 64, 80.0, 0.01), RepackWorker("L", 1000, 64, 1.0, 0.01)]
+    ts = [RepackTraj(f"h{i}", f"r{i}", 500, 500 - room) for i, room in enumerate(rooms)] + [
+        RepackTraj("ta", "A", 60, 40), RepackTraj("tl", "L", 5, 5)]
+    st = RepackState(ws, ts, kv_threshold=1.0, max_freed=1)
+    assert set(best_fit(st).values()) >= {"A"}  # best-fit keeps A
+    r = repack(st, backend=backend, form="full", time_limit_s=60.0)
+    assert r.freed == ["A"]
+    assert [(m.traj, m.dst) for m in r.moves] == [("ta", "r7")]  # room 120 is the tightest fit for 100 tokens
+    assert r.status == "optimal" and r.objective == pytest.approx(80.0 - 60 * 0.01, rel=1e-9)  # A's value less its move
