@@ -273,7 +273,7 @@ def real_run(args, out: Path, argv) -> list[dict]:
     """The real run here (Ray actors), measured against the simulator calibrated from it; writes out/rollout_rounds.csv
     (every round of every variant, for the paired ranking)."""
     rows = []
-    from qsync_opt.rollout.ray_run import calibrate, run_rounds
+    from qsync_opt.rollout.ray_run import predict_calibrated, run_rounds
 
     import yaml
 
@@ -283,16 +283,15 @@ def real_run(args, out: Path, argv) -> list[dict]:
     job = load_rollout_spec(d)
     load0 = os.getloadavg()[0]
     real = run_rounds(job, args.real_rounds)
-    costs, sync_c, train_s, info = calibrate(job, real)
+    pred, info = predict_calibrated(job, real)
     print(f"\nreal run ({job.name}: 4 rollout actors + trainer, {job.rollout.steps} steps, {args.real_rounds} "
           f"interleaved rounds, load {load0:.1f} -> {os.getloadavg()[0]:.1f}), calibration from every round: {info}")
-    pred = {}
     for v, rs in real.items():
         rs = sorted(rs, key=lambda x: x.trajectories_per_s)
         r = rs[len(rs) // 2]  # the median round
         tps = [x.trajectories_per_s for x in rs]
         rows.append(row("real", job.name, v, r, r.wall_s) | {"runs": len(rs), "tps_min": tps[0], "tps_max": tps[-1]})
-        p = pred[v] = simulate(job, v, costs=costs, sync=sync_c, train_s=train_s)
+        p = pred[v]
         rows.append(row("predicted", job.name, v, p, p.sim_time_s))
         print(f"  {v:17s} real {r.trajectories_per_s:7.2f} traj/s (rounds {tps[0]:.1f}-{tps[-1]:.1f})  predicted "
               f"{p.trajectories_per_s:7.2f} ({p.trajectories_per_s / r.trajectories_per_s - 1:+.0%})  rollout idle "

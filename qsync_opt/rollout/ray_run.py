@@ -144,19 +144,26 @@ def run_rounds(job, rounds: int, variants=None, kill_after_steps: int | None = N
     return out
 
 
+def predict_calibrated(job, real: dict) -> tuple[dict, object]:
+    """The simulator calibrated from every round of `real` (variant -> measured runs, as run_rounds returns): each
+    variant's prediction under the fitted costs, and the calibration's summary."""
+    from qsync_opt.rollout.simulate import simulate
+
+    costs, sync_c, train_s, info = calibrate(job, real)
+    return {v: simulate(job, v, costs=costs, sync=sync_c, train_s=train_s) for v in real}, info
+
+
 def measured_vs_predicted(job, rounds: int = 1, variants=None, seed: int = 0) -> tuple[list[dict], str]:
     """Run every variant for real `rounds` times (interleaved, `run_rounds`), fit the simulator's costs to all of
     it (`calibrate`) and simulate each variant with them; returns one row per variant (the median round's measured
     figures beside the calibrated prediction) and the calibration's summary."""
-    from qsync_opt.rollout.simulate import simulate
-
     real = run_rounds(job, rounds, variants, seed=seed)
-    costs, sync_c, train_s, info = calibrate(job, real)
+    pred, info = predict_calibrated(job, real)
     rows = []
     for v, rs in real.items():
         rs = sorted(rs, key=lambda x: x.trajectories_per_s)
         r = rs[len(rs) // 2]
-        p = simulate(job, v, costs=costs, sync=sync_c, train_s=train_s)
+        p = pred[v]
         rows.append({"policy": v, "rounds": len(rs), "real_trajectories_per_s": r.trajectories_per_s,
                      "predicted_trajectories_per_s": p.trajectories_per_s,
                      "predicted_vs_real": p.trajectories_per_s / r.trajectories_per_s - 1,
