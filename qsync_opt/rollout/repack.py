@@ -26,6 +26,11 @@ Two exact forms on the shared problem IR (qsync_opt.solver.problem), solved by a
   the plan is proven optimal; otherwise a no-good cut is added and the loop goes on until the time
   limit, and the result is "feasible" with the true gap to the relaxation's bound.
 
+Either form decides which workers to free; their trajectories then go where best-fit would send them (freed worker
+by freed worker from the least loaded up, largest first, each to its tightest fit): the full form's own placement is
+kept only where that one would cost objective. Placement order does not show in a tick's objective, but in the
+simulator it moved whole runs by 0.3-0.6% (docs/rollout.md, "Ten steps flattered the program").
+
 `repack(state)` never returns a plan worse than best-fit (it keeps best-fit when the program finds
 nothing better in time).
 
