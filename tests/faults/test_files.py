@@ -59,7 +59,7 @@ def test_exported_problems_and_benchmark_tables_are_readable_by_the_team(tmp_pat
     assert mode(tmp_path / "p.mps") == 0o644 and mode(tmp_path / "p.json") == 0o644
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     try:
-        from kernels import write_csv
+        from kernel_speed import write_csv
     finally:
         sys.path.pop(0)
     write_csv(tmp_path / "k.csv", [{"a": 1}])

@@ -8,7 +8,7 @@ and a 2048x2048 linear at batch 2048) it times, side by side and interleaved per
 and reports medians and speedups over fp32. Quantize bandwidth is reported as a fraction of the
 bandwidth of a memory copy of the same tensor (both counted as bytes read + bytes written).
 
-    python benchmarks/kernels.py [--quick] [--out results/] [--repeats N] [--threads 2]
+    python benchmarks/kernel_speed.py [--quick] [--out results/] [--repeats N] [--threads 2]
 """
 
 from __future__ import annotations
