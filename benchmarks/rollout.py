@@ -273,7 +273,7 @@ def real_run(args, out: Path, argv) -> list[dict]:
     """The real run here (Ray actors), measured against the simulator calibrated from it; writes out/rollout_rounds.csv
     (every round of every variant, for the paired ranking)."""
     rows = []
-    from qsync_opt.rollout.ray_run import predict_calibrated, run_rounds
+    from qsync_opt.rollout.ray_run import median_round, predict_calibrated, run_rounds
 
     import yaml
 
@@ -287,9 +287,8 @@ def real_run(args, out: Path, argv) -> list[dict]:
     print(f"\nreal run ({job.name}: 4 rollout actors + trainer, {job.rollout.steps} steps, {args.real_rounds} "
           f"interleaved rounds, load {load0:.1f} -> {os.getloadavg()[0]:.1f}), calibration from every round: {info}")
     for v, rs in real.items():
-        rs = sorted(rs, key=lambda x: x.trajectories_per_s)
-        r = rs[len(rs) // 2]  # the median round
-        tps = [x.trajectories_per_s for x in rs]
+        r = median_round(rs)
+        tps = sorted(x.trajectories_per_s for x in rs)
         rows.append(row("real", job.name, v, r, r.wall_s) | {"runs": len(rs), "tps_min": tps[0], "tps_max": tps[-1]})
         p = pred[v]
         rows.append(row("predicted", job.name, v, p, p.sim_time_s))
@@ -298,7 +297,7 @@ def real_run(args, out: Path, argv) -> list[dict]:
               f"{r.rollout_idle_frac:.0%} / {p.rollout_idle_frac:.0%}  trainer idle {r.trainer_idle_frac:.0%} / "
               f"{p.trainer_idle_frac:.0%}  staleness {r.staleness_mean:.2f} / {p.staleness_mean:.2f}  "
               f"repacks {sum(x.repacks for x in rs)} / {p.repacks}")
-    med = {v: sorted(x.trajectories_per_s for x in rs)[len(rs) // 2] for v, rs in real.items()}
+    med = {v: median_round(rs).trajectories_per_s for v, rs in real.items()}
     print(f"  ranking real (medians):       {sorted(real, key=lambda v: -med[v])}\n"
           f"  ranking predicted:            {sorted(real, key=lambda v: -pred[v].trajectories_per_s)}")
     rounds = {v: [x.trajectories_per_s for x in rs] for v, rs in real.items()}

@@ -41,6 +41,7 @@ __all__ = [
     "check_runs_here",
     "make_actors",
     "measured_vs_predicted",
+    "median_round",
     "model_dict",
     "run",
     "run_rounds",
@@ -144,6 +145,12 @@ def run_rounds(job, rounds: int, variants=None, kill_after_steps: int | None = N
     return out
 
 
+def median_round(runs: list):
+    """The median of one variant's rounds by trajectories/s (the upper one of an even count): the round a real run
+    reports for that variant."""
+    return sorted(runs, key=lambda x: x.trajectories_per_s)[len(runs) // 2]
+
+
 def predict_calibrated(job, real: dict) -> tuple[dict, object]:
     """The simulator calibrated from every round of `real` (variant -> measured runs, as run_rounds returns): each
     variant's prediction under the fitted costs, and the calibration's summary."""
@@ -161,8 +168,7 @@ def measured_vs_predicted(job, rounds: int = 1, variants=None, seed: int = 0) ->
     pred, info = predict_calibrated(job, real)
     rows = []
     for v, rs in real.items():
-        rs = sorted(rs, key=lambda x: x.trajectories_per_s)
-        r = rs[len(rs) // 2]
+        r = median_round(rs)
         p = pred[v]
         rows.append({"policy": v, "rounds": len(rs), "real_trajectories_per_s": r.trajectories_per_s,
                      "predicted_trajectories_per_s": p.trajectories_per_s,
