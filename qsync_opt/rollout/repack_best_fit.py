@@ -5,6 +5,7 @@ of a chosen keep set that rollout.repack_program's aggregate form uses."""
 from __future__ import annotations
 
 import bisect
+import itertools
 import time
 
 from qsync_opt.rollout.repack_model import RepackState, RepackTraj
@@ -62,8 +63,7 @@ class _Bins:
 
 
 def _loads(state: RepackState):
-    """(KV held, trajectories held, trajectories on) per worker, computed once per state (callers copy before
-    changing them)."""
+    """(KV held, trajectories held) per worker, computed once per state (callers copy before changing them)."""
     got = state.__dict__.get("_loads")
     if got is None:
         got = state.__dict__["_loads"] = _count_loads(state)
@@ -71,8 +71,8 @@ def _loads(state: RepackState):
 
 
 def _laminar_order(state: RepackState) -> list[RepackTraj]:
-    """The state's trajectories in the order best_fit places them: worker by worker from the least loaded (KV held)
-    up, each worker's largest need first (ties by id); sorted once per state."""
+    """The state's trajectories in the order best_fit and _pack place them: worker by worker from the least loaded
+    (KV held) up, each worker's largest need first (ties by id); sorted once per state."""
     got = state.__dict__.get("_laminar_order")
     if got is None:
         kv = _loads(state)[0]
@@ -84,12 +84,10 @@ def _laminar_order(state: RepackState) -> list[RepackTraj]:
 def _count_loads(state: RepackState):
     kv = {w.id: 0.0 for w in state.workers}
     n = {w.id: 0 for w in state.workers}
-    on: dict[str, list[RepackTraj]] = {w.id: [] for w in state.workers}
     for t in state.trajectories:
         kv[t.worker] += t.need
         n[t.worker] += 1
-        on[t.worker].append(t)
-    return kv, n, on
+    return kv, n
 
 
 def best_fit(state: RepackState) -> dict[str, str]:
@@ -99,35 +97,32 @@ def best_fit(state: RepackState) -> dict[str, str]:
     trajectories fit and its value exceeds their moving cost; a worker that received stays open."""
     caps = state.caps()
     wk = {w.id: w for w in state.workers}
-    kv, n, on = _loads(state)
-    on = {w: list(ts) for w, ts in on.items()}  # changed below
+    kv, n = _loads(state)
     placement = {t.id: t.worker for t in state.trajectories}
     freed = {w for w in wk if n[w] == 0}
     bins = _Bins(state, [w for w in wk if w not in freed], kv, n, caps)
     receivers: set[str] = set()
     limit = len(freed) + (state.max_freed if state.max_freed is not None else len(wk))
-    for cand in sorted(wk, key=lambda w: (kv[w], w)):
+    for cand, group in itertools.groupby(_laminar_order(state), key=lambda t: t.worker):
         if len(freed) >= limit:
             break
-        if cand in freed or cand in receivers:
+        if cand in receivers:
             continue
+        ts = list(group)
         trial = bins.copy()
         trial.close(cand)
         moved, cost = {}, 0.0
-        for t in sorted(on[cand], key=lambda t: (-t.need, t.id)):
+        for t in ts:
             d = trial.place(t.need, exclude=cand, remaining=t.remaining)
             if d is None:
                 break
             moved[t.id] = d
             cost += t.context * trial.rate[d]
-        if len(moved) < len(on[cand]) or wk[cand].value - cost <= 0:
+        if len(moved) < len(ts) or wk[cand].value - cost <= 0:
             continue
         bins = trial
         placement.update(moved)
         receivers.update(moved.values())
-        for t in on[cand]:
-            on[moved[t.id]].append(t)
-        on[cand] = []
         freed.add(cand)
     return placement
 
@@ -145,7 +140,7 @@ def _pack(state: RepackState, keep: set[str], deadline: float | None = None) -> 
     the tail guard one packing took 1 to 16 ms on the same 64-worker, 2,000-trajectory state, so its time cannot be
     foreseen."""
     caps = state.caps()
-    kv, n, on = _loads(state)
+    kv, n = _loads(state)
     bins = _Bins(state, [w for w in keep], kv, n, caps)
     placement = {}
     placed = 0
