@@ -81,6 +81,27 @@ def _dispatch(args) -> int:
         return EXIT_OK
 
 
+@contextlib.contextmanager
+def _progress(console: Console, logger: str = "qsync_opt.rollout.plan"):
+    """Print `logger`'s INFO lines (a rollout plan's policies as each is simulated: the repack program's can take
+    minutes) on `console`, dimmed, while the block runs; a library caller configures logging itself."""
+    import logging
+
+    class _ToConsole(logging.Handler):
+        def emit(self, record):
+            console.print(styled(self.format(record), "dim"))
+
+    lg = logging.getLogger(logger)
+    handler, level = _ToConsole(logging.INFO), lg.level
+    lg.addHandler(handler)
+    lg.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        lg.removeHandler(handler)
+        lg.setLevel(level)
+
+
 def _console(stderr: bool = False) -> Console:
     """No markup read from messages; tables full width when piped (qsync_opt/console.py)."""
     return make_console(stderr)
@@ -185,7 +206,7 @@ def _cmd_solve(args) -> int:
     from qsync_opt.solver.backends.quiet import fd1_redirected
 
     # with --json, whatever a library prints from C goes to stderr: stdout carries the plan alone
-    with fd1_redirected(2) if args.json else contextlib.nullcontext():
+    with fd1_redirected(2) if args.json else contextlib.nullcontext(), _progress(_console(stderr=True)):
         plan = jobs.solve(args.spec, export_problem=args.export_problem, **overrides)
     from qsync_opt.rollout.plan import RolloutPlan
 
@@ -421,7 +442,8 @@ def _run_rollout(args) -> int:
         _need_ray()  # the extra is missing: say so before simulating anything
         check_runs_here(job)
     out = _console()
-    plan, paths = run_report(job, args.output, steps=args.steps)
+    with _progress(_console(stderr=True)):
+        plan, paths = run_report(job, args.output, steps=args.steps)
     print_plan(plan, out)
     if args.real:
         from qsync_opt.rollout.plan import write_measured

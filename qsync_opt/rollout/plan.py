@@ -8,6 +8,7 @@ the simulator under the serving cost model (or calibrated costs), not measuremen
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -18,6 +19,10 @@ from qsync_opt.rollout.costs import all_worker_costs, sync_costs
 from qsync_opt.rollout.simulate import VARIANTS, SimResult, simulate
 
 PLAN_VERSION = 1
+
+log = logging.getLogger(__name__)
+"""Progress of `simulate_variants` at INFO, one line per policy simulated: `qsync-opt solve` and `run` print it on
+stderr; a library caller sees it only if it configures logging."""
 
 TIE_FRAC = 0.01
 """Variants within this fraction of the fastest count as tied with it. The simulator is deterministic, but a gain
@@ -139,13 +144,19 @@ def simulate_variants(job, variants=VARIANTS, processes: int | None = None, **kw
     variants = list(variants)
     if not variants:
         return {}
+    steps = kw.get("steps") or job.rollout.steps
+    log.info("simulating %d policies of %s for %d trainer steps", len(variants), job.name, steps)
     t0 = time.perf_counter()
     out = {variants[0]: simulate(job, variants[0], **kw)}
+    _done(variants[0], out[variants[0]])
     rest = variants[1:]
     n = processes if processes is not None else len(os.sched_getaffinity(0))
     if n < 2 or len(rest) < 2 or time.perf_counter() - t0 < PARALLEL_AFTER_S:
-        out.update((v, simulate(job, v, **kw)) for v in rest)
+        for v in rest:
+            out[v] = simulate(job, v, **kw)
+            _done(v, out[v])
         return out
+    log.info("the other %d in %d worker processes, the repack policies first", len(rest), min(n, len(rest)))
     import queue
     import threading
 
@@ -159,8 +170,17 @@ def simulate_variants(job, variants=VARIANTS, processes: int | None = None, **kw
         t.start()
     for t in threads:
         t.join()
-    out.update((v, done.get(v) if done.get(v) is not None else simulate(job, v, **kw)) for v in rest)
+    for v in rest:
+        if done.get(v) is None:
+            done[v] = simulate(job, v, **kw)
+            _done(v, done[v])
+        out[v] = done[v]
     return out
+
+
+def _done(variant: str, r: SimResult) -> None:
+    """Log one policy simulated: its throughput and the wall time its simulation took here."""
+    log.info("  %-17s %8.2f traj/s  simulated in %.1f s", variant, r.trajectories_per_s, r.wall_s)
 
 
 def _worker_loop(job, kw: dict, todo, done: dict) -> None:
@@ -192,6 +212,7 @@ def _worker_loop(job, kw: dict, todo, done: dict) -> None:
             if msg is None:
                 break  # the worker died: this variant runs in the caller, the rest of the queue in other workers
             done[v] = pickle.loads(msg)
+            _done(v, done[v])
     except Exception:  # noqa: BLE001 - a job that does not pickle, a worker that died: the caller runs what is left
         pass
     finally:

@@ -96,3 +96,29 @@ def test_real_run_options_exit_2_before_anything_runs(tmp_path, capsys, spec, ar
     err = capsys.readouterr().err
     assert named in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+def test_solve_prints_each_policy_on_stderr_as_it_is_simulated_and_json_stays_clean(capsys):
+    import logging
+
+    assert main(["solve", SPEC, "--json"]) == 0
+    captured = capsys.readouterr()
+    plan = json.loads(captured.out)  # stdout: the plan alone
+    assert "simulating 7 policies of cpu-tiny" in captured.err
+    for p in plan["policies"]:  # one progress line per policy, with the figure the plan reports
+        assert f"{p['variant']:<17s} {p['trajectories_per_s']:8.2f} traj/s  simulated in" in captured.err
+    lg = logging.getLogger("qsync_opt.rollout.plan")
+    assert not lg.handlers and lg.level == logging.NOTSET  # the CLI's handler is gone: a library caller stays quiet
+
+
+def test_the_library_logs_progress_only_to_a_caller_that_listens(caplog):
+    import logging
+
+    from qsync_opt.rollout.plan import simulate_variants
+
+    job = load_spec(SPEC)
+    with caplog.at_level(logging.INFO, logger="qsync_opt.rollout.plan"):
+        got = simulate_variants(job, processes=1, steps=2)
+    lines = [r.getMessage() for r in caplog.records if r.name == "qsync_opt.rollout.plan"]
+    assert lines[0] == "simulating 7 policies of cpu-tiny for 2 trainer steps"
+    assert [ln.split()[0] for ln in lines[1:]] == list(got) == list(VARIANTS)
