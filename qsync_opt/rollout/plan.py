@@ -25,10 +25,10 @@ log = logging.getLogger(__name__)
 stderr; a library caller sees it only if it configures logging."""
 
 TIE_FRAC = 0.01
-"""Variants within this fraction of the fastest count as tied with it. The simulator is deterministic, but a gain
-this small is one draw of the workload: over 5 workload seeds of the benchmark's 7 cases, repack-program against
-repack-best-fit moved from -0.72% to +1.78% (`benchmarks/results/rollout_seeds.csv`; below best-fit in 6 of 35
-runs, though above it at every case's own seed)."""
+"""Variants within this fraction of the fastest count as tied with it. The simulator is deterministic, but a margin
+this small is not resolved by one run: one repack method moved by up to 0.93% against itself when only its repack
+tick moved by up to 2% (`benchmarks/rollout_resolution.py`, 7 cases x 5 workload seeds at 50 trainer steps), and
+repack-program against repack-best-fit moved from -0.29% to +0.44% over those seeds (docs/rollout.md)."""
 
 
 def recommend(results) -> tuple[str, str]:
