@@ -28,6 +28,7 @@ their headers.
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import gc
 import os
@@ -106,6 +107,19 @@ CASES = [
     case("h100x64-verl128-areal-eta4", [{"name": "h100", "device": "H100-SXM", "count": 64}],
          [{"group": "h100", "bits": 16}], trainer=64, prompts=512, max_len=28672, batch_cap=1024, eta=4),
 ]
+
+
+def case_job(name: str, steps: int, eta: int = 1, interval_factor: float = 1.0):
+    """The spec of case `name` for `steps` trainer steps, at its published η (FIXED_ETA) or else `eta`, its repack
+    tick every `interval_factor` times its interval_s. Works on a copy: CASES stays as declared for the next caller."""
+    d = copy.deepcopy(dict(CASES)[name])
+    d["rollout"]["steps"] = steps
+    d["rollout"]["policy"]["eta"] = FIXED_ETA.get(name, eta)
+    if interval_factor != 1.0:
+        d["rollout"]["repack"]["interval_s"] = round(d["rollout"]["repack"]["interval_s"] * interval_factor, 6)
+    return load_rollout_spec(d)
+
+
 ASYNC = ("one-step-off", "stale", "partial-rollout", "trajectory-async")
 """The asynchronous policies without repack: trajectory-async with repack is compared to the best of them."""
 
@@ -222,12 +236,10 @@ def simulated_cases(args) -> list[dict]:
     print(f"{name}: trajectory-async, {job.rollout.workload.batch} trajectories/step, 1000 steps simulated in "
           f"{r.wall_s:.1f} s wall")
 
-    for name, d in CASES:
+    for name, _ in CASES:
         if args.cases and name not in args.cases:
             continue
-        d["rollout"]["steps"] = args.sim_steps
-        d["rollout"]["policy"]["eta"] = FIXED_ETA.get(name, args.eta)
-        job = load_rollout_spec(d)
+        job = case_job(name, args.sim_steps, args.eta)
         res = {}
         for v in VARIANTS:
             res[v] = simulate(job, v)

@@ -3,7 +3,7 @@
 A repack plan changes which trajectories sit where for the rest of the run, so one tick's choice moves a whole
 run's throughput by a few tenths of a percent either way. To tell a method's gain from that, each case and workload
 seed is simulated with the same repack method five times, the repack tick every 0.98, 0.99, 1.00, 1.01 and 1.02
-times the spec's `interval_s` (2.00 s: 1.96 ... 2.04 s). A shift of the tick by 20-40 ms cannot make a method better
+times the spec's `interval_s` (2.00 s: 1.96 ... 2.04 s). A shift of the tick by 20-40 ms should not make a method better
 or worse in expectation, so how far the five runs lie apart (max − min, per seed) is the run-to-run resolution of the
 simulator there; the widest of a case's seeds is its band. The program's margin over best-fit (`rollout_seeds.csv`,
 same cases, seeds and steps) is a gain or a loss only outside the case's band.
@@ -18,7 +18,6 @@ beside the band; writes `rollout_resolution.csv`. Deterministic (figures do not 
 from __future__ import annotations
 
 import argparse
-import copy
 import csv
 import io
 import os
@@ -29,27 +28,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.rollout import CASES, FIXED_ETA  # noqa: E402
+from benchmarks.rollout import CASES, case_job  # noqa: E402
 from qsync_opt.io import atomic_write_text  # noqa: E402
 from qsync_opt.rollout.simulate import Simulator  # noqa: E402
-from qsync_opt.rollout.spec import load_rollout_spec  # noqa: E402
 
 FACTORS = (0.98, 0.99, 1.0, 1.01, 1.02)
 """Repack tick intervals simulated, as multiples of the case's interval_s."""
 COLS = ("case", "seed", "steps", "method", "interval_s", "trajectories_per_s", "vs_base_pct")
 
 
-def _job(name: str, steps: int, factor: float):
-    d = copy.deepcopy(dict(CASES)[name])
-    d["rollout"]["steps"] = steps
-    d["rollout"]["policy"]["eta"] = FIXED_ETA.get(name, 1)
-    d["rollout"]["repack"]["interval_s"] = round(d["rollout"]["repack"]["interval_s"] * factor, 6)
-    return load_rollout_spec(d)
-
-
 def _run(task):
     name, seed, steps, method, factor = task
-    job = _job(name, steps, factor)
+    job = case_job(name, steps, interval_factor=factor)
     r = Simulator(job, f"repack-{method}", seed=seed).run()
     return task, job.rollout.repack.interval_s, r.trajectories_per_s
 

@@ -16,7 +16,6 @@ same seeds, the program lost 0.19-0.41% on 64 A100 until its packing followed be
 from __future__ import annotations
 
 import argparse
-import copy
 import csv
 import io
 import os
@@ -26,10 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.rollout import CASES, FIXED_ETA  # noqa: E402
+from benchmarks.rollout import CASES, case_job  # noqa: E402
 from qsync_opt.io import atomic_write_text  # noqa: E402
 from qsync_opt.rollout.simulate import Simulator  # noqa: E402
-from qsync_opt.rollout.spec import load_rollout_spec  # noqa: E402
 
 COLS = ("case", "seed", "steps", "best_fit_tps", "program_tps", "program_vs_best_fit_pct", "program_solver_ms_max")
 TIE_PCT = 0.1
@@ -49,10 +47,7 @@ def main(argv=None) -> int:
         ap.error(f"--cases: {', '.join(unknown)} unknown; choose from {', '.join(known)}")
     rows = []
     for name in args.cases:
-        d = copy.deepcopy(known[name])  # CASES is shared: a run must not change it for the next caller
-        d["rollout"]["steps"] = args.sim_steps
-        d["rollout"]["policy"]["eta"] = FIXED_ETA.get(name, 1)
-        job = load_rollout_spec(d)
+        job = case_job(name, args.sim_steps)
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             bf = Simulator(job, "repack-best-fit", seed=seed).run()
             pr = Simulator(job, "repack-program", seed=seed).run()
