@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from qsync_opt.rollout.bounds import ceiling
 from qsync_opt.rollout.costs import all_worker_costs, sync_costs
 from qsync_opt.rollout.simulate import VARIANTS, SimResult, simulate
 
@@ -74,6 +75,9 @@ class PolicyFigures(BaseModel):
     solver_wall_ms_max: float
     sim_time_s: float
     steps: int
+    ceiling_tps: float | None = None
+    """The proven ceiling of this policy's run (SimResult.ceiling_tps): no schedule of the trajectories it trained
+    is faster under these costs."""
 
     @classmethod
     def of(cls, r: SimResult) -> PolicyFigures:
@@ -94,6 +98,23 @@ class WorkerSummary(BaseModel):
     pull_s: float
 
 
+class CeilingFigures(BaseModel):
+    """rollout.bounds.ceiling: what no policy trains faster than, in the long run, under these costs."""
+
+    model_config = ConfigDict(frozen=True)
+    trajectories_per_s: float
+    trainer_tps: float
+    """The trainer's steps back to back."""
+    rollout_tps: float
+    """The rollouts' hardware, every decode step priced at the plane under its cost (no admission rule)."""
+    bound_by: str
+
+    @classmethod
+    def of(cls, c) -> CeilingFigures:
+        return cls(trajectories_per_s=c.tps, trainer_tps=c.trainer_tps, rollout_tps=c.rollout_tps,
+                   bound_by=c.bound_by)
+
+
 class RolloutPlan(BaseModel):
     model_config = ConfigDict(frozen=True)
     version: int = PLAN_VERSION
@@ -110,6 +131,7 @@ class RolloutPlan(BaseModel):
     push_s: float
     steps: int
     notes: list[str] = []
+    ceiling: CeilingFigures | None = None
 
     def figures(self, variant: str) -> PolicyFigures:
         return next(p for p in self.policies if p.variant == variant)
@@ -256,7 +278,7 @@ def plan_from(job, results: dict[str, SimResult], steps: int | None = None) -> R
     return RolloutPlan(name=job.name, model=r.model.label, batch=w.batch, recommended=recommended, reason=reason,
                        spec_policy=_variant_of(job), policies=[PolicyFigures.of(x) for x in results.values()],
                        workers=workers, broadcast_s=sc.broadcast_s, push_s=sc.push_s,
-                       steps=steps or r.steps, notes=notes)
+                       steps=steps or r.steps, notes=notes, ceiling=CeilingFigures.of(ceiling(job, steps=steps)))
 
 
 def print_plan(plan: RolloutPlan, console) -> None:
@@ -273,15 +295,20 @@ def print_plan(plan: RolloutPlan, console) -> None:
     console.print(t)
     console.print(f"weight sync: global broadcast {plan.broadcast_s:.2f} s (all stall), relay push {plan.push_s:.2f} s "
                   "(trainer only)")
+    if plan.ceiling:
+        c = plan.ceiling
+        console.print(f"ceiling (proven, any policy, long run): {c.trajectories_per_s:.2f} traj/s, bound by the "
+                      f"{c.bound_by} (trainer {c.trainer_tps:.2f}, rollouts' hardware {c.rollout_tps:.2f})")
     p = Table(title="policies (simulated, same costs)", title_justify="left")
-    for col in ("policy", "traj/s", "tokens/s", "× sync", "rollout idle", "trainer idle", "staleness mean/max",
-                "KV util", "repacks", "moves", "solver ms (mean/max)"):
+    for col in ("policy", "traj/s", "tokens/s", "× sync", "of ceiling", "rollout idle", "trainer idle",
+                "staleness mean/max", "KV util", "repacks", "moves", "solver ms (mean/max)"):
         p.add_column(col, justify="left" if col == "policy" else "right")
     sync = next((x for x in plan.policies if x.variant == "sync"), None)
     for x in plan.policies:
         mark = " ◀" if x.variant == plan.recommended else ""
         p.add_row(x.variant + mark, f"{x.trajectories_per_s:.2f}", f"{x.tokens_per_s:,.0f}",
                   f"{x.trajectories_per_s / sync.trajectories_per_s:.2f}" if sync else "",
+                  f"{x.trajectories_per_s / x.ceiling_tps:.0%}" if x.ceiling_tps else "",
                   f"{x.rollout_idle_frac:.1%}", f"{x.trainer_idle_frac:.1%}",
                   f"{x.staleness_mean:.2f}/{x.staleness_max}", f"{x.kv_util_mean:.1%}", str(x.repacks), str(x.moves),
                   f"{x.solver_wall_ms_mean:.1f}/{x.solver_wall_ms_max:.1f}" if x.repacks else "")
@@ -398,14 +425,21 @@ def _measured_cells(r: dict) -> list[str]:
 def report_markdown(plan: RolloutPlan, shown: list[str]) -> str:
     lines = [f"# {plan.name}: rollout plan", "",
              f"{plan.model}, {plan.batch} trajectories per trainer step, {plan.steps} trainer steps simulated.", "",
-             f"**Recommended: {plan.recommended}**: {plan.reason}.", "",
-             "| policy | traj/s | tokens/s | x sync | rollout idle | trainer idle | staleness mean / max | KV util "
-             "| repacks | moves |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"**Recommended: {plan.recommended}**: {plan.reason}.", ""]
+    if plan.ceiling:
+        c = plan.ceiling
+        lines += [f"Ceiling (proven for any policy, in the long run, under these costs): {c.trajectories_per_s:.2f} "
+                  f"trajectories/s, bound by the {c.bound_by} (trainer {c.trainer_tps:.2f}, rollouts' hardware "
+                  f"{c.rollout_tps:.2f}). \"of ceiling\" is each run against the ceiling of the trajectories it "
+                  "trained.", ""]
+    lines += ["| policy | traj/s | tokens/s | x sync | of ceiling | rollout idle | trainer idle | staleness mean / max "
+              "| KV util | repacks | moves |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     sync = next((p.trajectories_per_s for p in plan.policies if p.variant == "sync"), None)
     for p in plan.policies:
         x = f"{p.trajectories_per_s / sync:.2f}" if sync else ""
         mark = " (recommended)" if p.variant == plan.recommended else ""
-        lines.append(f"| {p.variant}{mark} | {p.trajectories_per_s:.2f} | {p.tokens_per_s:,.0f} | {x} | "
+        share = f"{p.trajectories_per_s / p.ceiling_tps:.0%}" if p.ceiling_tps else ""
+        lines.append(f"| {p.variant}{mark} | {p.trajectories_per_s:.2f} | {p.tokens_per_s:,.0f} | {x} | {share} | "
                      f"{p.rollout_idle_frac:.1%} | {p.trainer_idle_frac:.1%} | {p.staleness_mean:.2f} / "
                      f"{p.staleness_max} | {p.kv_util_mean:.1%} | {p.repacks} | {p.moves} |")
     lines += ["", "| group | device | bits | count | KV tokens | decode ms at the batch cap | prefill ms | pull s |",

@@ -51,9 +51,12 @@ class SimResult:
     """Share of rollout time re-prefilling interrupted trajectories after a weight sync (partial-rollout); it is
     counted as generating in rollout_idle_frac, but it produces no token."""
     repack_clock_stops: int = 0
+    """Repack solves stopped by the clock (rollout.sim_repack.SIM_HANG_S): 0 means the run is deterministic."""
     tail_extension_s: float = 0.0
     """Σ over repack receivers of how much later each drains (its longest remaining trajectory grew), seconds."""
-    """Repack solves stopped by the clock (rollout.sim_repack.SIM_HANG_S): 0 means the run is deterministic."""
+    ceiling_tps: float | None = None
+    """The proven ceiling of this run (rollout.bounds.run_ceiling over the trajectories it trained): no schedule of
+    them trains faster. None on a calibrated shared host, whose costs the bound does not cover."""
 
     def row(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("kv_series", "timeline", "worker_labels")}
@@ -101,4 +104,12 @@ class Metrics:
             kv_series=[(t, u) for t, u in self.kv_series if t <= T],
             timeline=[w.segments for w in self.workers], worker_labels=[w.label for w in self.workers],
             repack_clock_stops=self.repack_clock_stops, tail_extension_s=self.tail_extension_s,
-            rollout_reprefill_frac=self.reprefill_s / (n * T))
+            rollout_reprefill_frac=self.reprefill_s / (n * T), ceiling_tps=self._ceiling_tps())
+
+    def _ceiling_tps(self) -> float | None:
+        if self.shared_host or getattr(self.train_s, "padded", False):
+            return None
+        from qsync_opt.rollout.bounds import run_ceiling
+
+        kinds = list({id(w.c): w.c for w in self.workers}.values())
+        return run_ceiling(self.job, self.consumed, costs=kinds, train_s=self.train_s).tps

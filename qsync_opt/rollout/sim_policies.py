@@ -58,6 +58,7 @@ class PolicyRules:
             batch, self.buffer = self.buffer[:self.B], self.buffer[self.B:]
         for t in batch:
             self.stale.append(self.version - t.version)
+        self.consumed.extend((t.prompt, t.target) for t in batch)
         tokens = sum(t.prompt + t.target for t in batch)
         if getattr(self.train_s, "padded", False):  # a trainer that pads the batch to its longest (the real run's)
             tokens = len(batch) * max(t.prompt + t.target for t in batch)

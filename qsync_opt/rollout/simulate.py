@@ -115,6 +115,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.trained = 0
         self.tokens_trained = 0
         self.stale = []
+        self.consumed: list[tuple[int, int]] = []  # (prompt, length) of each trained trajectory (rollout.bounds)
         self.sync_pending = False
         self.in_broadcast = False
         self.interrupting = self.interrupt_again = False  # partial-rollout: draining the rollouts' calls
