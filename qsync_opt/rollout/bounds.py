@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qsync_opt.rollout.costs import WorkerCosts, _decode_lines, all_worker_costs, trainer_step_s
+from qsync_opt.rollout.sim_workload import draw
 
 BUCKET_TOKENS = 32
 """Width of the context groups of the multi-kind program (each group priced at its lowest context)."""
@@ -196,8 +197,8 @@ def run_ceiling(job, consumed, costs: list[WorkerCosts] | None = None, train_s=N
 
 def ceiling(job, seed: int | None = None, steps: int | None = None) -> Ceiling:
     """The long-run ceiling: run_ceiling over the first steps × batch trajectories the simulator draws (in order)."""
-    from qsync_opt.rollout.simulate import Simulator
-
-    sim = Simulator(job, "sync", steps=steps, seed=seed)
-    n = sim.steps_target * sim.B
-    return run_ceiling(job, np.stack([sim.prompts[:n], sim.targets[:n]], axis=1))
+    r = job.rollout
+    steps = steps or r.steps
+    prompts, targets = draw(job, steps, r.policy.eta or 1, r.seed if seed is None else seed)
+    n = steps * r.workload.batch
+    return run_ceiling(job, np.stack([prompts[:n], targets[:n]], axis=1))

@@ -39,7 +39,6 @@ from __future__ import annotations
 import heapq
 import time
 
-import numpy as np
 
 from qsync_opt.rollout.costs import (
     SyncCosts,
@@ -60,6 +59,7 @@ from qsync_opt.rollout.sim_records import (
     _Worker,
 )
 from qsync_opt.rollout.sim_repack import RepackTick
+from qsync_opt.rollout.sim_workload import draw
 
 __all__ = ["GEN", "IDLE", "MIGRATE", "STATES", "SYNC", "VARIANTS", "SimResult", "Simulator", "simulate"]
 
@@ -134,18 +134,8 @@ class Simulator(PolicyRules, RepackTick, Metrics):
 
     # ---------------------------------------------------------------- workload
     def _draw(self, seed):
-        r = self.job.rollout
-        w = r.workload
-        n_max = (self.steps_target + self.eta + 2) * self.B
-        rng = np.random.RandomState(seed)
-        self.targets = _sample(w.response, n_max, rng, w.max_len)
-        groups = (n_max + w.group_size - 1) // w.group_size
-        if isinstance(w.prompt_len, int):
-            prompts = np.full(groups, w.prompt_len, dtype=np.int64)
-        else:
-            prompts = _sample(w.prompt_len, groups, rng, w.max_prompt())
-        self.prompts = np.repeat(prompts, w.group_size)[:n_max]
-        self.n_max = n_max
+        self.prompts, self.targets = draw(self.job, self.steps_target, self.eta, seed)
+        self.n_max = len(self.targets)
 
     def _new_traj(self) -> _Traj:
         i = self.next_id
@@ -402,17 +392,6 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         rate = sum(wk.c.full_rate(min(self.cap, max(1, self.B // len(self.workers))), self._mean_ctx)
                    for wk in self.workers)
         return self.B * w.response.mean(w.max_len) / rate
-
-
-def _sample(dist, n, rng, cap) -> np.ndarray:
-    if dist.file is not None:
-        xs = np.asarray(dist.observed(), dtype=np.int64)
-        out = xs[rng.randint(0, len(xs), size=n)]
-    elif dist.sigma == 0:
-        out = np.full(n, int(round(dist.median)), dtype=np.int64)
-    else:
-        out = np.rint(dist.median * np.exp(dist.sigma * rng.standard_normal(n))).astype(np.int64)
-    return np.clip(out, 1, cap)
 
 
 def _variant_of(job) -> str:
