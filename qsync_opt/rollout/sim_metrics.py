@@ -54,6 +54,11 @@ class SimResult:
     """Repack solves stopped by the clock (rollout.sim_repack.SIM_HANG_S): 0 means the run is deterministic."""
     tail_extension_s: float = 0.0
     """Σ over repack receivers of how much later each drains (its longest remaining trajectory grew), seconds."""
+    gate_fill_mean: float | None = None
+    """Mean over time of the staleness rule's room in use: (admitted − trained·batch) / ((η + 1)·batch). Near 1, the
+    rule, not the rollouts, holds back admission. None for the barrier policies (sync, one-step-off)."""
+    gate_waiting_mean: float | None = None
+    """Of that room, the mean share held by finished trajectories waiting for the trainer."""
     ceiling_tps: float | None = None
     """The proven ceiling of this run (rollout.bounds.run_ceiling over the trajectories it trained): no schedule of
     them trains faster. None on a calibrated shared host, whose costs the bound does not cover."""
@@ -80,6 +85,9 @@ class Metrics:
             used += w.total_ctx(k) if w.batch else 0.0
             cap += w.c.kv_capacity_tokens
         self.kv_series.append((self.now, used / cap))
+        if self.kind not in ("sync", "one-step-off"):
+            room = (self.eta + 1) * self.B  # the staleness rule's: admitted − trained·B ≤ (η + 1)·B
+            self.gate_series.append((self.now, (self.next_id - self.trained * self.B) / room, len(self.buffer) / room))
 
     def _result(self, wall) -> SimResult:
         T = self.t_end
@@ -104,7 +112,12 @@ class Metrics:
             kv_series=[(t, u) for t, u in self.kv_series if t <= T],
             timeline=[w.segments for w in self.workers], worker_labels=[w.label for w in self.workers],
             repack_clock_stops=self.repack_clock_stops, tail_extension_s=self.tail_extension_s,
-            rollout_reprefill_frac=self.reprefill_s / (n * T), ceiling_tps=self._ceiling_tps())
+            rollout_reprefill_frac=self.reprefill_s / (n * T), ceiling_tps=self._ceiling_tps(),
+            gate_fill_mean=self._gate_mean(1, T), gate_waiting_mean=self._gate_mean(2, T))
+
+    def _gate_mean(self, k: int, T: float) -> float | None:
+        xs = [g[k] for g in self.gate_series if g[0] <= T]
+        return float(np.mean(xs)) if xs else None
 
     def _ceiling_tps(self) -> float | None:
         if self.shared_host or getattr(self.train_s, "padded", False):

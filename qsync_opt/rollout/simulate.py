@@ -130,6 +130,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.repack_clock_stops = 0
         self.tail_extension_s = 0.0
         self.kv_series: list = []
+        self.gate_series: list = []  # (time, staleness-rule room in use, of it finished and untrained), per KV sample
         self.t_end = 0.0
 
     # ---------------------------------------------------------------- workload

@@ -12,7 +12,7 @@ from qsync_opt.rollout import bounds
 from qsync_opt.rollout.costs import all_worker_costs
 from qsync_opt.rollout.simulate import VARIANTS, Simulator
 from qsync_opt.rollout.spec import load_rollout_spec
-from tests.rollout.rollout_cases import job_dict
+from rollout_cases import job_dict
 
 
 @pytest.fixture(scope="module")

@@ -34,6 +34,17 @@ def test_staleness_per_policy(job):
     assert simulate(job, "stale").staleness_max <= 1  # every sync drains: nothing outlives one version
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_staleness_rule_room_is_measured_and_never_overfilled(job, variant):
+    r = simulate(job, variant)
+    if variant in ("sync", "one-step-off"):
+        assert r.gate_fill_mean is None and r.gate_waiting_mean is None
+        return
+    # admitted − trained·batch ≤ (η + 1)·batch at every instant, so its mean too; finished-untrained is part of it
+    assert 0 < r.gate_fill_mean <= 1
+    assert 0 <= r.gate_waiting_mean <= r.gate_fill_mean
+
+
 def test_trajectories_conserved(job):
     s = Simulator(job, "repack-best-fit")
     s.run()

@@ -1,0 +1,114 @@
+"""How far each rollout policy is from what any policy could reach: the proven ceilings of rollout.bounds.
+
+For every case of benchmarks/rollout.py (the same specs, workload seed, η and steps as its simulated rows), the
+long-run ceiling (the trainer's steps back to back; the rollouts' hardware with every decode step priced at the plane
+under its cost, no admission rule), then every policy simulated with the ceiling of its own run (the trajectories it
+trained). The column that bears on #22's "≥ 1.3× the best other asynchronous policy": the ceiling over the best of
+one-step-off, stale, partial-rollout and trajectory-async without repack, the most any policy can gain over it in
+the long run. Where that is below 1.3, no policy reaches the target under this cost model; where it is above, the
+target is not ruled out by the hardware or the trainer, only (or not) by the staleness rule, which the ceiling leaves
+out: admitted − trained ≤ (η + 1) batches. Each streaming policy's mean use of that room is printed beside it, with
+the share of it held by finished trajectories waiting for the trainer.
+
+    PYTHONPATH=. python benchmarks/rollout_ceilings.py --out DIR [--cases ...] [--sim-steps 50] [--variants ...]
+        [--jobs 1]
+
+Writes DIR/rollout_ceilings.csv. Deterministic (figures do not depend on the machine or its load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.rollout import ASYNC, CASES, case_job  # noqa: E402
+from qsync_opt.io import atomic_write_text  # noqa: E402
+from qsync_opt.rollout.bounds import ceiling  # noqa: E402
+from qsync_opt.rollout.simulate import VARIANTS, simulate  # noqa: E402
+
+COLS = ("case", "eta", "steps", "policy", "trajectories_per_s", "run_ceiling_tps", "of_run_ceiling",
+        "ceiling_tps", "ceiling_trainer_tps", "ceiling_rollout_tps", "bound_by", "of_ceiling", "gate_fill_mean",
+        "gate_waiting_mean", "trainer_idle_frac")
+
+
+def _run(task):
+    name, steps, eta, variant = task
+    r = simulate(case_job(name, steps, eta), variant)
+    return task, (r.trajectories_per_s, r.ceiling_tps, r.gate_fill_mean, r.gate_waiting_mean, r.trainer_idle_frac)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cases", nargs="*", default=[name for name, _ in CASES],
+                    help="case names of benchmarks/rollout.py (default: all seven)")
+    ap.add_argument("--sim-steps", type=int, default=50,
+                    help="trainer steps (10 steps flatter the policies that leave long trajectories in flight)")
+    ap.add_argument("--eta", type=int, default=1, help="as benchmarks/rollout.py's --eta (published η cases keep theirs)")
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=VARIANTS,
+                    help="policies simulated (default: all; sync and the asynchronous ones are always run)")
+    ap.add_argument("--jobs", type=int, default=1, help="simulations run at once, one process each")
+    args = ap.parse_args(argv)
+    known = dict(CASES)
+    if unknown := [c for c in args.cases if c not in known]:
+        ap.error(f"--cases: {', '.join(unknown)} unknown; choose from {', '.join(known)}")
+    load0 = os.getloadavg()[0]
+    variants = [v for v in VARIANTS if v in set(args.variants) | {"sync", *ASYNC}]
+    tasks = [(c, args.sim_steps, args.eta, v) for c in args.cases for v in variants]
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs) as ex:
+            done = list(ex.map(_run, tasks))
+    else:
+        done = [_run(t) for t in tasks]
+    got = {task[0::3]: figs for task, figs in done}
+    rows = []
+    print(f"proven ceilings (rollout.bounds), {args.sim_steps} trainer steps, workload seed of each spec")
+    for c in args.cases:
+        job = case_job(c, args.sim_steps, args.eta)
+        cl = ceiling(job)
+        eta = job.rollout.policy.eta
+        best = max(ASYNC, key=lambda v: got[(c, v)][0])
+        b = got[(c, best)][0]
+        repacked = [v for v in ("repack-best-fit", "repack-program") if v in variants]
+        print(f"\n{c} (η = {eta}): ceiling {cl.tps:.2f} traj/s, bound by the {cl.bound_by} (trainer {cl.trainer_tps:.2f}, "
+              f"rollouts' hardware {cl.rollout_tps:.2f})")
+        for v in variants:
+            tps, run_c, fill, waiting, t_idle = got[(c, v)]
+            gate = f"  staleness room {fill:6.1%} in use ({waiting:5.1%} finished, untrained)" if fill is not None else ""
+            print(f"  {v:17s} {tps:8.2f} traj/s  {tps / run_c:6.1%} of its run's ceiling ({run_c:.2f})  "
+                  f"{tps / cl.tps:6.1%} of the long-run one  trainer busy {1 - t_idle:5.1%}{gate}")
+            rows.append({"case": c, "eta": eta, "steps": args.sim_steps, "policy": v,
+                         "trajectories_per_s": round(tps, 3), "run_ceiling_tps": round(run_c, 3),
+                         "of_run_ceiling": round(tps / run_c, 4), "ceiling_tps": round(cl.tps, 3),
+                         "ceiling_trainer_tps": round(cl.trainer_tps, 3), "ceiling_rollout_tps": round(cl.rollout_tps, 3),
+                         "bound_by": cl.bound_by, "of_ceiling": round(tps / cl.tps, 4),
+                         "gate_fill_mean": "" if fill is None else round(fill, 4),
+                         "gate_waiting_mean": "" if waiting is None else round(waiting, 4),
+                         "trainer_idle_frac": round(t_idle, 4)})
+        verdict = "rules out 1.3x" if cl.tps / b < 1.3 else "leaves room for 1.3x"
+        print(f"  best other asynchronous: {best} {b:.2f}; the ceiling is {cl.tps / b:.2f}x it ({verdict}); "
+              + ", ".join(f"{v} {got[(c, v)][0] / b:.2f}x it" for v in repacked))
+    buf = io.StringIO()
+    buf.write(f"# command: python benchmarks/rollout_ceilings.py {' '.join(argv if argv is not None else sys.argv[1:])}\n")
+    buf.write(f"# load (1 min) {load0:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
+    w = csv.DictWriter(buf, fieldnames=COLS)
+    w.writeheader()
+    w.writerows(rows)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "rollout_ceilings.csv", buf.getvalue())
+    print(f"\nwrote {out / 'rollout_ceilings.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
