@@ -16,11 +16,11 @@ goes above them.
   each group at its lowest context) and prefills to kinds, a linear program on the shared IR solved by HiGHS.
 
 `run_ceiling(job, consumed, ...)` is the bound for one run: the trajectories its trainer consumed
-(`Simulator.consumed`); every simulated run must lie under it (tests/rollout/test_bounds.py). `ceiling(job, seed)`
+(`Simulator.consumed`); every simulated run must lie under it (tests/rollout/test_rollout_bounds.py). `ceiling(job, seed)`
 is the long-run ceiling: the same bound over the first steps × batch trajectories the simulator draws, in order;
 as the run grows it holds for every policy, since all admitted work is then trained but for at most the η + 1 batches
 in flight at the end. A finite run can sit a little above it by training its short trajectories and leaving long
-ones in flight (`Simulator.consumed` shows how much).
+ones in flight (`SimResult.ceiling_tps`, the ceiling of the run's own trajectories, shows how much).
 
 These bound the model, not a machine: the simulator's decode is the serving cost model's (not a calibrated shared
 host's, rollout.calibrate).
