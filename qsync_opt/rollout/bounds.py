@@ -179,9 +179,11 @@ def _multi_kind(kinds, planes, prompts, lengths) -> float:
         p.add_constraint(f"load_{k}", row, "<=", 0.0)
     p.objective = {T: 1.0}
     raw = get_backend("highs").solve(p, SolveOptions(time_limit_s=60.0, rel_gap=0.0, threads=1))
-    if raw.bound is not None and raw.bound_in_plan_units:
-        return max(0.0, float(raw.bound)) * (1 - 1e-7)
-    raise RuntimeError(f"rollout ceiling: the linear program ended '{raw.status}' without a bound")
+    # only a proven optimum of the linear program bounds the makespan (a value found before it is an upper one);
+    # 1e-6 of it is left for the solver's feasibility tolerances
+    if raw.status == "optimal" and raw.bound is not None and raw.bound_in_plan_units:
+        return max(0.0, float(raw.bound)) * (1 - 1e-6)
+    raise RuntimeError(f"rollout ceiling: the linear program ended '{raw.status}' without a proven optimum")
 
 
 def run_ceiling(job, consumed, costs: list[WorkerCosts] | None = None, train_s=None) -> Ceiling:
