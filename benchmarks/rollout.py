@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import gc
 import os
 import random
@@ -41,8 +40,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qsync_opt.rollout.agreement import discordant, kendall_tau_b, normalised_rounds, ordered_pairs, round_normalised
-from qsync_opt.rollout.repack import RepackState, RepackTraj, RepackWorker, repack, warm_up
+from benchmarks.results_table import load_now, write_table  # noqa: E402
+from qsync_opt.rollout.agreement import (
+    discordant,
+    kendall_tau_b,
+    normalised_rounds,
+    ordered_pairs,
+    round_normalised,
+)
+from qsync_opt.rollout.repack import (
+    RepackState,
+    RepackTraj,
+    RepackWorker,
+    repack,
+    warm_up,
+)
 from qsync_opt.rollout.simulate import VARIANTS, Simulator, simulate
 from qsync_opt.rollout.spec import load_rollout_spec
 from qsync_opt.solver.backends import EXACT, available
@@ -145,12 +157,6 @@ def row(mode, case_name, policy, r, time_s):
 
 def fmt(v):
     return f"{v:.4g}" if isinstance(v, float) else v
-
-
-def header(f, args):
-    f.write(f"# command: python benchmarks/rollout.py {' '.join(args)}\n")
-    f.write(f"# load (1, 5, 15 min): {', '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs; "
-            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
 
 
 def repack_timing(reps: int = 30, reps_long: int = 3):
@@ -281,13 +287,13 @@ def simulated_cases(args) -> list[dict]:
     return rows
 
 
-def real_run(args, out: Path, argv) -> list[dict]:
+def real_run(args, out: Path, argv, load0: float) -> list[dict]:
     """The real run here (Ray actors), measured against the simulator calibrated from it; writes out/rollout_rounds.csv
     (every round of every variant, for the paired ranking)."""
     rows = []
-    from qsync_opt.rollout.ray_run import median_round, predict_calibrated, run_rounds
-
     import yaml
+
+    from qsync_opt.rollout.ray_run import median_round, predict_calibrated, run_rounds
 
     d = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "rollout_cpu_tiny.yaml").read_text())
     if args.real_steps:
@@ -328,15 +334,13 @@ def real_run(args, out: Path, argv) -> list[dict]:
     print(f"  pairs ordered oppositely: {len(disc)} of {n_pairs}, of them ordered by the real run: "
           f"{sum(d.resolved for d in disc)}; pairs the real run orders (sign-test interval of the per-round ratio "
           f"excludes 1): {n_ord}, predicted in the same order: {n_same}")
-    with open(out / "rollout_rounds.csv", "w", newline="") as f:
-        header(f, argv)
-        w = csv.writer(f)
-        w.writerow(["round", "policy", "trajectories_per_s", "round_normalised", "repacks", "moves", "predicted"])
-        per_round = normalised_rounds(rounds)
-        for i in range(args.real_rounds):
-            for v, rs in real.items():
-                w.writerow([i + 1, v, fmt(rounds[v][i]), fmt(per_round[v][i]), rs[i].repacks, rs[i].moves,
-                            fmt(predicted[v])])
+    per_round = normalised_rounds(rounds)
+    write_table(out / "rollout_rounds.csv", "rollout.py", argv,
+                ["round", "policy", "trajectories_per_s", "round_normalised", "repacks", "moves", "predicted"],
+                [{"round": i + 1, "policy": v, "trajectories_per_s": fmt(rounds[v][i]),
+                  "round_normalised": fmt(per_round[v][i]), "repacks": rs[i].repacks, "moves": rs[i].moves,
+                  "predicted": fmt(predicted[v])}
+                 for i in range(args.real_rounds) for v, rs in real.items()], load0)
     same = [v for v in ("repack-best-fit", "repack-program") if v in real and not any(x.repacks for x in real[v])]
     for v in same:  # no repack happened: the same schedule as trajectory-async, so their gap is the run's noise
         gaps = [abs(a.trajectories_per_s / b.trajectories_per_s - 1) for a, b in zip(real[v], real["trajectory-async"])]
@@ -345,7 +349,7 @@ def real_run(args, out: Path, argv) -> list[dict]:
     return rows
 
 
-def write_repack_timing(out: Path, argv) -> Path:
+def write_repack_timing(out: Path, argv, load0: float) -> Path:
     timing = repack_timing()
     print("\nrepack decision, 64 workers x 2,000 in-flight trajectories:")
     for t in timing:
@@ -358,13 +362,8 @@ def write_repack_timing(out: Path, argv) -> Path:
               f"freed {t['freed']}, objective {t['objective']:.0f} "
               f"({t['vs_best_fit'] if t['vs_best_fit'] == '' else format(t['vs_best_fit'], '.3f')}x best-fit), "
               f"{t['status']}, gap {t['gap'] if t['gap'] == '' else format(t['gap'], '.1e')}")
-    with open(out / "rollout_repack.csv", "w", newline="") as f:
-        header(f, argv)
-        w = csv.DictWriter(f, fieldnames=list(timing[0]))
-        w.writeheader()
-        for t in timing:
-            w.writerow({k: fmt(v) for k, v in t.items()})
-    return out / "rollout_repack.csv"
+    return write_table(out / "rollout_repack.csv", "rollout.py", argv, list(timing[0]),
+                       [{k: fmt(v) for k, v in t.items()} for t in timing], load0)
 
 
 def main(argv=None):
@@ -384,25 +383,21 @@ def main(argv=None):
                     help="only the repack decision timing (rollout_repack.csv), no simulation and no real run")
     args = ap.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
+    load0 = load_now()
     if args.real_only and (args.skip_real or args.repack_only):
         ap.error("--real-only runs only the real run: it excludes --skip-real and --repack-only")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.repack_only:
         if args.real_only:
-            rows, table = real_run(args, out, argv), out / "rollout_real.csv"
+            rows, table = real_run(args, out, argv, load0), out / "rollout_real.csv"
         else:
-            rows = simulated_cases(args) + ([] if args.skip_real else real_run(args, out, argv))
+            rows = simulated_cases(args) + ([] if args.skip_real else real_run(args, out, argv, load0))
             table = out / ("rollout_simulated.csv" if args.skip_real else "rollout.csv")
-        with open(table, "w", newline="") as f:
-            header(f, argv)
-            w = csv.DictWriter(f, fieldnames=COLUMNS, restval="")
-            w.writeheader()
-            for r in rows:
-                w.writerow({k: fmt(v) for k, v in r.items()})
+        write_table(table, "rollout.py", argv, COLUMNS, [{k: fmt(v) for k, v in r.items()} for r in rows], load0)
         print(f"\nwrote {table}")
     if not args.real_only:
-        print(f"wrote {write_repack_timing(out, argv)}")
+        print(f"wrote {write_repack_timing(out, argv, load0)}")
 
 
 if __name__ == "__main__":

@@ -19,18 +19,14 @@ Writes DIR/rollout_ceilings.csv. Deterministic (figures do not depend on the mac
 from __future__ import annotations
 
 import argparse
-import csv
-import io
-import os
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.results_table import load_now, write_table  # noqa: E402
 from benchmarks.rollout import ASYNC, CASES, case_job  # noqa: E402
-from qsync_opt.io import atomic_write_text  # noqa: E402
 from qsync_opt.rollout.bounds import ceiling  # noqa: E402
 from qsync_opt.rollout.simulate import VARIANTS, simulate  # noqa: E402
 
@@ -60,7 +56,7 @@ def main(argv=None) -> int:
     known = dict(CASES)
     if unknown := [c for c in args.cases if c not in known]:
         ap.error(f"--cases: {', '.join(unknown)} unknown; choose from {', '.join(known)}")
-    load0 = os.getloadavg()[0]
+    load0 = load_now()
     variants = [v for v in VARIANTS if v in set(args.variants) | {"sync", *ASYNC}]
     tasks = [(c, args.sim_steps, args.eta, v) for c in args.cases for v in variants]
     if args.jobs > 1:
@@ -96,17 +92,9 @@ def main(argv=None) -> int:
         verdict = "rules out 1.3x" if cl.tps / b < 1.3 else "leaves room for 1.3x"
         print(f"  best other asynchronous: {best} {b:.2f}; the ceiling is {cl.tps / b:.2f}x it ({verdict}); "
               + ", ".join(f"{v} {got[(c, v)][0] / b:.2f}x it" for v in repacked))
-    buf = io.StringIO()
-    buf.write(f"# command: python benchmarks/rollout_ceilings.py {' '.join(argv if argv is not None else sys.argv[1:])}\n")
-    buf.write(f"# load (1 min) {load0:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; "
-              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
-    w = csv.DictWriter(buf, fieldnames=COLS)
-    w.writeheader()
-    w.writerows(rows)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "rollout_ceilings.csv", buf.getvalue())
-    print(f"\nwrote {out / 'rollout_ceilings.csv'}")
+    path = write_table(Path(args.out) / "rollout_ceilings.csv", "rollout_ceilings.py",
+                       argv if argv is not None else sys.argv[1:], COLS, rows, load0)
+    print(f"\nwrote {path}")
     return 0
 
 

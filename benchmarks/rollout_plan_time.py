@@ -9,8 +9,6 @@ same figures (wall times aside), prints a table and writes `rollout_plan_time.cs
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import os
 import statistics
 import sys
@@ -19,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qsync_opt.io import atomic_write_text  # noqa: E402
+from benchmarks.results_table import write_table  # noqa: E402
 from qsync_opt.jobs import load_spec  # noqa: E402
 from qsync_opt.rollout.plan import simulate_variants  # noqa: E402
 
@@ -59,17 +57,9 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['mode']:<8} {r['processes']:>9} {r['wall_s_median']:>9.2f} {r['wall_s_runs']:>16} {r['vs_serial']:>9.3f}")
     print(f"same figures in both modes: {same}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    buf = io.StringIO()
-    buf.write(f"# command: python benchmarks/rollout_plan_time.py {' '.join(argv if argv is not None else sys.argv[1:])}\n")
-    buf.write(f"# load (1 min) {load0[0]:.2f} -> {load1[0]:.2f} on {os.cpu_count()} CPUs; "
-              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
-    w = csv.DictWriter(buf, fieldnames=COLS)
-    w.writeheader()
-    w.writerows(rows)
-    atomic_write_text(out / "rollout_plan_time.csv", buf.getvalue())
-    print(f"wrote {out / 'rollout_plan_time.csv'}")
+    path = write_table(Path(args.out) / "rollout_plan_time.csv", "rollout_plan_time.py",
+                       argv if argv is not None else sys.argv[1:], COLS, rows, load0[0])
+    print(f"wrote {path}")
     return 0 if same else 1
 
 

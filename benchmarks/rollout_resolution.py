@@ -19,17 +19,14 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
-import os
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.results_table import load_now, write_table  # noqa: E402
 from benchmarks.rollout import CASES, case_job  # noqa: E402
-from qsync_opt.io import atomic_write_text  # noqa: E402
 from qsync_opt.rollout.simulate import Simulator  # noqa: E402
 
 FACTORS = (0.98, 0.99, 1.0, 1.01, 1.02)
@@ -85,7 +82,7 @@ def main(argv=None) -> int:
         ap.error(f"--cases: {', '.join(unknown)} unknown; choose from {', '.join(known)}")
     tasks = [(c, s, args.sim_steps, m, f) for c in args.cases for s in range(args.seeds) for m in args.methods
              for f in FACTORS]
-    load0 = os.getloadavg()[0]
+    load0 = load_now()
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as ex:
             done = list(ex.map(_run, tasks))
@@ -115,16 +112,9 @@ def main(argv=None) -> int:
                 line += (f"; program − best-fit {', '.join(f'{g:+.2f}' for _, g in got)}: gains {kinds.count('gain')}, "
                          f"ties {kinds.count('tie')}, losses {kinds.count('loss')}")
             print(line)
-    buf = io.StringIO()
-    buf.write(f"# command: python benchmarks/rollout_resolution.py {' '.join(argv if argv is not None else sys.argv[1:])}\n")
-    buf.write(f"# load (1 min) {load0:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; "
-              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
-    w = csv.DictWriter(buf, fieldnames=COLS)
-    w.writeheader()
-    w.writerows(rows)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "rollout_resolution.csv", buf.getvalue())
-    print(f"wrote {out / 'rollout_resolution.csv'}")
+    path = write_table(out / "rollout_resolution.csv", "rollout_resolution.py",
+                       argv if argv is not None else sys.argv[1:], COLS, rows, load0)
+    print(f"wrote {path}")
     return 0
 
 

@@ -16,17 +16,13 @@ same seeds, the program lost 0.19-0.41% on 64 A100 until its packing followed be
 from __future__ import annotations
 
 import argparse
-import csv
-import io
-import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.results_table import load_now, write_table  # noqa: E402
 from benchmarks.rollout import CASES, case_job  # noqa: E402
-from qsync_opt.io import atomic_write_text  # noqa: E402
 from qsync_opt.rollout.simulate import Simulator  # noqa: E402
 
 COLS = ("case", "seed", "steps", "best_fit_tps", "program_tps", "program_vs_best_fit_pct", "program_solver_ms_max")
@@ -42,6 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--sim-steps", type=int, default=10)
     args = ap.parse_args(argv)
+    load0 = load_now()
     known = dict(CASES)
     if unknown := [c for c in args.cases if c not in known]:
         ap.error(f"--cases: {', '.join(unknown)} unknown; choose from {', '.join(known)}")
@@ -63,17 +60,9 @@ def main(argv=None) -> int:
         wins, ties = sum(x >= TIE_PCT for x in g), sum(abs(x) < TIE_PCT for x in g)
         print(f"  {name:28s} mean {sum(g) / len(g):+.2f}%  range {min(g):+.2f} .. {max(g):+.2f}%  "
               f"gains {wins}, ties {ties}, losses {len(g) - wins - ties}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    buf = io.StringIO()
-    buf.write(f"# command: python benchmarks/rollout_seeds.py {' '.join(argv if argv is not None else sys.argv[1:])}\n")
-    buf.write(f"# load (1, 5, 15 min): {', '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs; "
-              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
-    w = csv.DictWriter(buf, fieldnames=COLS)
-    w.writeheader()
-    w.writerows(rows)
-    atomic_write_text(out / "rollout_seeds.csv", buf.getvalue())
-    print(f"wrote {out / 'rollout_seeds.csv'}")
+    path = write_table(Path(args.out) / "rollout_seeds.csv", "rollout_seeds.py",
+                       argv if argv is not None else sys.argv[1:], COLS, rows, load0)
+    print(f"wrote {path}")
     return 0
 
 
