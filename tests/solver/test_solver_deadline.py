@@ -186,3 +186,24 @@ def test_scip_abnormal_without_a_stop_request_stays_an_error(monkeypatch):
     # a deadline still far off: no stop was requested, so ABNORMAL is SCIP's own failure
     res = get_backend("scip").solve(_problem(), SolveOptions(time_limit_s=60.0, deadline=time.perf_counter() + 1e4))
     assert res.status == "error"
+
+
+@pytest.mark.skipif(not AVAILABLE.get("cpsat"), reason="OR-Tools CP-SAT not installed")
+def test_cpsat_model_is_freed_when_the_solve_returns_not_by_the_collector():
+    """A CpModel left in a reference cycle lived until the next collection: under repack's paused collector that
+    was after the decision, inside the call. With the collector off, no model may outlive the solve."""
+    import gc
+
+    from ortools.sat.python import cp_model
+
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        raw = get_backend("cpsat").solve(_problem(), SolveOptions(time_limit_s=5.0, threads=1))
+        alive = [o for o in gc.get_objects() if isinstance(o, cp_model.CpModel)]
+    finally:
+        if was:
+            gc.enable()
+    assert raw.status in ("optimal", "feasible")
+    assert alive == []
