@@ -119,6 +119,11 @@ def warm_up(backend: str = "highs", freeze: bool = False) -> None:
     w = [RepackWorker("a", 100, 2, 10.0, 0.01), RepackWorker("b", 100, 2, 10.0, 0.01)]
     repack(RepackState(w, [RepackTraj("t0", "a", 10, 10), RepackTraj("t1", "b", 10, 10)], 0.9), backend=backend,
            time_limit_s=1.0, form="full")
+    # A full collection now, off the tick: the import left many new long-lived objects, which made the next full
+    # collection due within the first few dozen decisions (CP-SAT: 127-130 ms, 115-130 ms after deciding, on one of
+    # the first 30 calls in each of three runs of `benchmarks/rollout.py --repack-only`, 2026-12-04). Before a
+    # freeze, it also keeps the garbage of start-up out of the permanent generation.
+    gc.collect()
     if freeze:
         gc.freeze()
 

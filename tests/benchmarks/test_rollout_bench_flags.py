@@ -27,13 +27,15 @@ def test_repack_timing_row_names_each_call_over_its_limit_with_its_cpu():
     the caller waited past the decision's own clock (the collector resuming) is reported."""
     from types import SimpleNamespace
 
-    rs = [SimpleNamespace(wall_s=w, freed=["w1"], objective=2.0, status="feasible", gap=None)
-          for w in (0.039, 0.047, 0.049, 0.051)]
+    last = SimpleNamespace(wall_s=0.051, freed=["w1"], objective=2.0, status="feasible", gap=None)
+    decided = [0.039, 0.047, 0.049, 0.051]
     walls = [40.0, 52.0, 49.0, 51.5]
-    row = rollout._timing_row(SimpleNamespace(tail_guard=False), "program", "scip", 0.05, rs, walls,
+    row = rollout._timing_row(SimpleNamespace(tail_guard=False), "program", "scip", 0.05, last, decided, walls,
                               [39.0, 46.0, 48.0, 51.0], 1.0, frozen=True)
     assert row["over_limit"] == 2 and row["over_wall_cpu_ms"] == "52.0/46.0 51.5/51.0"
     assert row["cpu_ms_median"] == 47.0 and row["max_ms"] == 52.0 and row["gc_frozen"] is True
     assert row["after_decision_ms_max"] == pytest.approx(5.0)  # 52 ms seen by the caller, 47 ms decided
-    best = rollout._timing_row(SimpleNamespace(tail_guard=False), "best-fit", "", "", rs, walls, [1.0] * 4, 2.0)
+    assert row["calls"] == 4 and row["freed"] == 1 and row["vs_best_fit"] == 2.0
+    best = rollout._timing_row(SimpleNamespace(tail_guard=False), "best-fit", "", "", last, decided, walls,
+                               [1.0] * 4, 2.0)
     assert best["over_limit"] == "" and best["over_wall_cpu_ms"] == ""
