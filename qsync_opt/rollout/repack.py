@@ -109,13 +109,18 @@ def repack(state: RepackState, method: Literal["program", "best-fit"] = "program
 def warm_up(backend: str = "highs", freeze: bool = False) -> None:
     """Import `backend` and run one tiny repack with it, so that the first real tick meets its deadline.
 
-    `freeze=True` then calls `gc.freeze()`: every object alive now (torch, the model, the framework) moves to the
-    collector's permanent generation and is never scanned again. `repack` pauses the collector during a decision,
-    so the collection its allocations trigger runs as the collector resumes, before the call returns; in a process
-    holding torch that was a full collection: the call returned 155-199 ms after its decision on 2 of 240 calls at
-    50 ms in each of two runs (`benchmarks/rollout.py`, 2026-12-03); frozen, at most 11.3 ms after (CP-SAT; 6.5 ms
-    with the other backends and best-fit). The cost: objects alive at the freeze that later become cyclic garbage are
-    never freed (refcounting still frees the rest): freeze once, at start-up, after loading what the process keeps."""
+    It ends with a full collection (off the tick): the backend's import leaves many new long-lived objects, and the
+    full collection they make due otherwise landed within the first decisions. `freeze=True` then calls
+    `gc.freeze()`: every object alive now (torch, the model, the framework) moves to the collector's permanent
+    generation and is never scanned again. `repack` pauses the collector during a decision, so the collection its
+    allocations trigger runs as the collector resumes, before the call returns; a full collection in a process
+    holding torch takes 100-200 ms (the call returned 155-199 ms after its decision on 2 of 240 calls at 50 ms in each
+    of two runs of `benchmarks/rollout.py`, 2026-12-03, before this collection and before CP-SAT's models were freed
+    on return); frozen, one costs about 1 ms. With both, the committed `--repack-only` run returned at most 0.7 ms
+    after deciding in 480 calls, frozen or not; a process that keeps allocating still makes a full collection due
+    now and then, which only the freeze makes cheap. The cost of freezing: objects alive at the freeze that later
+    become cyclic garbage are never freed (refcounting still frees the rest): freeze once, at start-up, after loading
+    what the process keeps."""
     w = [RepackWorker("a", 100, 2, 10.0, 0.01), RepackWorker("b", 100, 2, 10.0, 0.01)]
     repack(RepackState(w, [RepackTraj("t0", "a", 10, 10), RepackTraj("t1", "b", 10, 10)], 0.9), backend=backend,
            time_limit_s=1.0, form="full")
