@@ -259,6 +259,10 @@ def solve(job, steps: int | None = None, variants=VARIANTS, keep_results: dict |
     return plan_from(job, results, steps)
 
 
+CUT_NOTE_FRAC = 0.01
+"""A plan notes max_len when it cuts more than this share of the responses (more than a p99 tail)."""
+
+
 def plan_from(job, results: dict[str, SimResult], steps: int | None = None) -> RolloutPlan:
     """The plan of `job` from its simulated variants (`simulate_variants`)."""
     from qsync_opt.rollout.simulate import _variant_of
@@ -275,6 +279,12 @@ def plan_from(job, results: dict[str, SimResult], steps: int | None = None) -> R
                              prefill_ms=c.prefill_ms(1, mean_prompt), pull_s=c.pull_s) for c in all_worker_costs(job)]
     notes = ["figures are simulator predictions under the serving cost model (rollout.costs), "
              "with a perfect length predictor for KV reservation and repack"]
+    cut = w.response.cut_frac(w.max_len)
+    if cut > CUT_NOTE_FRAC:
+        shape = (f"the lengths file {w.response.file}" if w.response.file is not None else
+                 f"median {w.response.median:g}" + (f", p99 {w.response.p99:g}" if w.response.p99 else ""))
+        notes.append(f"rollout.workload.max_len {w.max_len} cuts {cut:.1%} of the responses ({shape}): they end at "
+                     f"{w.max_len} tokens in every figure here; raise max_len if the policy is meant to finish them")
     return RolloutPlan(name=job.name, model=r.model.label, batch=w.batch, recommended=recommended, reason=reason,
                        spec_policy=_variant_of(job), policies=[PolicyFigures.of(x) for x in results.values()],
                        workers=workers, broadcast_s=sc.broadcast_s, push_s=sc.push_s,

@@ -79,6 +79,15 @@ class LengthDist(_Model):
             return 0.0
         return math.log(self.p99 / self.median) / Z99
 
+    def cut_frac(self, cap: int) -> float:
+        """The share of lengths above `cap`: the simulator and the real run end them at `cap` tokens."""
+        if self.file is not None:
+            xs = self.observed()
+            return sum(x > cap for x in xs) / len(xs)
+        if self.sigma == 0:
+            return 1.0 if round(self.median) > cap else 0.0
+        return 0.5 * math.erfc(math.log(cap / self.median) / self.sigma / math.sqrt(2))
+
     def mean(self, cap: int) -> float:
         if self.file is not None:
             xs = [min(x, cap) for x in self.observed()]

@@ -76,3 +76,40 @@ def test_yaml_line_named(tmp_path):
     text = open("examples/rollout_laminar.yaml").read().replace("kv_threshold: 0.9", "kv_threshold: 1.2")
     with pytest.raises(SpecError, match=r"rollout\.repack\.kv_threshold \(line \d+\)"):
         load_rollout_spec(text)
+
+
+def test_cut_frac_is_the_share_the_simulator_ends_at_max_len(tmp_path):
+    """cut_frac(cap) against the simulator's own draw (sim_workload._sample, 200,000 lengths): within 0.005."""
+    import numpy as np
+
+    from qsync_opt.rollout.sim_workload import _sample
+
+    for over in ({"median": 300, "p99": 3000}, {"median": 300, "p99": 600}):
+        dist = load_rollout_spec(job_dict(**{"rollout.workload.response": over})).rollout.workload.response
+        for cap in (100, 300, 1000, 3000):
+            drawn = _sample(dist, 200_000, np.random.RandomState(0), cap)
+            above = float(np.mean(np.rint(300 * np.exp(dist.sigma * np.random.RandomState(0).standard_normal(
+                200_000))) > cap))
+            assert dist.cut_frac(cap) == pytest.approx(above, abs=0.005), (over, cap)
+            assert float(np.mean(drawn == cap)) >= above  # those cut end exactly at cap
+    f = tmp_path / "lengths.txt"
+    f.write_text("10\n20\n30\n40\n")
+    dist = load_rollout_spec(job_dict(**{"rollout.workload.response": {"file": str(f)}})).rollout.workload.response
+    assert [dist.cut_frac(c) for c in (5, 10, 25, 40)] == [1.0, 0.75, 0.5, 0.0]
+    fixed = load_rollout_spec(job_dict(**{"rollout.workload.response": {"median": 300}})).rollout.workload.response
+    assert (fixed.cut_frac(299), fixed.cut_frac(300)) == (1.0, 0.0)
+
+
+def test_plan_notes_a_max_len_that_cuts_more_than_the_tail():
+    """max_len under the median: the plan says how many responses it cuts and names the field; at the default
+    example (max_len past the p99) it says nothing."""
+    from qsync_opt.rollout.plan import plan_from
+    from qsync_opt.rollout.simulate import simulate
+
+    def notes(**over):
+        job = load_rollout_spec(job_dict(**over))
+        return [n for n in plan_from(job, {"sync": simulate(job, "sync")}).notes if "max_len" in n]
+
+    assert notes() == []  # p99 3000 under max_len 4000: 0.4% cut
+    (note,) = notes(**{"rollout.workload.max_len": 200})
+    assert note.startswith("rollout.workload.max_len 200 cuts 65.9% of the responses (median 300, p99 3000)")
