@@ -423,7 +423,8 @@ def _run_rollout(args) -> int:
     """`qsync-opt run` on a rollout spec: the plan (every policy simulated), its timeline and KV-utilisation PNGs and
     report.md in the output folder. The real run on Ray actors is `qsync_opt.rollout.run` and benchmarks/rollout.py."""
     from qsync_opt.jobs import load_spec
-    from qsync_opt.rollout.plan import print_plan, run_report
+    from qsync_opt.rollout.plan import print_plan
+    from qsync_opt.rollout.run_report import run_report
 
     for flag, given in (("--from", args.start), ("--emulate", args.emulate)):
         if given:
@@ -446,7 +447,7 @@ def _run_rollout(args) -> int:
         plan, paths = run_report(job, args.output, steps=args.steps)
     print_plan(plan, out)
     if args.real:
-        from qsync_opt.rollout.plan import write_measured
+        from qsync_opt.rollout.run_report import write_measured
 
         out.print(f"real run here: {args.rounds} round(s) of every policy on Ray actors ...")
         paths.update(write_measured(job, args.output, args.rounds, out))

@@ -48,7 +48,7 @@ def test_training_options_and_bad_steps_exit_2_naming_them(tmp_path, capsys, arg
 def test_pictured_variants_are_sync_the_best_plain_async_and_the_recommended():
     from types import SimpleNamespace
 
-    from qsync_opt.rollout.plan import pictured
+    from qsync_opt.rollout.run_report import pictured
 
     def plan(rec, **tps):
         return SimpleNamespace(recommended=rec, policies=[SimpleNamespace(variant=v, trajectories_per_s=t)
