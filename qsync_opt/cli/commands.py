@@ -131,7 +131,9 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("models", help="list the model zoo")
     m.set_defaults(func=_cmd_models)
 
-    sp = sub.add_parser("spec", help="document every field of a job spec")
+    sp = sub.add_parser("spec", help="document every field of a job spec, for every kind (or one: --kind)")
+    sp.add_argument("--kind", choices=("training", "serving", "rollout"),
+                    help="document this kind's spec only (default: every kind)")
     sp.set_defaults(func=_cmd_spec)
 
     t = sub.add_parser("train", help="train with a plan on torch.distributed (one process per device); "
@@ -327,58 +329,11 @@ def _cmd_models(args) -> int:
 
 
 def _cmd_spec(args) -> int:
-    from pydantic import BaseModel
+    from qsync_opt.cli.spec_doc import document
+    from qsync_opt.jobs import KINDS
 
-    from qsync_opt.training.spec import JobSpec
-    from qsync_opt.cli.spec_forms import accepted_forms
-    from qsync_opt.spec.errors import model_in
-
-    def walk(model: type[BaseModel], prefix: str, seen: set) -> None:
-        for name, field in model.model_fields.items():
-            key = f"{prefix}{field.alias or name}"
-            default = "" if field.is_required() else f" (default: {field.get_default(call_default_factory=True)!r})"
-            print(f"{key}{default}\n    {field.description or ''}".rstrip())
-            values = _allowed_values(key, field.annotation)
-            if "{inline device}" not in values:  # a preset list is complete as it is
-                values += [f for f in accepted_forms(field, key) if f not in values]
-            if values:
-                print(f"    allowed: {' | '.join(values)}")
-            nested = model_in(field.annotation)
-            if nested is not None and nested not in seen:
-                walk(nested, key + ".", seen | {nested})
-
-    walk(JobSpec, "", set())
+    print(document([args.kind] if args.kind else list(KINDS)))
     return EXIT_OK
-
-
-def _allowed_values(key: str, annotation) -> list[str]:
-    """The values a spec field accepts, for `qsync-opt spec`: Literal choices and named presets."""
-    from typing import Literal, get_args, get_origin
-
-    from qsync_opt.training.spec import BACKEND_NAMES, INTERCONNECTS
-
-    presets = {"solver.backend": BACKEND_NAMES, "cluster.interconnect": tuple(INTERCONNECTS)}
-    if key in presets:
-        return list(presets[key])
-    if key in ("cluster.groups.device.peak_tflops", "cluster.groups.device.efficiency"):
-        from qsync_opt.precision import PRECISIONS
-
-        return list(PRECISIONS)  # the names plans use; fp8_e4m3 and fp8_e5m2 share one rate
-    if key == "cluster.groups.device":
-        from qsync_opt.hardware.device import catalog
-
-        return [*catalog(), "{inline device}"]
-    out: list[str] = []
-
-    def collect(ann) -> None:
-        if get_origin(ann) is Literal:
-            out.extend(str(a) for a in get_args(ann))
-        else:
-            for a in get_args(ann):
-                collect(a)
-
-    collect(annotation)
-    return list(dict.fromkeys(out))
 
 
 def _cmd_train(args) -> int:
