@@ -32,3 +32,12 @@ def test_exactly_two_setup_commands_one_installs_and_plans_one_runs_the_tests():
     install, tests = bash
     assert "pip install torch==2.13.0" in install and "qsync-opt solve examples/" in install
     assert "pip install -e \".[dev]\"" in tests and tests.endswith("python -m pytest -q")
+
+
+def test_the_readme_is_a_front_door_not_a_notebook():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    cells = [c.strip() for line in text.splitlines() if line.startswith("|") for c in line.strip("|").split("|")]
+    assert max(len(c) for c in cells) <= 300
+    for section in ("## Training", "## Serving", "## Data loading", "## RL rollouts", "indicator in plain words"):
+        assert section in text
