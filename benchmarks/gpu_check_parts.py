@@ -158,22 +158,38 @@ def gemm_choices(device: torch.device, big: bool, repeats: int) -> list[dict]:
     return rows
 
 
+def input_shapes(model: nn.Module, inputs: tuple) -> dict[str, tuple]:
+    """FQN -> input shape of each selectable Linear/Conv2d of `model` in one forward on `inputs` (the model's
+    output unchanged: the hooks return None, since a forward hook's return value replaces the module's output)."""
+    from qsync_opt.runtime.apply import selectable_modules
+
+    seen: dict[str, tuple] = {}
+
+    def record(fqn):
+        def hook(mod, inp, out):
+            seen.setdefault(fqn, tuple(inp[0].shape))
+        return hook
+
+    hooks = [m.register_forward_hook(record(fqn))
+             for fqn, m in selectable_modules(model).items() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
 def profile_model(name: str, batch: int, device: torch.device, repeats: int) -> dict:
     """Per selectable op of zoo model `name`: fwd and bwd ms at each precision, timed on the runtime's
     own module with the op's real input shape (captured by a forward hook). Ops with the same
     signature (module type, weight shape, input shape) are timed once."""
     from qsync_opt.models.zoo import get_entry
-    from qsync_opt.runtime.apply import selectable_modules
 
     entry = get_entry(name)
     model = entry.build()
-    shapes_seen: dict[str, tuple] = {}
-    hooks = [m.register_forward_hook(lambda mod, inp, out, fqn=fqn: shapes_seen.setdefault(fqn, tuple(inp[0].shape)))
-             for fqn, m in selectable_modules(model).items() if isinstance(m, (nn.Linear, nn.Conv2d))]
-    with torch.no_grad():
-        model(*entry.example_inputs(batch))
-    for h in hooks:
-        h.remove()
+    shapes_seen = input_shapes(model, entry.example_inputs(batch))
     mods = dict(model.named_modules())
     by_sig: dict[str, dict] = {}
     ops_out = {}

@@ -46,3 +46,22 @@ def test_gpu_check_runs_its_cpu_path(tmp_path):
     assert "int4       templated: qsync.cuda.int4_wmma" in (tmp_path / "dispatch.txt").read_text()
     if not torch.cuda.is_available():
         assert "CPU (no CUDA device)" in (tmp_path / "summary.md").read_text()
+
+
+def test_the_shape_hooks_leave_the_models_output_alone():
+    """gpu_check's profile step failed on the H200 ('tuple' object has no attribute 'dim'): its forward hooks
+    returned the recorded shape, which replaced each hooked module's output."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check_parts import input_shapes
+
+    from qsync_opt.models.zoo import get_entry
+
+    entry = get_entry("tiny-resnet")  # convolutions feeding batch norms, as resnet18 on the GPU
+    model = entry.build().eval()
+    (x,) = entry.example_inputs(2, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(x)
+    shapes = input_shapes(model, (x,))
+    with torch.no_grad():
+        assert torch.equal(model(x), before)  # and the hooks are gone
+    assert shapes["conv1"] == tuple(x.shape) and len(shapes) >= 10
