@@ -7,6 +7,8 @@ quantize is clamp(round_half_even(x.float() / scale)); the epilogue is
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from qsync_opt.kernels.dtypes import FP8
@@ -35,7 +37,8 @@ def absmax(x: torch.Tensor, axis: int | None) -> torch.Tensor:
 
 
 def scale_from_amax(amax: torch.Tensor, qmax: float) -> torch.Tensor:
-    s = amax / qmax
+    """amax / qmax correctly rounded in fp32 (as the kernels divide), 1 where amax is 0."""
+    s = amax / torch.full_like(amax, qmax)  # a tensor divisor: CUDA torch multiplies by a Python scalar's reciprocal
     return torch.where(s == 0, torch.ones_like(s), s)
 
 
@@ -90,6 +93,25 @@ def epilogue(acc: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor, bias: torch.
 
 def int8_linear(xq, sx, wq, sw, bias, out_dtype) -> torch.Tensor:
     return epilogue(int_mm_exact(xq, wq), sx, sw, bias, out_dtype)
+
+
+FP8_LIBRARY_ACCUMULATOR_BITS = 14
+"""Significand bits the fp8 tensor cores of sm_89/sm_90 keep while accumulating inside an MMA before a
+library GEMM (cuBLASLt through torch._scaled_mm) promotes the partial sums to fp32 (about 14 bits,
+DeepSeek-V3 section 3.3.2)."""
+
+
+def fp8_gemm_tolerance(k: int, impl: str) -> float:
+    """Norm-wise relative error an fp8 GEMM of inner size `k` may show against the exact product of the same
+    fp8 values (the inputs are exact: only accumulation rounds).
+
+    The templated kernels accumulate in fp32 registers: 1e-5. A library GEMM ('auto' or 'torch' where it
+    runs torch._scaled_mm) accumulates in the tensor cores' narrower format: sqrt(k) * 2^-14, the
+    probabilistic bound of a recursive sum of k terms at that unit roundoff (Higham & Mary, 2019).
+    A wrong scale, operand or layout errs by O(1), far above either."""
+    if impl == "templated":
+        return 1e-5
+    return max(1e-5, math.sqrt(k) * 2.0 ** -FP8_LIBRARY_ACCUMULATOR_BITS)
 
 
 def fp8_roundtrip(x: torch.Tensor, fmt: str, scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

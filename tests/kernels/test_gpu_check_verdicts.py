@@ -84,3 +84,14 @@ def test_pytest_exit_5_no_tests_ran_is_a_failure(gpu_check, tmp_path, monkeypatc
     assert (run.steps[0][1] == "ok") == ok, run.steps
     if code == 5:
         assert "no tests" in run.steps[0][3]
+
+
+def test_fp8_gemm_is_judged_by_its_implementations_accumulation_bound(gpu_check, tmp_path):
+    """The H200's torch._scaled_mm showed 1.28e-4 at K = 4096 (its tensor cores accumulate in about 14 bits):
+    within the library bound sqrt(K)·2^-14, outside the templated kernels' fp32-accumulation bound."""
+    row = {"gemm": "fp8_e4m3 8192x4096x4096", "auto_rel_err": 1.28e-4, "templated_rel_err": 2e-7}
+    assert verdict(gpu_check, tmp_path, "gemm_choices", [row])[0] == "ok"
+    status, note = verdict(gpu_check, tmp_path, "gemm_choices", [{**row, "templated_rel_err": 1.28e-4}])
+    assert status == "FAILED" and "templated" in note
+    status, _ = verdict(gpu_check, tmp_path, "gemm_choices", [{**row, "auto_rel_err": 2e-2}])  # a wrong scale or operand
+    assert status == "FAILED"

@@ -70,7 +70,10 @@ def test_fp8_quantize_and_linear(target, fmt):
     ref = (xq.double() @ wq.double().t()) * (sx.double() * sw.double())
     for impl in ("auto", "torch") + (("templated",) if target.sm and target.sm >= 89 else ()):
         y = ops.fp8_linear(xq, sx, wq, sw, None, impl=impl)
-        assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max())), impl
+        # the inputs are exact fp8 values: only accumulation rounds, by the bound of the implementation
+        # ('auto' on sm_90 is torch._scaled_mm, whose tensor cores accumulate in fewer bits than fp32)
+        rel = float((y.double() - ref).norm() / ref.norm())
+        assert rel <= reference.fp8_gemm_tolerance(x.shape[1], impl), (impl, rel)
 
 
 @pytest.mark.parametrize("precision", ["int8", "int4", "fp8_e4m3", "bf16"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from qsync_opt.errors import SpecError
-from qsync_opt.kernels import ops
+from qsync_opt.kernels import ops, reference
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # (shape, axis): per tensor, per output channel of a weight, last axis, a middle axis, 1-d, odd sizes
@@ -132,3 +132,19 @@ def test_bad_inputs_name_the_field(cpu_module):
     assert q.dtype == torch.int8
     with pytest.raises(SpecError, match="q: expected an int8 tensor"):
         ops.dequantize(torch.ones(3), torch.tensor(1.0))
+
+
+_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("qmax", [127.0, 7.0, 448.0, 57344.0])
+def test_reference_scale_is_the_correctly_rounded_quotient_on_every_device(device, qmax):
+    """The reference's scale is amax / qmax rounded once to fp32, as the CPU and CUDA kernels divide
+    (float64 division rounded to fp32 is the correctly rounded fp32 quotient). On the H200, torch's
+    `tensor / python_float` multiplied by the rounded reciprocal and the references' scales came out
+    1 ulp off the kernels'."""
+    amax = (torch.rand(200_000, generator=torch.Generator().manual_seed(0)) * 50 + 1e-3).to(device)
+    want = (amax.double() / qmax).float()
+    assert torch.equal(reference.scale_from_amax(amax, qmax), want)
+    assert torch.equal(reference.scale_from_amax(torch.zeros(3, device=device), qmax), torch.ones(3, device=device))
