@@ -12,9 +12,28 @@ from qsync_opt.precision import PRECISIONS
 GiB = 1024**3
 
 
+PLAN_LEGEND = {
+    "batch": "each device's share of the global batch",
+    "ops per precision": "how many operators run at each precision (fp32:15: 15 operators in fp32)",
+    "compute ms": "predicted compute time of one iteration on the group",
+    "comm ms": "predicted gradient communication not hidden behind compute",
+    "iter ms": "predicted iteration time of the group",
+    "bound ms": "the group's time bound from the spec (-: none)",
+    "memory GiB": "predicted peak / capacity of one device",
+    "Σω (group)": "the indicator sum of the group's operators (unweighted): the accuracy-degradation estimate, "
+                  "lower is closer to full precision",
+}
+"""The plan table's columns, defined under it (`qsync-opt solve`) and under the run report's plan table."""
+
+
+def legend_text(columns) -> str:
+    """PLAN_LEGEND's lines for `columns`, one `column: meaning.` per line."""
+    return "\n".join(f"{c}: {PLAN_LEGEND[c]}." for c in columns if c in PLAN_LEGEND)
+
+
 def plan_table(plan: Plan) -> Table:
     t = Table(title=f"{plan.job}: {plan.model}  (objective: {plan.objective})", title_justify="left",
-              caption="Σω (group): the indicator sum of the group's operators (unweighted)", caption_justify="left")
+              caption=legend_text(PLAN_LEGEND), caption_justify="left")
     for col in ("group", "device", "batch", "ops per precision", "compute ms", "comm ms", "iter ms", "bound ms", "memory GiB", "Σω (group)"):
         t.add_column(col, justify="left" if col in ("group", "device", "ops per precision") else "right")
     for name, g in plan.groups.items():

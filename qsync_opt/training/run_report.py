@@ -9,7 +9,7 @@ from pathlib import Path
 from qsync_opt.data.evaluation import read_eval
 from qsync_opt.io import atomic_write_text
 from qsync_opt.training.plan import Plan
-from qsync_opt.training.report import MEETS_BOUNDS, meets_bounds_cell
+from qsync_opt.training.report import MEETS_BOUNDS, legend_text, meets_bounds_cell
 from qsync_opt.training.pictures import curves, precision_strip
 from qsync_opt.training.spec import JobSpec
 
@@ -26,13 +26,15 @@ def write_report(spec: JobSpec, plan: Plan, metrics: Path, out: Path) -> Path:
              f"Cluster: {', '.join(f'{g.name} = {g.count}x {g.device_spec.name}' for g in spec.cluster.groups)}; "
              f"objective {plan.objective}; solver {plan.solver.backend} ({plan.solver.status}).", "",
              *data_lines(spec), "",
-             "## Plan", "", "| group | device | batch | ops per precision | iter ms | bound ms | Σω (group, unweighted) |",
+             "## Plan", "", "| group | device | batch | ops per precision | iter ms | bound ms | Σω (group) |",
              "|---|---|---|---|---|---|---|"]
     for n, g in plan.groups.items():
         mix = " ".join(f"{p}:{c}" for p, c in g.counts().items())
         bound = "-" if g.time_bound_ms is None else f"{g.time_bound_ms:.3f}"
         lines.append(f"| {n} | {g.count}x {g.device} | {g.local_batch} | {mix} | {g.iteration_ms:.3f} | {bound} | {g.indicator:.4g} |")
-    lines += ["", "![precision per operator and group](precisions.png)", "",
+    lines += ["", *(f"- {x}" for x in legend_text(("batch", "ops per precision", "iter ms", "bound ms",
+                                                    "Σω (group)")).splitlines()),
+              "", "![precision per operator and group](precisions.png)", "",
               *_prediction_lines(out, metrics),
               "## Policies (predicted for the cluster)", "",
               "Σ share·ω: each group's Σω weighted by its share of the global batch (what the solver minimises).", "",

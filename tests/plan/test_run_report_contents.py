@@ -87,6 +87,8 @@ def test_a_language_models_test_set_is_in_tokens_and_the_data_plane_split_is_sho
     assert "Predicted balance: the slowest rank's predicted time over the ranks' mean, 1.053 on average over 3 steps" \
         in report
     assert "- token share:" in report and "- predicted ms/step:" in report
+    for col in ("batch", "ops per precision", "iter ms", "bound ms", "Σω (group)"):  # the plan table's columns
+        assert f"\n- {col}: " in report, col
 
 
 def test_a_run_without_a_data_plane_has_no_data_plane_section(tmp_path):
