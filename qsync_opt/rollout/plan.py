@@ -3,7 +3,9 @@
 `solve(job)` simulates each variant (sync, one-step-off, stale, partial-rollout, trajectory-async,
 and trajectory-async with best-fit and program repack) and recommends one (`recommend`): the simplest
 variant, in that order, within TIE_FRAC of the highest trajectories/s. The figures are predictions of
-the simulator under the serving cost model (or calibrated costs), not measurements.
+the simulator under the serving cost model (or calibrated costs), not measurements. After a real run
+(`qsync-opt run --real`), `recommend_measured` recommends on the measured figures instead, the calibrated
+simulator deciding only between policies the measurement does not separate (`separated`).
 """
 
 from __future__ import annotations
@@ -191,6 +193,8 @@ class PolicyFigures(BaseModel):
     solver_wall_ms_max: float
     sim_time_s: float
     steps: int
+    stale_over_eta_frac: float | None = None
+    """SimResult.stale_over_eta_frac: the share of trained trajectories staler than η (None: a barrier policy)."""
     ceiling_tps: float | None = None
     """The proven ceiling of this policy's run (SimResult.ceiling_tps): no schedule of the trajectories it trained
     is faster under these costs."""
@@ -424,12 +428,19 @@ POLICY_LEGEND = (
      "of the weights its first token was generated with. The spec's eta bounds admission, not this: at most "
      "(eta + version + 1) x batch trajectories admitted (AReaL's rule; trajectory-async: a rollout admits only while "
      "its weights are fewer than eta versions behind), so a long response admitted within the rule is overtaken by "
-     "shorter ones and trained several versions later, and the max can exceed eta"),
+     "shorter ones and trained several versions later, and the max can exceed eta; \"N% > eta\": the share of "
+     "trained trajectories staler than eta (streaming policies)"),
     ("KV util", "KV cache in use over its capacity, mean over time and rollouts"),
     ("repacks", "repack decisions made (trajectory-async with repack); moves: trajectories they moved"),
     ("solver ms", "wall time of one repack decision here, mean / max"),
 )
 """Every column of the policies' table, defined under it in report.md and on the console."""
+
+
+def staleness_cell(p: PolicyFigures, sep: str = " / ") -> str:
+    """The staleness cell: mean / max, and the share staler than eta for a streaming policy."""
+    over = "" if p.stale_over_eta_frac is None else f", {p.stale_over_eta_frac:.0%} > eta"
+    return f"{p.staleness_mean:.2f}{sep}{p.staleness_max}{over}"
 
 
 def legend_lines(legend) -> list[str]:
@@ -468,7 +479,7 @@ def print_plan(plan: RolloutPlan, console, real_pending: bool = False) -> None:
                   f"{x.trajectories_per_s / sync.trajectories_per_s:.2f}" if sync else "",
                   f"{x.trajectories_per_s / x.ceiling_tps:.0%}" if x.ceiling_tps else "",
                   f"{x.rollout_idle_frac:.1%}", f"{x.trainer_idle_frac:.1%}",
-                  f"{x.staleness_mean:.2f}/{x.staleness_max}", f"{x.kv_util_mean:.1%}", str(x.repacks), str(x.moves),
+                  staleness_cell(x, "/"), f"{x.kv_util_mean:.1%}", str(x.repacks), str(x.moves),
                   f"{x.solver_wall_ms_mean:.1f}/{x.solver_wall_ms_max:.1f}" if x.repacks else "")
     console.print(p)
     if real_pending:

@@ -126,3 +126,18 @@ def test_every_column_of_both_tables_is_defined_under_it_and_staleness_above_eta
     printed = buf.getvalue()
     for name, _ in POLICY_LEGEND:
         assert f"{name}: " in printed, name
+
+
+def test_the_share_staler_than_eta_is_counted_and_stale_policy_drains_within_it():
+    """eta bounds admission; a long response admitted within it is trained later: the plan counts how many."""
+    from pathlib import Path
+
+    from qsync_opt.jobs import load_spec
+    from qsync_opt.rollout.simulate import simulate
+
+    job = load_spec(str(Path(__file__).resolve().parents[2] / "examples" / "rollout_cpu_tiny.yaml"))
+    eta = job.rollout.policy.eta
+    ta = simulate(job, "trajectory-async", steps=6)
+    assert ta.staleness_max > eta and 0 < ta.stale_over_eta_frac < 1
+    assert simulate(job, "stale", steps=6).stale_over_eta_frac == 0  # each sync drains every trajectory first
+    assert simulate(job, "sync", steps=6).stale_over_eta_frac is None
