@@ -61,9 +61,9 @@ def recommend(results) -> tuple[str, str]:
 
 MEASURED_TIE_FRAC = 0.15
 """A real run of fewer than SIGN_TEST_ROUNDS rounds cannot estimate its own noise: two policies whose measured
-(median-round) throughputs are within this fraction of the higher one are not separated by it. Two policies that
-ran one schedule measured up to 12% apart in a single real run on the shared development machine (docs/rollout.md,
-"Within 15%")."""
+(median-round) throughputs are within this fraction of the higher one are not separated by it. It is above the gap
+docs/rollout.md ("Within 15%") records between two policies that ran one schedule in a single real run on a shared
+machine: a gap that size is the run's noise, not an order."""
 
 SIGN_TEST_ROUNDS = 6
 """From this many rounds the sign test reaches 95% (`agreement.ratio_interval`): two policies are then separated when
@@ -145,8 +145,8 @@ def recommend_measured(measured: dict[str, float], calibrated: dict[str, float],
         tied = [v for v in close if calibrated[v] >= (1 - TIE_FRAC) * calibrated[top]]
         rank = {v: i for i, v in enumerate(VARIANTS)}
         pick = min(tied, key=lambda v: rank.get(v, len(rank)))
-        figs = ", ".join(f"{v} {measured[v]:.2f}" for v in close)
-        reason = f"the measurement does not separate {figs} trajectories/s; "
+        listed = ", ".join(f"{v} {measured[v]:.2f}" for v in close)
+        reason = f"the measurement does not separate {listed} trajectories/s; "
         if len(tied) == 1:
             reason += (f"of those the simulator calibrated from this run predicts {pick} fastest "
                        f"({calibrated[pick]:.2f} trajectories/s)")

@@ -98,6 +98,10 @@ def write_measured(job, out_dir: str | Path, rounds: int = 1, console=None,
     out = Path(out_dir)
     if plan is None:
         plan = RolloutPlan.model_validate_json((out / "plan.json").read_text())
+    if plan.simulated_recommended is not None:  # a plan a real run already rewrote: back to the simulation's own
+        plan = plan.model_copy(update={"recommended": plan.simulated_recommended, "reason": plan.simulated_reason,
+                                       "evidence": "simulated", "simulated_recommended": None,
+                                       "simulated_reason": None})
     load0 = os.getloadavg()[0]
     per_round: dict[str, list[float]] = {}
     rows, info = measured_vs_predicted(job, rounds, per_round=per_round)

@@ -141,3 +141,34 @@ def test_the_share_staler_than_eta_is_counted_and_stale_policy_drains_within_it(
     assert ta.staleness_max > eta and 0 < ta.stale_over_eta_frac < 1
     assert simulate(job, "stale", steps=6).stale_over_eta_frac == 0  # each sync drains every trajectory first
     assert simulate(job, "sync", steps=6).stale_over_eta_frac is None
+
+
+def test_write_measured_rewrites_plan_json_and_report_md_with_one_recommendation(tmp_path, monkeypatch):
+    """The real run faked (no Ray): report.md, plan.json and the console agree, and a second real run into the same
+    folder starts again from the simulation's own recommendation."""
+    import json
+    from pathlib import Path
+
+    from qsync_opt.jobs import load_spec
+    from qsync_opt.rollout import ray_run
+    from qsync_opt.rollout.run_report import run_report, write_measured
+
+    def fake(job, rounds, variants=None, seed=0, per_round=None):
+        if per_round is not None:
+            per_round.update({v: [MEASURED[v]] for v in VARIANTS})
+        return _section().rows, "constructed"
+
+    monkeypatch.setattr(ray_run, "measured_vs_predicted", fake)
+    job = load_spec(str(Path(__file__).resolve().parents[2] / "examples" / "rollout_cpu_tiny.yaml"))
+    plan, _ = run_report(job, tmp_path, steps=2)
+    for _ in range(2):
+        buf = io.StringIO()
+        write_measured(job, tmp_path, 1, Console(file=buf, width=400))
+        saved = json.loads((tmp_path / "plan.json").read_text())
+        assert saved["recommended"] == "repack-best-fit" and saved["evidence"] == "measured here"
+        assert saved["simulated_recommended"] == plan.recommended
+        report = (tmp_path / "report.md").read_text()
+        assert report.count("**Recommended:") == 1 and "**Recommended: repack-best-fit** (measured here" in report
+        assert report.count("## Measured here") == 1
+        assert f"recommended (measured here): repack-best-fit — {saved['reason']}" in buf.getvalue()
+        assert f"{saved['reason']}." in report
