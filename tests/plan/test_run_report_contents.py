@@ -48,7 +48,7 @@ def test_the_report_names_synthetic_data_and_why_its_loss_may_stay_flat(tmp_path
                                      "test_samples": 128}])
     report = write_report(spec, _plan(spec), metrics, tmp_path).read_text()
     data = next(x for x in report.splitlines() if x.startswith("Data: "))
-    assert "synthetic: random inputs, each labelled by a frozen teacher" in data
+    assert data.startswith("Data: synthetic: random inputs, each labelled by a frozen teacher")
     assert "a flat loss here is not by itself a fault" in data
     line = next(x for x in report.splitlines() if x.startswith("Test set after step 2"))
     assert line.startswith("Test set after step 2 (128 samples): accuracy 10.00%, loss 2.3000;")
@@ -79,7 +79,7 @@ def test_a_language_models_test_set_is_in_tokens_and_the_data_plane_split_is_sho
                            "token, perplexity 18.858; always answering the most frequent of its")
     assert "tokens would score" in line
     assert next(x for x in report.splitlines() if x.startswith("Data: ")).startswith(
-        "Data: the Python standard library's own *.py files as bytes")
+        "Data: pysource: the Python standard library's own *.py files as bytes")
     assert "from 2 sources mixed by weight: short (pysource-lm, weight 3), long (pysource-lm, weight 1)" in report
     assert "## Data plane (measured here)" in report
     assert "| 0 | native | 3 | 39 | 2,400 | 80.0% | 80.0% | 9.00 | 52.00 |" in report
@@ -112,3 +112,10 @@ def test_meets_bounds_is_the_same_in_report_md_and_the_cli_table(tmp_path):
         Console(file=buf, width=300).print(baseline_table(plan))
         row = next(x for x in buf.getvalue().splitlines() if "this plan" in x)
         assert cell in row
+
+
+def test_a_spec_without_data_says_it_trained_on_the_synthetic_default():
+    from qsync_opt.training.run_report import data_lines
+
+    assert data_lines(load_spec(CPU_TINY))[0].startswith(
+        "Data: synthetic (the default: the spec has no `data` section): random inputs, each labelled by a frozen teacher")
