@@ -77,7 +77,7 @@ def test_a_language_models_test_set_is_in_tokens_and_the_data_plane_split_is_sho
     line = next(x for x in report.splitlines() if x.startswith("Test set after step 3"))
     assert line.startswith("Test set after step 3 (19,648 test tokens): next-token accuracy 29.80%, loss 2.9368 per "
                            "token, perplexity 18.858; always answering the most frequent of its")
-    assert "tokens would score" in line
+    assert "distinct tokens would score" in line
     assert next(x for x in report.splitlines() if x.startswith("Data: ")).startswith(
         "Data: pysource: the Python standard library's own *.py files as bytes")
     assert "from 2 sources mixed by weight: short (pysource-lm, weight 3), long (pysource-lm, weight 1)" in report
