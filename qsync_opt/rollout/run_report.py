@@ -218,7 +218,8 @@ def report_markdown(plan: RolloutPlan, shown: list[str], measured: MeasuredSecti
             mark += " (the simulation's pick)"
         share = f"{p.trajectories_per_s / p.ceiling_tps:.0%}" if p.ceiling_tps else ""
         lines.append(f"| {p.variant}{mark} | {p.trajectories_per_s:.2f} | {p.tokens_per_s:,.0f} | {x} | {share} | "
-                     f"{p.rollout_idle_frac:.1%} | {p.trainer_idle_frac:.1%} | {staleness_cell(p)} | {p.kv_util_mean:.1%} | {p.repacks} | {p.moves} |")
+                     f"{p.rollout_idle_frac:.1%} | {p.trainer_idle_frac:.1%} | {staleness_cell(p)} | "
+                     f"{p.kv_util_mean:.1%} | {p.repacks} | {p.moves} |")
     lines += ["", *(f"- {x}" for x in legend_lines(POLICY_LEGEND)[:-1]), ""]  # no solver ms column here
     lines += ["| group | device | bits | count | KV tokens | decode ms at the batch cap | prefill ms | pull s |",
               "|---|---|---|---|---|---|---|---|"]

@@ -102,11 +102,11 @@ def test_set_line(e: dict, rate: float, classes: int) -> str:
     if e.get("test_perplexity") is not None:
         return (f"Test set after step {e['step']} ({e['test_samples']:,} test tokens): next-token accuracy "
                 f"{100 * e['test_accuracy']:.2f}%, loss {e['test_loss']:.4f} per token, perplexity "
-                f"{e['test_perplexity']:.3f}; always answering the most frequent of its {classes} distinct tokens would "
-                f"score {100 * rate:.2f}%.")
-    return (f"Test set after step {e['step']} ({e['test_samples']:,} samples): accuracy {100 * e['test_accuracy']:.2f}%, "
-            f"loss {e['test_loss']:.4f}; always answering the most frequent of its {classes} labels would score "
-            f"{100 * rate:.2f}%.")
+                f"{e['test_perplexity']:.3f}; always answering the most frequent of its {classes} distinct tokens "
+                f"would score {100 * rate:.2f}%.")
+    return (f"Test set after step {e['step']} ({e['test_samples']:,} samples): accuracy "
+            f"{100 * e['test_accuracy']:.2f}%, loss {e['test_loss']:.4f}; always answering the most frequent of its "
+            f"{classes} labels would score {100 * rate:.2f}%.")
 
 
 def data_plane_lines(spec: JobSpec, plan: Plan, metrics: Path) -> list[str]:
