@@ -420,7 +420,7 @@ def plan_from(job, results: dict[str, SimResult], steps: int | None = None) -> R
 
 POLICY_LEGEND = (
     ("traj/s", "trajectories trained per simulated second; tokens/s: response tokens trained per second"),
-    ("x sync", "traj/s over sync's"),
+    ("× sync", "traj/s over sync's"),
     ("of ceiling", "traj/s over the proven ceiling of the trajectories that run trained"),
     ("rollout idle", "share of the rollouts' time not generating (idle, receiving weights, migrating)"),
     ("trainer idle", "share of the time the trainer is not training"),
@@ -470,7 +470,7 @@ def print_plan(plan: RolloutPlan, console, real_pending: bool = False) -> None:
     p = Table(title="policies (simulated, same costs)", title_justify="left",
               caption="\n".join(legend_lines(POLICY_LEGEND)), caption_justify="left")
     for col in ("policy", "traj/s", "tokens/s", "× sync", "of ceiling", "rollout idle", "trainer idle",
-                "staleness mean/max", "KV util", "repacks", "moves", "solver ms (mean/max)"):
+                "staleness mean / max", "KV util", "repacks", "moves", "solver ms (mean/max)"):
         p.add_column(col, justify="left" if col == "policy" else "right")
     sync = next((x for x in plan.policies if x.variant == "sync"), None)
     for x in plan.policies:

@@ -207,7 +207,7 @@ def report_markdown(plan: RolloutPlan, shown: list[str], measured: MeasuredSecti
                   f"trajectories/s, bound by the {c.bound_by} (trainer {c.trainer_tps:.2f}, rollouts' hardware "
                   f"{c.rollout_tps:.2f}).", ""]
     lines += ["## Policies (simulated, the spec's costs)", "",
-              "| policy | traj/s | tokens/s | x sync | of ceiling | rollout idle | trainer idle | staleness mean / max "
+              "| policy | traj/s | tokens/s | × sync | of ceiling | rollout idle | trainer idle | staleness mean / max "
               "| KV util | repacks | moves |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     sync = next((p.trajectories_per_s for p in plan.policies if p.variant == "sync"), None)
     sim_pick = plan.simulated_recommended or plan.recommended

@@ -124,8 +124,13 @@ def test_every_column_of_both_tables_is_defined_under_it_and_staleness_above_eta
     buf = io.StringIO()
     print_plan(plan, Console(file=buf, width=400))
     printed = buf.getvalue()
+    header = printed[:printed.index("sync  ")]  # every column the console prints is in the legend under it
     for name, _ in POLICY_LEGEND:
         assert f"{name}: " in printed, name
+    for name in ("× sync", "of ceiling", "rollout idle", "trainer idle", "KV util", "repacks", "moves"):
+        assert name in header, name
+    for name, _ in POLICY_LEGEND[:-1]:  # the report's columns carry the legend's names
+        assert f" {name} |" in report, name
 
 
 def test_the_share_staler_than_eta_is_counted_and_stale_policy_drains_within_it():
