@@ -400,12 +400,12 @@ def _run_rollout(args) -> int:
     out = _console()
     with _progress(_console(stderr=True)):
         plan, paths = run_report(job, args.output, steps=args.steps)
-    print_plan(plan, out)
+    print_plan(plan, out, real_pending=args.real)
     if args.real:
         from qsync_opt.rollout.run_report import write_measured
 
         out.print(f"real run here: {args.rounds} round(s) of every policy on Ray actors ...")
-        paths.update(write_measured(job, args.output, args.rounds, out))
+        paths.update(write_measured(job, args.output, args.rounds, out, plan=plan))
     for what in ("plan", "timeline", "kv", "report", "measured"):
         if what in paths:
             out.print(f"{what}: {paths[what]}")

@@ -3,7 +3,9 @@
 `solve(job)` simulates each variant (sync, one-step-off, stale, partial-rollout, trajectory-async,
 and trajectory-async with best-fit and program repack) and recommends one (`recommend`): the simplest
 variant, in that order, within TIE_FRAC of the highest trajectories/s. The figures are predictions of
-the simulator under the serving cost model (or calibrated costs), not measurements.
+the simulator under the serving cost model (or calibrated costs), not measurements. After a real run
+(`qsync-opt run --real`), `recommend_measured` recommends on the measured figures instead, the calibrated
+simulator deciding only between policies the measurement does not separate (`separated`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -56,6 +59,121 @@ def recommend(results) -> tuple[str, str]:
     return best.variant, reason
 
 
+MEASURED_TIE_FRAC = 0.15
+"""A real run of fewer than SIGN_TEST_ROUNDS rounds cannot estimate its own noise: two policies whose measured
+(median-round) throughputs are within this fraction of the higher one are not separated by it. It is above the gap
+docs/rollout.md ("Within 15%") records between two policies that ran one schedule in a single real run on a shared
+machine: a gap that size is the run's noise, not an order."""
+
+SIGN_TEST_ROUNDS = 6
+"""From this many rounds the sign test reaches 95% (`agreement.ratio_interval`): two policies are then separated when
+the interval of their per-round throughput ratio excludes 1, whatever their medians."""
+
+
+@dataclass(frozen=True)
+class MeasuredRecommendation:
+    """`recommend_measured`: the policy a real run recommends, why, by which rule, and where the simulation (under the
+    spec's costs) and the simulator calibrated from the run disagree with what was measured."""
+
+    variant: str
+    reason: str
+    rule: str
+    """How the measurement separates two policies (one sentence, for the report and the console)."""
+    disagreements: list[str]
+    ranks: dict[str, tuple[int, int, int | None]]
+    """Policy -> its rank (1 = fastest) measured, calibrated, simulated (None without a simulated figure)."""
+
+
+def separated(measured: dict[str, float], a: str, b: str, rounds: dict[str, list[float]] | None = None) -> bool:
+    """Does the real run order `a` and `b`? With SIGN_TEST_ROUNDS rounds or more of per-round throughputs, when the
+    95% sign-test interval of their per-round ratio excludes 1; otherwise when their measured figures differ by
+    more than MEASURED_TIE_FRAC of the higher."""
+    if rounds is not None and min(len(rounds[a]), len(rounds[b])) >= SIGN_TEST_ROUNDS:
+        from qsync_opt.rollout.agreement import ratio_interval
+
+        lo, hi, _ = ratio_interval(rounds, a, b)
+        return not lo <= 1.0 <= hi
+    return abs(measured[a] - measured[b]) > MEASURED_TIE_FRAC * max(measured[a], measured[b])
+
+
+def separation_rule(n_rounds: int) -> str:
+    """`separated`'s rule for a run of `n_rounds` rounds, in words."""
+    if n_rounds >= SIGN_TEST_ROUNDS:
+        return (f"{n_rounds} rounds: two policies count as separated by the measurement when the 95% sign-test "
+                "interval of their per-round throughput ratio excludes 1")
+    return (f"{n_rounds} round(s) cannot estimate the run's own noise (the sign test needs {SIGN_TEST_ROUNDS}): two "
+            f"policies count as separated by the measurement only when their measured throughputs differ by more "
+            f"than {MEASURED_TIE_FRAC:.0%}")
+
+
+def _ranks(figs: dict[str, float]) -> dict[str, int]:
+    """Policy -> 1 + the number of policies strictly faster (policies predicted alike share a rank)."""
+    from qsync_opt.rollout.agreement import _tied
+
+    return {v: 1 + sum(1 for w, y in figs.items() if y > x and not _tied(x, y)) for v, x in figs.items()}
+
+
+def recommend_measured(measured: dict[str, float], calibrated: dict[str, float],
+                       rounds: dict[str, list[float]] | None = None, simulated: dict[str, float] | None = None,
+                       simulated_pick: str | None = None) -> MeasuredRecommendation:
+    """The policy to recommend after a real run, on the best evidence there is: the measurement first. `measured`:
+    policy -> measured trajectories/s (the median round); `calibrated`: the simulator calibrated from that run;
+    `rounds`: policy -> every round's trajectories/s (for `separated`); `simulated` and `simulated_pick`: the plan's
+    figures under the spec's costs and its recommendation, for the disagreements only.
+
+    The fastest measured policy is recommended unless the measurement does not separate it from others (`separated`);
+    among those, the calibrated simulator's fastest, and within TIE_FRAC of that the simplest (VARIANTS order).
+    `disagreements` says, in words, where the simulation's recommendation ranks when measured, and each pair the
+    measurement separates that the calibrated simulator, or the simulation under the spec's costs, orders the
+    other way."""
+    from qsync_opt.rollout.agreement import _tied
+
+    order = sorted(measured, key=lambda v: -measured[v])
+    best = order[0]
+    n_rounds = min((len(x) for x in rounds.values()), default=1) if rounds else 1
+    rule = separation_rule(n_rounds)
+    close = [v for v in order if not separated(measured, best, v, rounds)]
+    if len(close) == 1:
+        pick = best
+        reason = f"measured {measured[best]:.2f} trajectories/s here, the fastest of {len(order)}"
+        if len(order) > 1:
+            runner = order[1]
+            reason += (f", {measured[best] / measured[runner]:.2f}x the next ({runner}, {measured[runner]:.2f}), "
+                       "which the measurement separates from it")
+    else:
+        top = max(close, key=lambda v: calibrated[v])
+        tied = [v for v in close if calibrated[v] >= (1 - TIE_FRAC) * calibrated[top]]
+        rank = {v: i for i, v in enumerate(VARIANTS)}
+        pick = min(tied, key=lambda v: rank.get(v, len(rank)))
+        listed = ", ".join(f"{v} {measured[v]:.2f}" for v in close)
+        reason = f"the measurement does not separate {listed} trajectories/s; "
+        if len(tied) == 1:
+            reason += (f"of those the simulator calibrated from this run predicts {pick} fastest "
+                       f"({calibrated[pick]:.2f} trajectories/s)")
+        else:
+            reason += (f"of those the calibrated simulator predicts {', '.join(tied)} within {TIE_FRAC:.0%} of each "
+                       f"other, so the simplest, {pick}, is recommended")
+    m_rank, c_rank = _ranks(measured), _ranks(calibrated)
+    s_rank = _ranks(simulated) if simulated else {}
+    ranks = {v: (m_rank[v], c_rank[v], s_rank.get(v)) for v in order}
+    dis = []
+    if simulated_pick is not None and simulated_pick != pick and simulated_pick in measured:
+        sim = f" ({simulated[simulated_pick]:.2f} trajectories/s simulated)" if simulated else ""
+        dis.append(f"the simulation under the spec's costs recommends {simulated_pick}{sim}; measured here it ranks "
+                   f"{m_rank[simulated_pick]} of {len(order)} ({measured[simulated_pick]:.2f} against "
+                   f"{measured[best]:.2f} for {best})")
+    for i, a in enumerate(order):
+        for b in order[i + 1:]:  # a measured faster than b
+            if not separated(measured, a, b, rounds):
+                continue
+            against = [f"{name} predicts {b} {figs[b] / figs[a]:.2f}x {a}"
+                       for name, figs in (("the calibrated simulator", calibrated), ("the simulation", simulated))
+                       if figs and figs[b] > figs[a] and not _tied(figs[a], figs[b])]
+            if against:
+                dis.append(f"{a} measured {measured[a] / measured[b]:.2f}x {b}; {'; '.join(against)}")
+    return MeasuredRecommendation(pick, reason, rule, dis, ranks)
+
+
 class PolicyFigures(BaseModel):
     model_config = ConfigDict(frozen=True)
     variant: str
@@ -75,6 +193,8 @@ class PolicyFigures(BaseModel):
     solver_wall_ms_max: float
     sim_time_s: float
     steps: int
+    stale_over_eta_frac: float | None = None
+    """SimResult.stale_over_eta_frac: the share of trained trajectories staler than η (None: a barrier policy)."""
     ceiling_tps: float | None = None
     """The proven ceiling of this policy's run (SimResult.ceiling_tps): no schedule of the trajectories it trained
     is faster under these costs."""
@@ -132,6 +252,13 @@ class RolloutPlan(BaseModel):
     steps: int
     notes: list[str] = []
     ceiling: CeilingFigures | None = None
+    evidence: str = "simulated"
+    """What `recommended` rests on: "simulated" (the policies' figures here), or "measured here" once a real run
+    (`qsync-opt run --real`, `run_report.write_measured`) has ranked the policies (`recommend_measured`)."""
+    simulated_recommended: str | None = None
+    """After a real run: what the simulation alone recommends (`recommend`) ..."""
+    simulated_reason: str | None = None
+    """... and why."""
 
     def figures(self, variant: str) -> PolicyFigures:
         return next(p for p in self.policies if p.variant == variant)
@@ -291,8 +418,39 @@ def plan_from(job, results: dict[str, SimResult], steps: int | None = None) -> R
                        steps=steps or r.steps, notes=notes, ceiling=CeilingFigures.of(ceiling(job, steps=steps)))
 
 
-def print_plan(plan: RolloutPlan, console) -> None:
-    """The plan as two rich tables: the workers' costs, and every policy side by side."""
+POLICY_LEGEND = (
+    ("traj/s", "trajectories trained per simulated second; tokens/s: response tokens trained per second"),
+    ("× sync", "traj/s over sync's"),
+    ("of ceiling", "traj/s over the proven ceiling of the trajectories that run trained"),
+    ("rollout idle", "share of the rollouts' time not generating (idle, receiving weights, migrating)"),
+    ("trainer idle", "share of the time the trainer is not training"),
+    ("staleness mean / max", "per trained trajectory, the trainer's version when it trains on it minus the version "
+     "of the weights its first token was generated with. The spec's eta bounds admission, not this: at most "
+     "(eta + version + 1) x batch trajectories admitted (AReaL's rule; trajectory-async: a rollout admits only while "
+     "its weights are fewer than eta versions behind), so a long response admitted within the rule is overtaken by "
+     "shorter ones and trained several versions later, and the max can exceed eta; \"N% > eta\": the share of "
+     "trained trajectories staler than eta (streaming policies)"),
+    ("KV util", "KV cache in use over its capacity, mean over time and rollouts"),
+    ("repacks", "repack decisions made (trajectory-async with repack); moves: trajectories they moved"),
+    ("solver ms", "wall time of one repack decision here, mean / max"),
+)
+"""Every column of the policies' table, defined under it in report.md and on the console."""
+
+
+def staleness_cell(p: PolicyFigures, sep: str = " / ") -> str:
+    """The staleness cell: mean / max, and the share staler than eta for a streaming policy."""
+    over = "" if p.stale_over_eta_frac is None else f", {p.stale_over_eta_frac:.0%} > eta"
+    return f"{p.staleness_mean:.2f}{sep}{p.staleness_max}{over}"
+
+
+def legend_lines(legend) -> list[str]:
+    """A legend as lines `column: meaning.`"""
+    return [f"{name}: {text}." for name, text in legend]
+
+
+def print_plan(plan: RolloutPlan, console, real_pending: bool = False) -> None:
+    """The plan as two rich tables: the workers' costs, and every policy side by side, the legend under it.
+    `real_pending`: a real run follows and decides the recommendation, so the simulation's is printed as its own."""
     from rich.table import Table
 
     t = Table(title=f"{plan.name}: {plan.model}, {plan.batch} trajectories per trainer step, {plan.steps} steps",
@@ -309,9 +467,10 @@ def print_plan(plan: RolloutPlan, console) -> None:
         c = plan.ceiling
         console.print(f"ceiling (proven, any policy, long run): {c.trajectories_per_s:.2f} traj/s, bound by the "
                       f"{c.bound_by} (trainer {c.trainer_tps:.2f}, rollouts' hardware {c.rollout_tps:.2f})")
-    p = Table(title="policies (simulated, same costs)", title_justify="left")
+    p = Table(title="policies (simulated, same costs)", title_justify="left",
+              caption="\n".join(legend_lines(POLICY_LEGEND)), caption_justify="left")
     for col in ("policy", "traj/s", "tokens/s", "× sync", "of ceiling", "rollout idle", "trainer idle",
-                "staleness mean/max", "KV util", "repacks", "moves", "solver ms (mean/max)"):
+                "staleness mean / max", "KV util", "repacks", "moves", "solver ms (mean/max)"):
         p.add_column(col, justify="left" if col == "policy" else "right")
     sync = next((x for x in plan.policies if x.variant == "sync"), None)
     for x in plan.policies:
@@ -320,9 +479,12 @@ def print_plan(plan: RolloutPlan, console) -> None:
                   f"{x.trajectories_per_s / sync.trajectories_per_s:.2f}" if sync else "",
                   f"{x.trajectories_per_s / x.ceiling_tps:.0%}" if x.ceiling_tps else "",
                   f"{x.rollout_idle_frac:.1%}", f"{x.trainer_idle_frac:.1%}",
-                  f"{x.staleness_mean:.2f}/{x.staleness_max}", f"{x.kv_util_mean:.1%}", str(x.repacks), str(x.moves),
+                  staleness_cell(x, "/"), f"{x.kv_util_mean:.1%}", str(x.repacks), str(x.moves),
                   f"{x.solver_wall_ms_mean:.1f}/{x.solver_wall_ms_max:.1f}" if x.repacks else "")
     console.print(p)
-    console.print(f"recommended: {plan.recommended} — {plan.reason}")
+    if real_pending:
+        console.print(f"the simulation recommends: {plan.recommended} — {plan.reason} (the real run below decides)")
+    else:
+        console.print(f"recommended: {plan.recommended} — {plan.reason}")
     for n in plan.notes:
         console.print(f"note: {n}")

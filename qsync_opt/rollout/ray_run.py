@@ -160,11 +160,15 @@ def predict_calibrated(job, real: dict) -> tuple[dict, object]:
     return {v: simulate(job, v, costs=costs, sync=sync_c, train_s=train_s) for v in real}, info
 
 
-def measured_vs_predicted(job, rounds: int = 1, variants=None, seed: int = 0) -> tuple[list[dict], str]:
+def measured_vs_predicted(job, rounds: int = 1, variants=None, seed: int = 0,
+                          per_round: dict | None = None) -> tuple[list[dict], str]:
     """Run every variant for real `rounds` times (interleaved, `run_rounds`), fit the simulator's costs to all of
     it (`calibrate`) and simulate each variant with them; returns one row per variant (the median round's measured
-    figures beside the calibrated prediction) and the calibration's summary."""
+    figures beside the calibrated prediction) and the calibration's summary. `per_round`, if a dict, receives
+    variant -> every round's measured trajectories/s, in round order."""
     real = run_rounds(job, rounds, variants, seed=seed)
+    if per_round is not None:
+        per_round.update({v: [r.trajectories_per_s for r in rs] for v, rs in real.items()})
     pred, info = predict_calibrated(job, real)
     rows = []
     for v, rs in real.items():

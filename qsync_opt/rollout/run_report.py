@@ -7,7 +7,15 @@ import os
 import time
 from pathlib import Path
 
-from qsync_opt.rollout.plan import RolloutPlan, plan_from, simulate_variants
+from qsync_opt.rollout.plan import (
+    POLICY_LEGEND,
+    TIE_FRAC,
+    RolloutPlan,
+    legend_lines,
+    plan_from,
+    simulate_variants,
+    staleness_cell,
+)
 from qsync_opt.rollout.simulate import VARIANTS, SimResult, simulate
 
 COLORS = {"generating": "#2b8a3e", "idle": "#dee2e6", "syncing": "#1c7ed6", "migrating": "#e8590c"}
@@ -62,20 +70,42 @@ def run_report(job, out_dir: str | Path, steps: int | None = None, timeline_step
     return plan, paths
 
 
-def write_measured(job, out_dir: str | Path, rounds: int = 1, console=None) -> dict[str, Path]:
+MEASURED_LEGEND = (
+    ("measured traj/s", "trajectories trained per second in this run here (the median round)"),
+    ("predicted", "the simulator's traj/s with its costs fitted to this run (calibrated), not the spec's costs"),
+    ("off", "predicted / measured - 1: how far the calibrated simulator is from the measurement"),
+    ("rollout idle m/p", "share of the rollouts' time not generating, measured / predicted"),
+    ("trainer idle m/p", "share of the time the trainer is not training, measured / predicted"),
+    ("rank m/c/s", "the policy's rank (1 = fastest) measured, by the calibrated simulator, and by the simulation "
+     "under the spec's costs (the plan's table); policies predicted alike share a rank"),
+)
+"""Every column of the measured table, defined under it in report.md and on the console."""
+
+
+def write_measured(job, out_dir: str | Path, rounds: int = 1, console=None,
+                   plan: RolloutPlan | None = None) -> dict[str, Path]:
     """Run every policy here on Ray actors `rounds` times (`ray_run.measured_vs_predicted`), write
-    out_dir/measured.csv (measured beside the simulator calibrated from this run) and add the table to report.md;
-    print it on `console` if given. The run's figures are this machine's, not the spec's fleet's."""
+    out_dir/measured.csv (measured beside the simulator calibrated from this run), recommend on that evidence
+    (`plan.recommend_measured`), and rewrite out_dir/plan.json and report.md with that recommendation and the measured
+    table; print the same on `console` if given. `plan`: the simulated plan `run_report` wrote (default: read from
+    out_dir/plan.json). The run's figures are this machine's, not the spec's fleet's."""
     import csv
     import io
 
     from qsync_opt.io import atomic_write_text
     from qsync_opt.rollout.ray_run import measured_vs_predicted
 
-    load0 = os.getloadavg()[0]
-    rows, info = measured_vs_predicted(job, rounds)
-    load1 = os.getloadavg()[0]
     out = Path(out_dir)
+    if plan is None:
+        plan = RolloutPlan.model_validate_json((out / "plan.json").read_text())
+    if plan.simulated_recommended is not None:  # a plan a real run already rewrote: back to the simulation's own
+        plan = plan.model_copy(update={"recommended": plan.simulated_recommended, "reason": plan.simulated_reason,
+                                       "evidence": "simulated", "simulated_recommended": None,
+                                       "simulated_reason": None})
+    load0 = os.getloadavg()[0]
+    per_round: dict[str, list[float]] = {}
+    rows, info = measured_vs_predicted(job, rounds, per_round=per_round)
+    load1 = os.getloadavg()[0]
     buf = io.StringIO()
     buf.write(f"# {job.name}: every policy on Ray actors here, {rounds} interleaved round(s), median round; load "
               f"{load0:.2f} -> {load1:.2f} on {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
@@ -85,56 +115,113 @@ def write_measured(job, out_dir: str | Path, rounds: int = 1, console=None) -> d
     w.writerows(rows)
     paths = {"measured": out / "measured.csv"}
     atomic_write_text(paths["measured"], buf.getvalue())
-    lines = ["", f"## Measured here ({rounds} round(s) on Ray actors, load {load0:.2f} -> {load1:.2f})", "",
-             "Every policy run on this machine, beside the simulator calibrated from that run (measured.csv).", "",
-             "| policy | measured traj/s | predicted | off | rollout idle measured / predicted | "
-             "trainer idle measured / predicted |", "|---|---|---|---|---|---|"]
-    cells = [_measured_cells(r) for r in rows]
-    lines += [f"| {' | '.join(c)} |" for c in cells]
-    report = out / "report.md"
-    atomic_write_text(report, (report.read_text() if report.exists() else "") + "\n".join(lines) + "\n")
+    shown = pictured(plan)  # what run_report drew, from the simulated plan
+    section = MeasuredSection(rows, per_round, rounds, load0, load1)
+    measured_plan = with_measured(plan, section)
+    paths["plan"] = out / "plan.json"
+    atomic_write_text(paths["plan"], measured_plan.to_json())
+    paths["report"] = out / "report.md"
+    atomic_write_text(paths["report"], report_markdown(measured_plan, shown, section))
     if console is not None:
-        from rich.table import Table
-
-        t = Table(title=f"measured here vs the calibrated simulator ({rounds} round(s), load {load0:.2f} -> "
-                        f"{load1:.2f})", title_justify="left")
-        for col in ("policy", "measured traj/s", "predicted", "off", "rollout idle m/p", "trainer idle m/p"):
-            t.add_column(col, justify="left" if col == "policy" else "right")
-        for c in cells:
-            t.add_row(*c)
-        console.print(t)
+        print_measured(measured_plan, section, console)
     return paths
 
 
-def _measured_cells(r: dict) -> list[str]:
+class MeasuredSection:
+    """A real run's figures for the report and the console: `measured_vs_predicted`'s rows, every round's
+    trajectories/s per policy, the rounds and the machine's load before and after."""
+
+    def __init__(self, rows: list[dict], per_round: dict[str, list[float]], rounds: int, load0: float, load1: float):
+        self.rows, self.per_round, self.rounds, self.load0, self.load1 = rows, per_round, rounds, load0, load1
+
+    def recommendation(self, plan: RolloutPlan):
+        """`recommend_measured` on these figures, with the simulated plan's for the disagreements."""
+        from qsync_opt.rollout.plan import recommend_measured
+
+        sim_pick = plan.simulated_recommended or plan.recommended
+        return recommend_measured({r["policy"]: r["real_trajectories_per_s"] for r in self.rows},
+                                  {r["policy"]: r["predicted_trajectories_per_s"] for r in self.rows},
+                                  rounds=self.per_round or None,
+                                  simulated={p.variant: p.trajectories_per_s for p in plan.policies},
+                                  simulated_pick=sim_pick)
+
+    def cells(self, plan: RolloutPlan) -> list[list[str]]:
+        ranks = self.recommendation(plan).ranks
+        return [_measured_cells(r, ranks[r["policy"]]) for r in self.rows]
+
+
+def with_measured(plan: RolloutPlan, section: MeasuredSection) -> RolloutPlan:
+    """`plan` recommending on the real run's evidence (`recommend_measured`), the simulation's own kept beside."""
+    rec = section.recommendation(plan)
+    return plan.model_copy(update={
+        "recommended": rec.variant, "reason": rec.reason, "evidence": "measured here",
+        "simulated_recommended": plan.simulated_recommended or plan.recommended,
+        "simulated_reason": plan.simulated_reason or plan.reason})
+
+
+def print_measured(plan: RolloutPlan, section: MeasuredSection, console) -> None:
+    """The measured table, its legend, the recommendation on that evidence and the disagreements: what report.md
+    says, on the console."""
+    from rich.table import Table
+
+    rec = section.recommendation(plan)
+    t = Table(title=f"measured here vs the calibrated simulator ({section.rounds} round(s), load {section.load0:.2f} "
+                    f"-> {section.load1:.2f})", title_justify="left",
+              caption="\n".join(legend_lines(MEASURED_LEGEND)), caption_justify="left")
+    for col in ("policy", "measured traj/s", "predicted", "off", "rollout idle m/p", "trainer idle m/p", "rank m/c/s"):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for c in section.cells(plan):
+        t.add_row(*c)
+    console.print(t)
+    console.print(f"rule: {rec.rule}")
+    console.print(f"recommended (measured here): {plan.recommended} — {plan.reason}")
+    for d in rec.disagreements:
+        console.print(f"simulation and measurement disagree: {d}")
+
+
+def _measured_cells(r: dict, rank: tuple[int, int, int | None]) -> list[str]:
     """One row of `measured_vs_predicted` as the report's and the console's table cells."""
     return [r["policy"], f"{r['real_trajectories_per_s']:.2f}", f"{r['predicted_trajectories_per_s']:.2f}",
             f"{r['predicted_vs_real']:+.0%}",
             f"{r['real_rollout_idle_frac']:.0%} / {r['predicted_rollout_idle_frac']:.0%}",
-            f"{r['real_trainer_idle_frac']:.0%} / {r['predicted_trainer_idle_frac']:.0%}"]
+            f"{r['real_trainer_idle_frac']:.0%} / {r['predicted_trainer_idle_frac']:.0%}",
+            "/".join("-" if x is None else str(x) for x in rank)]
 
 
-def report_markdown(plan: RolloutPlan, shown: list[str]) -> str:
-    lines = [f"# {plan.name}: rollout plan", "",
-             f"{plan.model}, {plan.batch} trajectories per trainer step, {plan.steps} trainer steps simulated.", "",
-             f"**Recommended: {plan.recommended}**: {plan.reason}.", ""]
+def report_markdown(plan: RolloutPlan, shown: list[str], measured: MeasuredSection | None = None) -> str:
+    """report.md: the recommendation (on measured figures when `measured` is given), the simulated policies with their
+    legend, the workers, the pictures, and the measured table with its legend, rule and disagreements."""
+    head = [f"# {plan.name}: rollout plan", "",
+            f"{plan.model}, {plan.batch} trajectories per trainer step, {plan.steps} trainer steps simulated.", ""]
+    if measured is not None:
+        head += [f"**Recommended: {plan.recommended}** (measured here, {measured.rounds} round(s) on Ray actors; "
+                 f"\"Measured here\" below): {plan.reason}.", "",
+                 f"The simulation alone (the spec's costs, the table below) recommends {plan.simulated_recommended}: "
+                 f"{plan.simulated_reason}.", ""]
+    else:
+        head += [f"**Recommended: {plan.recommended}**: {plan.reason}.", ""]
+    lines = head
     if plan.ceiling:
         c = plan.ceiling
         lines += [f"Ceiling (proven for any policy, in the long run, under these costs): {c.trajectories_per_s:.2f} "
                   f"trajectories/s, bound by the {c.bound_by} (trainer {c.trainer_tps:.2f}, rollouts' hardware "
-                  f"{c.rollout_tps:.2f}). \"of ceiling\" is each run against the ceiling of the trajectories it "
-                  "trained.", ""]
-    lines += ["| policy | traj/s | tokens/s | x sync | of ceiling | rollout idle | trainer idle | staleness mean / max "
+                  f"{c.rollout_tps:.2f}).", ""]
+    lines += ["## Policies (simulated, the spec's costs)", "",
+              "| policy | traj/s | tokens/s | × sync | of ceiling | rollout idle | trainer idle | staleness mean / max "
               "| KV util | repacks | moves |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     sync = next((p.trajectories_per_s for p in plan.policies if p.variant == "sync"), None)
+    sim_pick = plan.simulated_recommended or plan.recommended
     for p in plan.policies:
         x = f"{p.trajectories_per_s / sync:.2f}" if sync else ""
         mark = " (recommended)" if p.variant == plan.recommended else ""
+        if measured is not None and p.variant == sim_pick:
+            mark += " (the simulation's pick)"
         share = f"{p.trajectories_per_s / p.ceiling_tps:.0%}" if p.ceiling_tps else ""
         lines.append(f"| {p.variant}{mark} | {p.trajectories_per_s:.2f} | {p.tokens_per_s:,.0f} | {x} | {share} | "
-                     f"{p.rollout_idle_frac:.1%} | {p.trainer_idle_frac:.1%} | {p.staleness_mean:.2f} / "
-                     f"{p.staleness_max} | {p.kv_util_mean:.1%} | {p.repacks} | {p.moves} |")
-    lines += ["", "| group | device | bits | count | KV tokens | decode ms at the batch cap | prefill ms | pull s |",
+                     f"{p.rollout_idle_frac:.1%} | {p.trainer_idle_frac:.1%} | {staleness_cell(p)} | "
+                     f"{p.kv_util_mean:.1%} | {p.repacks} | {p.moves} |")
+    lines += ["", *(f"- {x}" for x in legend_lines(POLICY_LEGEND)[:-1]), ""]  # no solver ms column here
+    lines += ["| group | device | bits | count | KV tokens | decode ms at the batch cap | prefill ms | pull s |",
               "|---|---|---|---|---|---|---|---|"]
     for w in plan.workers:
         lines.append(f"| {w.group} | {w.device} | {w.bits} | {w.count} | {w.kv_capacity_tokens:,.0f} | "
@@ -144,6 +231,22 @@ def report_markdown(plan: RolloutPlan, shown: list[str]) -> str:
               f"Per-worker timeline ({', '.join(shown)}): ![timeline](timeline.png)", "",
               "KV-cache utilisation over all rollouts: ![KV utilisation](kv_utilisation.png)", ""]
     lines += [f"Note: {n}." for n in plan.notes]
+    if measured is not None:
+        rec = measured.recommendation(plan)
+        lines += ["", f"## Measured here ({measured.rounds} round(s) on Ray actors, load {measured.load0:.2f} -> "
+                  f"{measured.load1:.2f})", "",
+                  "Every policy run on this machine, beside the simulator calibrated from that run (measured.csv).", "",
+                  "| policy | measured traj/s | predicted | off | rollout idle m/p | trainer idle m/p | rank m/c/s |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {' | '.join(c)} |" for c in measured.cells(plan)]
+        lines += ["", *(f"- {x}" for x in legend_lines(MEASURED_LEGEND)), "",
+                  f"Rule: {rec.rule}; the fastest measured policy is recommended, and among policies the measurement "
+                  f"does not separate from it, the calibrated simulator's fastest (within {TIE_FRAC:.0%}, the "
+                  "simplest).", ""]
+        if rec.disagreements:
+            lines += ["Where simulation and measurement disagree:", "", *(f"- {d}" for d in rec.disagreements)]
+        else:
+            lines += ["Simulation and measurement agree on every pair the measurement separates."]
     return "\n".join(lines) + "\n"
 
 

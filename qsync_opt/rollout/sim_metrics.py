@@ -59,6 +59,10 @@ class SimResult:
     rule, not the rollouts, holds back admission. None for the barrier policies (sync, one-step-off)."""
     gate_waiting_mean: float | None = None
     """Of that room, the mean share held by finished trajectories waiting for the trainer."""
+    stale_over_eta_frac: float | None = None
+    """Share of the trained trajectories whose staleness exceeds η (policy.eta, default 1): the rule bounds admission,
+    not when a trajectory finishes, so a long one overtaken by shorter ones is trained later. None for the barrier
+    policies (sync, one-step-off), whose staleness is fixed."""
     ceiling_tps: float | None = None
     """The proven ceiling of this run (rollout.bounds.run_ceiling over the trajectories it trained): no schedule of
     them trains faster. None on a calibrated shared host, whose costs the bound does not cover."""
@@ -113,7 +117,9 @@ class Metrics:
             timeline=[w.segments for w in self.workers], worker_labels=[w.label for w in self.workers],
             repack_clock_stops=self.repack_clock_stops, tail_extension_s=self.tail_extension_s,
             rollout_reprefill_frac=self.reprefill_s / (n * T), ceiling_tps=self._ceiling_tps(),
-            gate_fill_mean=self._gate_mean(1, T), gate_waiting_mean=self._gate_mean(2, T))
+            gate_fill_mean=self._gate_mean(1, T), gate_waiting_mean=self._gate_mean(2, T),
+            stale_over_eta_frac=None if self.kind in ("sync", "one-step-off") else
+            float(np.mean([s > self.eta for s in self.stale])))
 
     def _gate_mean(self, k: int, T: float) -> float | None:
         xs = [g[k] for g in self.gate_series if g[0] <= T]

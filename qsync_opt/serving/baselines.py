@@ -20,6 +20,21 @@ from qsync_opt.serving.program import Assignment, ServingInstance, evaluate, sol
 
 BASELINES = ("uniform", "pipeedge", "adabits")
 
+BASELINE_DOC = {
+    "plan": "the planner's: LLM-PQ's phase-aware partition and adaptive per-layer bit-widths (Zhao et al., \"LLM-PQ: "
+            "Serving LLM on Heterogeneous Clusters with Phase-Aware Partition and Adaptive Quantization\", PPoPP "
+            "2024), solved as an integer program",
+    "uniform": "layers split evenly over the devices, every layer at the highest bit-width that fits every device "
+               "(what a user gets without a planner)",
+    "pipeedge": "PipeEdge (Hu et al., \"PipeEdge: Pipeline Parallelism for Large-Scale Model Inference on "
+                "Heterogeneous Edge Devices\", DSD 2022): one bit-width for every layer (the highest any partition "
+                "fits), the partition chosen for the least predicted time",
+    "adabits": "AdaBits (Jin et al., \"AdaBits: Neural Network Quantization with Adaptive Bit-Widths\", CVPR 2020): "
+               "the even partition, bit-widths chosen for quality alone (the least Σω that fits memory), blind to "
+               "latency",
+}
+"""What each row of the serving comparison is, with its paper: the legend `qsync-opt solve` prints under it."""
+
 
 def even_sizes(layers: int, stages: int) -> tuple[int, ...]:
     q, r = divmod(layers, stages)

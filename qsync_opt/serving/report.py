@@ -5,7 +5,28 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from qsync_opt.serving.baselines import BASELINE_DOC
 from qsync_opt.serving.plan import ServingPlan
+
+
+STAGE_LEGEND = (
+    ("layers", "the decoder layers the stage holds, first–last"),
+    ("bits", "bit-width x the number of its layers at it (8b×3: three layers at 8 bits)"),
+    ("prefill / decode ms/mb", "predicted time of one micro-batch through the stage"),
+    ("memory GB", "predicted peak memory / the device's capacity"),
+)
+"""The stage table's notation, printed under it."""
+
+COMPARISON_LEGEND = (
+    ("× best baseline", "tokens/s over the fastest baseline's"),
+    ("e2e s", "the batch's end-to-end time, prefill + decode"),
+    ("Σω", "LLM-PQ's quality indicator summed over the layers (lower: closer to the 16-bit model)"),
+    ("micro-batches", "prefill / decode micro-batch size"),
+    ("partition", "one entry per stage in pipeline order, layers@bits: 21@8/4 is 21 layers at 8 and 4 bits "
+     "(how many at each: the stage table), 9@4 is 9 layers at 4 bits"),
+    ("search s", "wall time spent finding the policy"),
+)
+"""The comparison table's columns and notation, printed under it."""
 
 
 def _bits(counts: dict[int, int]) -> str:
@@ -17,7 +38,7 @@ def stage_table(plan: ServingPlan) -> Table:
     t = Table(
         title=(f"{plan.name}: {plan.model}, batch {w['global_batch']}, prompt {w['prompt_len']}, {w['gen_tokens']} new tokens; "
                f"micro-batches prefill {plan.prefill_micro_batch}, decode {plan.decode_micro_batch}"),
-        title_justify="left",
+        title_justify="left", caption="\n".join(f"{k}: {v}." for k, v in STAGE_LEGEND), caption_justify="left",
     )
     for col in ("stage", "device", "layers", "bits", "prefill ms/mb", "decode ms/mb", "memory GB"):
         t.add_column(col, justify="left" if col in ("device", "bits") else "right")
@@ -27,8 +48,16 @@ def stage_table(plan: ServingPlan) -> Table:
     return t
 
 
+def comparison_legend(plan: ServingPlan) -> list[str]:
+    """The lines under the comparison table: each policy (with its paper) and each column's notation."""
+    names = ["plan"] + [b.name for b in plan.baselines]
+    return [f"{n}: {BASELINE_DOC[n]}." for n in names if n in BASELINE_DOC] + [
+        f"{k}: {v}." for k, v in COMPARISON_LEGEND]
+
+
 def comparison_table(plan: ServingPlan) -> Table:
-    t = Table(title="plan vs baselines (same cost model)", title_justify="left")
+    t = Table(title="plan vs baselines (same cost model)", title_justify="left",
+              caption="\n".join(comparison_legend(plan)), caption_justify="left")
     for col in ("policy", "tokens/s", "× best baseline", "e2e s", "prefill s", "decode s", "Σω", "micro-batches", "partition (layers per stage)", "search s"):
         t.add_column(col, justify="left" if col in ("policy", "partition (layers per stage)") else "right")
     best = plan.best_baseline()

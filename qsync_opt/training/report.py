@@ -12,9 +12,28 @@ from qsync_opt.precision import PRECISIONS
 GiB = 1024**3
 
 
+PLAN_LEGEND = {
+    "batch": "each device's share of the global batch",
+    "ops per precision": "how many operators run at each precision (fp32:10 int8:1: 10 operators in fp32, 1 in int8)",
+    "compute ms": "predicted compute time of one iteration on the group",
+    "comm ms": "predicted gradient communication not hidden behind compute",
+    "iter ms": "predicted iteration time of the group",
+    "bound ms": "the group's time bound from the spec (-: none)",
+    "memory GiB": "predicted peak / capacity of one device",
+    "Σω (group)": "the indicator sum of the group's operators (unweighted): the accuracy-degradation estimate, "
+                  "lower is closer to full precision",
+}
+"""The plan table's columns, defined under it (`qsync-opt solve`) and under the run report's plan table."""
+
+
+def legend_text(columns) -> str:
+    """PLAN_LEGEND's lines for `columns`, one `column: meaning.` per line."""
+    return "\n".join(f"{c}: {PLAN_LEGEND[c]}." for c in columns if c in PLAN_LEGEND)
+
+
 def plan_table(plan: Plan) -> Table:
     t = Table(title=f"{plan.job}: {plan.model}  (objective: {plan.objective})", title_justify="left",
-              caption="Σω (group): the indicator sum of the group's operators (unweighted)", caption_justify="left")
+              caption=legend_text(PLAN_LEGEND), caption_justify="left")
     for col in ("group", "device", "batch", "ops per precision", "compute ms", "comm ms", "iter ms", "bound ms", "memory GiB", "Σω (group)"):
         t.add_column(col, justify="left" if col in ("group", "device", "ops per precision") else "right")
     for name, g in plan.groups.items():
@@ -35,14 +54,29 @@ def plan_table(plan: Plan) -> Table:
     return t
 
 
+MEETS_BOUNDS = ("whether the policy meets every time bound and every group's memory capacity (for this plan, by "
+               "the replayer's timeline of it)")
+"""The "meets bounds" column, defined where it appears (`qsync-opt solve`'s table and the run's report.md)."""
+
+
+def plan_meets_bounds(plan: Plan) -> bool:
+    """Does the plan meet its bounds: the replayer's lockstep verdict (refine.judge) and memory on every group. The
+    one source of the "meets bounds" cell of this plan, in the CLI's table and in report.md alike."""
+    return plan.meets_bounds and all(g.peak_memory_bytes <= g.memory_capacity_bytes for g in plan.groups.values())
+
+
+def meets_bounds_cell(plan: Plan) -> str:
+    """`plan_meets_bounds` as the table cell."""
+    return "yes" if plan_meets_bounds(plan) else "no (see notes)"
+
+
 def baseline_table(plan: Plan) -> Table:
     t = Table(title="plan vs baselines", title_justify="left",
-              caption="Σ share·ω: groups' Σω weighted by batch share (minimised)", caption_justify="left")
+              caption=f"Σ share·ω: groups' Σω weighted by batch share (minimised)\nmeets bounds: {MEETS_BOUNDS}",
+              caption_justify="left")
     for col in ("policy", "iteration ms", "Σ share·ω", "meets bounds"):
         t.add_column(col, justify="left" if col == "policy" else "right")
-    meets = plan.meets_bounds and all(  # the replayer's lockstep verdict (refine.judge), and memory
-        g.peak_memory_bytes <= g.memory_capacity_bytes for g in plan.groups.values())
-    t.add_row(Text("this plan", style="bold"), f"{plan.iteration_ms:.1f}", f"{plan.indicator:.4g}", "yes" if meets else "no (see notes)")
+    t.add_row(Text("this plan", style="bold"), f"{plan.iteration_ms:.1f}", f"{plan.indicator:.4g}", meets_bounds_cell(plan))
     for name, b in plan.baselines.items():
         t.add_row(name, f"{b.iteration_ms:.1f}", f"{b.indicator:.4g}", "yes" if b.feasible else "no")
     return t

@@ -79,7 +79,12 @@ def test_real_run_writes_measured_beside_predicted(tmp_path, capsys):
     assert json.loads((out / "plan.json").read_text())["steps"] == 2
     report = (out / "report.md").read_text()
     assert "## Measured here (1 round(s) on Ray actors" in report and "**Recommended:" in report
-    assert "measured here vs the calibrated simulator" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "measured here vs the calibrated simulator" in printed
+    plan = json.loads((out / "plan.json").read_text())  # report.md, the console and plan.json: one recommendation
+    assert plan["evidence"] == "measured here"
+    assert f"**Recommended: {plan['recommended']}** (measured here" in report
+    assert f"recommended (measured here): {plan['recommended']} —" in printed
 
 
 @pytest.mark.parametrize("spec, args, named", [

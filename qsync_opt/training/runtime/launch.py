@@ -352,7 +352,8 @@ def launch(spec_path, plan_path=None, *, nproc: int | None = None, steps: int | 
             last = evals[-1]
             ppl = f", perplexity {last['test_perplexity']:.3f}" if last.get("test_perplexity") is not None else ""
             print(f"test set after step {last['step']}: accuracy {last['test_accuracy']:.4f}, loss {last['test_loss']:.4f}{ppl} "
-                  f"({last['test_samples']} samples); eval.csv in {result.metrics_dir}", file=out)
+                  f"({last['test_samples']} {'test tokens' if ppl else 'samples'}); eval.csv in {result.metrics_dir}",
+                  file=out)
     if result.status == "stopped":
         if result.killed_after_grace:
             print("the ranks had not finished their step when the stop's grace period ended and were killed; "
