@@ -77,7 +77,7 @@ def _dispatch(args) -> int:
         err.print(styled("error:", "bold red", str(e)))
         return EXIT_FAIL
     except Stopped as e:  # train and run turn SIGTERM/SIGINT into this (runtime/process_exit.py)
-        err.print(styled("stopped:", "bold yellow", str(e)))
+        err.print(styled("stopped", "bold yellow", str(e).removeprefix("stopped ")))  # "stopped by SIGINT ..."
         return EXIT_STOPPED
     except KeyboardInterrupt:
         return 130

@@ -154,7 +154,7 @@ def test_ctrl_c_in_runs_training_exits_4_caches_nothing_unfinished_and_the_next_
     _, err = proc.communicate(timeout=120)
     log = lines.text()
     assert proc.returncode == 4, (log[-2000:], err[-2000:])
-    assert "stopped: stopped by SIGINT during stage 'train'; training stopped after step 3" in err, err
+    assert "stopped by SIGINT during stage 'train'; training stopped after step 3" in err, err
     assert f"continue with: qsync-opt run {spec} -o {out}" in err and "error" not in err.lower(), err
     assert "report:" not in log
     manifest = json.loads((out / "run.json").read_text())

@@ -225,8 +225,35 @@ def run_job(spec, plan=None, *, nproc: int | None = None, steps: int | None = No
     try:
         if on_metrics_dir is not None:
             on_metrics_dir(run_dir)
-        return _start(spec, plan, run_dir, emulated, steps, threads, checkpoint_dir, checkpoint_every, choice,
-                      resume, force, paths, timeout_s, start_timeout_s, logs_to_stderr)
+        if emulated:  # reports read this: measured times here are the CPU's, not the devices'
+            atomic_write_text(run_dir / "emulation.json", json.dumps([e.to_json() for e in emulated], indent=1) + "\n")
+        else:
+            (run_dir / "emulation.json").unlink(missing_ok=True)
+        spec_file = atomic_write_text(run_dir / "spec.json", json.dumps(spec.model_dump(mode="json", by_alias=True)))
+        argv = [sys.executable, "-m", "qsync_opt.training.runtime.worker", str(spec_file), "--steps", str(steps),
+                "--metrics-dir", str(run_dir), "--threads", str(threads)]
+        if plan is not None:
+            argv += ["--plan", str(plan.save(run_dir / "plan.json"))]
+        if checkpoint_dir:
+            argv += ["--checkpoint-dir", str(checkpoint_dir), "--checkpoint-every", str(checkpoint_every)]
+        if choice is not None:
+            argv += ["--resume", "--resume-from", str(choice.path)]
+        if force:
+            argv.append("--force")
+        envs = [with_pythonpath(env, paths) for env in rank_envs(spec, threads, _free_port())]
+        ready_dir = Path(tempfile.mkdtemp(prefix="qsync-ready-"))
+        for r, env in enumerate(envs):
+            env["QSYNC_READY_FILE"] = str(ready_dir / f"rank{r}")
+        offsets = {r: _size(run_dir / f"rank{r}.jsonl") if resume else 0 for r in range(world)}
+        try:
+            spawned = spawn_ranks(argv, envs, timeout_s=timeout_s,
+                                  start_timeout_s=START_TIMEOUT_S if start_timeout_s is None else start_timeout_s,
+                                  stdout=2 if logs_to_stderr else None)
+        finally:
+            shutil.rmtree(ready_dir, ignore_errors=True)
+        result = _collect(spawned, run_dir, spec.training.global_batch, checkpoint_dir, offsets)
+        atomic_write_text(run_dir / "result.json", json.dumps(result.summary(), indent=1) + "\n")
+        return result
     except Stopped:
         stopped = {"status": "stopped", "exit_code": EXIT_STOPPED, "steps_done": 0, "failure": None,
                    "note": "stopped while the launcher prepared the run or read it back", "metrics_dir": str(run_dir),
@@ -234,42 +261,6 @@ def run_job(spec, plan=None, *, nproc: int | None = None, steps: int | None = No
         with contextlib.suppress(OSError, Stopped):  # a second stop while writing: the first one stands
             atomic_write_text(run_dir / "result.json", json.dumps(stopped, indent=1) + "\n")
         raise
-
-
-def _start(spec: JobSpec, plan: Plan | None, run_dir: Path, emulated, steps: int, threads: int, checkpoint_dir,
-           checkpoint_every: int, choice, resume: bool, force: bool, paths, timeout_s, start_timeout_s,
-           logs_to_stderr: bool) -> JobResult:
-    """run_job after its checks: write the run's files, spawn and watch the ranks, collect."""
-    world = spec.cluster.world_size
-    if emulated:  # reports read this: measured times here are the CPU's, not the devices'
-        atomic_write_text(run_dir / "emulation.json", json.dumps([e.to_json() for e in emulated], indent=1) + "\n")
-    else:
-        (run_dir / "emulation.json").unlink(missing_ok=True)
-    spec_file = atomic_write_text(run_dir / "spec.json", json.dumps(spec.model_dump(mode="json", by_alias=True)))
-    argv = [sys.executable, "-m", "qsync_opt.training.runtime.worker", str(spec_file), "--steps", str(steps),
-            "--metrics-dir", str(run_dir), "--threads", str(threads)]
-    if plan is not None:
-        argv += ["--plan", str(plan.save(run_dir / "plan.json"))]
-    if checkpoint_dir:
-        argv += ["--checkpoint-dir", str(checkpoint_dir), "--checkpoint-every", str(checkpoint_every)]
-    if choice is not None:
-        argv += ["--resume", "--resume-from", str(choice.path)]
-    if force:
-        argv.append("--force")
-    envs = [with_pythonpath(env, paths) for env in rank_envs(spec, threads, _free_port())]
-    ready_dir = Path(tempfile.mkdtemp(prefix="qsync-ready-"))
-    for r, env in enumerate(envs):
-        env["QSYNC_READY_FILE"] = str(ready_dir / f"rank{r}")
-    offsets = {r: _size(run_dir / f"rank{r}.jsonl") if resume else 0 for r in range(world)}
-    try:
-        spawned = spawn_ranks(argv, envs, timeout_s=timeout_s,
-                              start_timeout_s=START_TIMEOUT_S if start_timeout_s is None else start_timeout_s,
-                              stdout=2 if logs_to_stderr else None)
-    finally:
-        shutil.rmtree(ready_dir, ignore_errors=True)
-    result = _collect(spawned, run_dir, spec.training.global_batch, checkpoint_dir, offsets)
-    atomic_write_text(run_dir / "result.json", json.dumps(result.summary(), indent=1) + "\n")
-    return result
 
 
 START_TIMEOUT_S = float(os.environ.get("QSYNC_START_TIMEOUT_S", 120))
