@@ -6,9 +6,10 @@ reuses every artefact made from the same spec and restarts at the first stage th
 missing, or at `--from STAGE` (that stage and every later one run again). A stage is
 `fn(ctx) -> artefact path`; profile, indicate and predict live in training/run_stages.py.
 
-A stop (SIGTERM/SIGINT, `stop_on_signals`) during any stage raises `Stopped` naming the stage
-and the command that continues; run.json then records `status: stopped` and lists only the
-stages that finished (a stage and every later one are struck from it before the stage runs),
+run.json's `status` is running, completed, failed or stopped (with the stage). A stop
+(SIGTERM/SIGINT, `stop_on_signals`) during any stage raises `Stopped` naming the stage and the
+command that continues; run.json then records `status: stopped` and lists only the stages that
+finished (a stage and every later one are struck from it before the stage runs),
 and report.md says the run stopped. Training keeps checkpoints in DIR/checkpoints: the next
 run with the same arguments reuses the finished stages and resumes training from the newest
 checkpoint the stopped one wrote, training only the remaining steps.
@@ -75,7 +76,7 @@ def _solve(ctx: RunContext) -> str:
 
 
 def _train(ctx: RunContext) -> str:
-    from qsync_opt.runtime import checkpoint as ckpt
+    from qsync_opt.runtime import checkpoint as ckpt  # torch: imported by the stages that need it, as above
     from qsync_opt.training.runtime.launch import run_job
 
     metrics, checkpoints = ctx.out / "train", ctx.out / CHECKPOINTS
@@ -183,9 +184,10 @@ def _run(spec_path: str, out: Path, start: str | None, steps: int | None, log: C
                 manifest.pop("stage", None)
             atomic_write_text(manifest_path, json.dumps(manifest, indent=1))
         except Stopped as e:
+            from qsync_opt.runtime import checkpoint as ckpt  # as in _train
+
             manifest["stages"].pop(name, None)
             _record_stop(ctx, manifest, manifest_path, name, e)
-            from qsync_opt.runtime import checkpoint as ckpt
 
             how = (" (training resumes from that checkpoint)" if name == "train" and ckpt.latest(out / CHECKPOINTS)
                    else f" (it reruns {name!r} and what follows)")
@@ -193,6 +195,10 @@ def _run(spec_path: str, out: Path, start: str | None, steps: int | None, log: C
                           (f"{e.detail}; " if e.detail else "")
                           + f"{manifest_path} records only the stages before {name!r} as done; continue with: "
                           + continue_command(spec_path, out, steps, emulate) + how) from None
+        except Exception:
+            manifest.update(status="failed", stage=name)  # the stage is already struck from the done ones
+            atomic_write_text(manifest_path, json.dumps(manifest, indent=1))
+            raise
         log(f"[{name}] wrote {manifest['stages'][name]}")
     return dict(manifest["stages"])
 
