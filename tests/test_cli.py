@@ -157,7 +157,9 @@ def test_train_with_a_plan_of_other_groups_or_unknown_operators_exits_2(tmp_path
     other = tmp_path / "other.json"
     other.write_text(plan.read_text().replace('"sse41"', '"gpu"'))
     assert main(["train", TINY, "--plan", str(other)]) == 2
-    assert "plan groups ['native', 'gpu'] do not match spec cluster.groups ['native', 'sse41']" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"--plan {other}: solved for groups ['native', 'gpu']" in err
+    assert "but this spec's cluster.groups are ['native', 'sse41']" in err
     unknown = tmp_path / "unknown.json"
     unknown.write_text(plan.read_text().replace('"layer1.0.conv1"', '"layer9.conv1"'))
     assert main(["train", TINY, "--plan", str(unknown)]) == 2

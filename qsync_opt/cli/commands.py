@@ -1,8 +1,8 @@
 """`qsync-opt`: solve | devices | models | spec | train | bench | profile | predict | indicate.
 
-Exit codes: 0 ok, 2 bad input (message, no traceback), 3 infeasible, 4 `train` stopped by a
-signal after checkpointing (resume with --resume), 5 `solve --strict` whose plan misses a bound
-by the replayer, 1 any other failure.
+Exit codes: 0 ok, 2 bad input (message, no traceback), 3 infeasible, 4 `train` or `run` stopped
+by a signal (SIGTERM/SIGINT) at any point (the message says what was kept and how to continue),
+5 `solve --strict` whose plan misses a bound by the replayer, 1 any other failure.
 With `solve --json` the plan alone goes to stdout and the readable summary to stderr, so a
 scheduler can pipe it.
 """
@@ -24,6 +24,7 @@ from qsync_opt.console import make_console, styled
 from rich.table import Table
 
 from qsync_opt.errors import InfeasibleError, ModelError, QSyncError, RuntimeSetupError, SpecError
+from qsync_opt.runtime.process_exit import Stopped, stop_on_signals
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_STOPPED, EXIT_MISSES_BOUNDS = 0, 1, 2, 3, 4, 5
 
@@ -75,6 +76,9 @@ def _dispatch(args) -> int:
     except QSyncError as e:
         err.print(styled("error:", "bold red", str(e)))
         return EXIT_FAIL
+    except Stopped as e:  # train and run turn SIGTERM/SIGINT into this (runtime/process_exit.py)
+        err.print(styled("stopped", "bold yellow", str(e).removeprefix("stopped ")))  # "stopped by SIGINT ..."
+        return EXIT_STOPPED
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `qsync-opt ... | head`
@@ -351,15 +355,21 @@ def _cmd_train(args) -> int:
         from qsync_opt.training.runtime.torchrun import train_rank
 
         return train_rank(args)
-    from qsync_opt.training.runtime.launch import launch
+    with stop_on_signals():  # a stop at any point is exit 4 (launch says what was kept)
+        from qsync_opt.training.runtime.launch import launch
 
-    return launch(args.spec, args.plan, steps=args.steps, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
-                  checkpoint_every=args.checkpoint_every, metrics_dir=args.metrics_dir,
-                  start_timeout_s=args.start_timeout, force=args.force, as_json=args.json, threads=args.threads,
-                  emulate=args.emulate)
+        return launch(args.spec, args.plan, steps=args.steps, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
+                      checkpoint_every=args.checkpoint_every, metrics_dir=args.metrics_dir,
+                      start_timeout_s=args.start_timeout, force=args.force, as_json=args.json, threads=args.threads,
+                      emulate=args.emulate)
 
 
 def _cmd_run(args) -> int:
+    with stop_on_signals():  # SIGTERM/SIGINT at any stage: `Stopped`, exit 4 (_dispatch)
+        return _cmd_run_stoppable(args)
+
+
+def _cmd_run_stoppable(args) -> int:
     from qsync_opt.spec.load import read_document
 
     if read_document(args.spec)[0].get("kind") == "rollout":

@@ -32,6 +32,8 @@ class Spawned:
     wall_s: float = 0.0
     signalled: bool = False
     """The launcher was asked to stop (SIGTERM/SIGINT) and passed it on to the ranks."""
+    stop_signal: str | None = None
+    """The name of the first signal that asked for that stop (SIGTERM, SIGINT)."""
     killed_after_grace: bool = False
     """After a stop, some rank had not ended within grace_s and was killed (its step not saved)."""
 
@@ -55,10 +57,11 @@ def spawn_ranks(argv: list[str], envs: list[dict[str, str]], *, timeout_s: float
     pumps = [threading.Thread(target=_pump, args=(p.stderr, t), daemon=True) for p, t in zip(procs, tails)]
     for t in pumps:
         t.start()
-    forwarded, killed = [], []
+    forwarded, killed, names = [], [], []
 
     def forward(signum, frame):
         forwarded.append(time.monotonic())
+        names.append(signal.Signals(signum).name)
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -109,7 +112,7 @@ def spawn_ranks(argv: list[str], envs: list[dict[str, str]], *, timeout_s: float
     elif failure is not None:
         failure += "; stopped every rank"
     return Spawned(codes, failure, failed_code, time.monotonic() - t0, signalled=bool(forwarded),
-                   killed_after_grace=bool(killed))
+                   stop_signal=names[0] if names else None, killed_after_grace=bool(killed))
 
 
 STDERR_TAIL = 15

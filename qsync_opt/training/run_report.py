@@ -222,3 +222,16 @@ def _prediction_lines(out: Path, metrics: Path) -> list[str]:
     lines += ["", "![predicted timeline](timeline.png)", "",
               f"Chrome trace of the prediction: [{pred['trace']}]({pred['trace']}) (opens in https://ui.perfetto.dev).", ""]
     return lines
+
+
+def write_stopped_report(spec: JobSpec, out: Path, *, stage: str, signal: str, detail: str | None,
+                         command: str) -> Path:
+    """report.md of a run that a signal stopped in `stage`: it says so, what was kept and the
+    command that continues; it reports no figures (an earlier complete report would be stale)."""
+    lines = [f"# {spec.name}: stopped", "",
+             f"Status: **stopped** by {signal} during stage `{stage}`; this run is not complete and this report "
+             "holds no figures." + (f" {detail[0].upper()}{detail[1:]}." if detail else ""), "",
+             f"Continue with `{command}`: the stages before `{stage}` are reused"
+             + (" and training resumes from its newest checkpoint, training only the remaining steps."
+                if stage == "train" and detail and "checkpoint" in detail else "."), ""]
+    return atomic_write_text(out / "report.md", "\n".join(lines))

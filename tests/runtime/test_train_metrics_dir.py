@@ -18,8 +18,9 @@ def captured(monkeypatch, tmp_path):
     class Done(Exception):
         pass
 
-    def run_job(spec, plan, **kw):
+    def run_job(spec, plan, **kw):  # the real one calls on_metrics_dir once the checks passed and the folder is made
         seen.update(kw)
+        kw["on_metrics_dir"](Path(kw["metrics_dir"]))
         raise Done
 
     monkeypatch.setattr(launch, "run_job", run_job)

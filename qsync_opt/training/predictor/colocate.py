@@ -100,7 +100,20 @@ def merge_parts(path: Path, parts: list[tuple[Path, str]]) -> None:
 
 def wait_all(procs: list[tuple[str, subprocess.Popen]], poll_s: float = 0.2) -> list[tuple[str, int]]:
     """Wait for every process; once one fails, stop the others (they would keep busy waiting
-    for its 'done' mark) and return [(name, exit code)] of the failed ones."""
+    for its 'done' mark) and return [(name, exit code)] of the failed ones. When this process is
+    stopped while it waits (a `Stopped` or KeyboardInterrupt), the processes are ended first."""
+    try:
+        return _wait_all(procs, poll_s)
+    except BaseException:
+        for _, p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for _, p in procs:
+            p.wait()
+        raise
+
+
+def _wait_all(procs: list[tuple[str, subprocess.Popen]], poll_s: float) -> list[tuple[str, int]]:
     while True:
         codes = [(n, p.poll()) for n, p in procs]
         bad = [(n, rc) for n, rc in codes if rc not in (None, 0)]

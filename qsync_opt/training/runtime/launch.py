@@ -24,7 +24,7 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from qsync_opt.training.spec import JobSpec, load_spec
 from qsync_opt.runtime import checkpoint as ckpt
 from qsync_opt.runtime.apply import apply_plan
 from qsync_opt.runtime.data import build_model
+from qsync_opt.runtime.process_exit import Stopped, stop_on_signals
 from qsync_opt.runtime.spawn import Spawned, spawn_ranks
 from qsync_opt.runtime.support import precision_refusal
 from qsync_opt.training.runtime.trainer import EXIT_STOPPED, rank_batches
@@ -67,6 +68,8 @@ class JobResult:
     wall_s: float = 0.0
     killed_after_grace: bool = False
     """Stopped, but a rank still in its step at the end of the grace period was killed (the step is lost)."""
+    stop_signal: str | None = None
+    """The signal that asked the launcher to stop (None: none did, or it went to the ranks alone)."""
 
     @property
     def ok(self) -> bool:
@@ -98,8 +101,11 @@ class JobResult:
                 "checkpoint_dir": self.checkpoint_dir}
 
 
-def validate(spec: JobSpec, plan: Plan | None, nproc: int | None = None, *, force: bool = False) -> list[int]:
-    """Check spec, plan and world size agree; return each rank's local batch."""
+def check_job(spec: JobSpec, plan: Plan | None, nproc: int | None = None, *, plan_name: str = "the plan") -> list[int]:
+    """The checks that need no work (no model, no data): kind, world size, and that the plan was
+    solved for this spec's groups, counts, model and global batch. Returns each rank's local batch.
+
+    `plan_name` names the plan in messages (`--plan p.json` for `train`)."""
     if spec.kind != "training" or spec.training is None:
         raise RuntimeSetupError(f"spec kind={spec.kind!r}: only training jobs can be launched; use kind: training")
     world = spec.cluster.world_size
@@ -107,22 +113,36 @@ def validate(spec: JobSpec, plan: Plan | None, nproc: int | None = None, *, forc
         raise RuntimeSetupError(
             f"nproc={nproc} but the spec's cluster has {world} device(s) "
             f"({', '.join(f'{g.name}x{g.count}' for g in spec.cluster.groups)}); pass nproc={world} or change group counts")
+    fix = "solve this spec (`qsync-opt solve SPEC -o PLAN`) and pass that plan"
     if plan is not None:
         want, have = [g.name for g in spec.cluster.groups], list(plan.groups)
         if sorted(want) != sorted(have):
             raise RuntimeSetupError(
-                f"plan groups {have} do not match spec cluster.groups {want}; solve the plan from this spec")
+                f"{plan_name}: solved for groups {have} (job {plan.job!r}) but this spec's cluster.groups are {want}; "
+                f"it was solved from another spec: {fix}")
         for g in spec.cluster.groups:
             if plan.groups[g.name].count != g.count:
                 raise RuntimeSetupError(
-                    f"plan group {g.name!r} has count={plan.groups[g.name].count} but the spec says {g.count}; re-solve")
+                    f"{plan_name}: group {g.name!r} has count {plan.groups[g.name].count} but this spec says "
+                    f"{g.count}; {fix}")
         if spec.model.name is not None and plan.model != spec.model.name:
-            raise RuntimeSetupError(f"plan.model={plan.model!r} but spec model.name={spec.model.name!r}; re-solve")
+            raise RuntimeSetupError(f"{plan_name}: solved for model {plan.model!r} but this spec's model.name is "
+                                    f"{spec.model.name!r}; {fix}")
     batches = rank_batches(spec, plan)
     if sum(batches) != spec.training.global_batch:
+        whose = f"{plan_name}'s" if plan is not None else "the groups'"
         raise RuntimeSetupError(
-            f"local batches {batches} sum to {sum(batches)} but training.global_batch={spec.training.global_batch}; "
-            "make the groups' local_batch agree with the global batch")
+            f"{whose} local batches {batches} sum to {sum(batches)} but training.global_batch={spec.training.global_batch}; "
+            + (fix if plan is not None else "make the groups' local_batch agree with the global batch"))
+    return batches
+
+
+def validate(spec: JobSpec, plan: Plan | None, nproc: int | None = None, *, force: bool = False,
+             plan_name: str = "the plan") -> list[int]:
+    """`check_job`, then the checks that build things: every group's plan applied (dry run) to the
+    model on the meta device, and the data loaded and run through the model. Returns each rank's
+    local batch."""
+    batches = check_job(spec, plan, nproc, plan_name=plan_name)
     if plan is not None:
         with torch.device("meta"):
             model = build_model(spec)
@@ -166,64 +186,81 @@ def run_job(spec, plan=None, *, nproc: int | None = None, steps: int | None = No
             checkpoint_dir: str | None = None, checkpoint_every: int = 10, resume: bool = False,
             threads: int | None = None, metrics_dir: str | None = None, timeout_s: float | None = None,
             start_timeout_s: float | None = None, force: bool = False, logs_to_stderr: bool = False,
-            emulate: bool = False) -> JobResult:
+            emulate: bool = False, on_metrics_dir: Callable[[Path], None] | None = None) -> JobResult:
     """Validate, spawn one process per rank, watch them, and read back the metrics.
 
     `spec` is a path or a JobSpec; `plan` a path, a Plan, or None (every group in fp32).
     `threads` per rank defaults to the CPU count divided by the world size. `start_timeout_s`
     (default START_TIMEOUT_S) bounds process start-up and the rendezvous; `force` applies a
     plan whose graph fingerprint differs from the model's; `logs_to_stderr` sends the ranks'
-    log lines to stderr (for `train --json`, whose stdout carries the result alone). Groups whose
-    device is not here are announced on stderr and, where emulation would be more than 10x
-    slower, refused unless `emulate` (runtime/emulation.py).
+    log lines to stderr (for `train --json`, whose stdout carries the result alone).
+
+    Refusals that need no work come first (`check_job`: the plan against the spec; then the
+    emulation check: groups whose device is not here are announced on stderr and, where
+    emulation would be more than 10x slower, refused unless `emulate`, runtime/emulation.py),
+    then the model dry run and the data check (`validate`). Only then is the metrics folder
+    made, and `on_metrics_dir` called with it. A `Stopped` (the caller's `stop_on_signals`)
+    raised after that leaves result.json saying "stopped" there, and propagates.
     """
     paths = import_paths(None if isinstance(spec, JobSpec) else spec)  # user code beside the spec, or in the cwd
     add_to_sys_path(paths)
+    plan_name = "the plan" if plan is None or isinstance(plan, Plan) else f"--plan {plan}"
     spec = spec if isinstance(spec, JobSpec) else load_spec(spec)
     plan = plan if (plan is None or isinstance(plan, Plan)) else Plan.load(plan)
-    validate(spec, plan, nproc, force=force)
+    check_job(spec, plan, nproc, plan_name=plan_name)
     from qsync_opt.runtime.emulation import check_emulation
 
     emulated = check_emulation(spec, plan, emulate=emulate, log=lambda s: print(s, file=sys.stderr, flush=True))
-    world = spec.cluster.world_size
-    steps = steps if steps is not None else spec.training.steps
-    threads = threads or max(1, (os.cpu_count() or 1) // world)
     if resume and not checkpoint_dir:
         raise RuntimeSetupError("resume=True needs checkpoint_dir (where the run saved its checkpoints)")
     choice = ckpt.require(checkpoint_dir) if resume else None
+    validate(spec, plan, nproc, force=force, plan_name=plan_name)
+    world = spec.cluster.world_size
+    steps = steps if steps is not None else spec.training.steps
+    threads = threads or max(1, (os.cpu_count() or 1) // world)
     if choice is not None and choice.skipped:
         print(choice.describe(), file=sys.stderr)
     run_dir = Path(metrics_dir or (Path(checkpoint_dir) / "metrics" if checkpoint_dir else tempfile.mkdtemp(prefix="qsync-run-")))
     run_dir.mkdir(parents=True, exist_ok=True)
-    if emulated:  # reports read this: measured times here are the CPU's, not the devices'
-        atomic_write_text(run_dir / "emulation.json", json.dumps([e.to_json() for e in emulated], indent=1) + "\n")
-    else:
-        (run_dir / "emulation.json").unlink(missing_ok=True)
-    spec_file = atomic_write_text(run_dir / "spec.json", json.dumps(spec.model_dump(mode="json", by_alias=True)))
-    argv = [sys.executable, "-m", "qsync_opt.training.runtime.worker", str(spec_file), "--steps", str(steps),
-            "--metrics-dir", str(run_dir), "--threads", str(threads)]
-    if plan is not None:
-        argv += ["--plan", str(plan.save(run_dir / "plan.json"))]
-    if checkpoint_dir:
-        argv += ["--checkpoint-dir", str(checkpoint_dir), "--checkpoint-every", str(checkpoint_every)]
-    if choice is not None:
-        argv += ["--resume", "--resume-from", str(choice.path)]
-    if force:
-        argv.append("--force")
-    envs = [with_pythonpath(env, paths) for env in rank_envs(spec, threads, _free_port())]
-    ready_dir = Path(tempfile.mkdtemp(prefix="qsync-ready-"))
-    for r, env in enumerate(envs):
-        env["QSYNC_READY_FILE"] = str(ready_dir / f"rank{r}")
-    offsets = {r: _size(run_dir / f"rank{r}.jsonl") if resume else 0 for r in range(world)}
     try:
-        spawned = spawn_ranks(argv, envs, timeout_s=timeout_s,
-                              start_timeout_s=START_TIMEOUT_S if start_timeout_s is None else start_timeout_s,
-                              stdout=2 if logs_to_stderr else None)
-    finally:
-        shutil.rmtree(ready_dir, ignore_errors=True)
-    result = _collect(spawned, run_dir, spec.training.global_batch, checkpoint_dir, offsets)
-    atomic_write_text(run_dir / "result.json", json.dumps(result.summary(), indent=1) + "\n")
-    return result
+        if on_metrics_dir is not None:
+            on_metrics_dir(run_dir)
+        if emulated:  # reports read this: measured times here are the CPU's, not the devices'
+            atomic_write_text(run_dir / "emulation.json", json.dumps([e.to_json() for e in emulated], indent=1) + "\n")
+        else:
+            (run_dir / "emulation.json").unlink(missing_ok=True)
+        spec_file = atomic_write_text(run_dir / "spec.json", json.dumps(spec.model_dump(mode="json", by_alias=True)))
+        argv = [sys.executable, "-m", "qsync_opt.training.runtime.worker", str(spec_file), "--steps", str(steps),
+                "--metrics-dir", str(run_dir), "--threads", str(threads)]
+        if plan is not None:
+            argv += ["--plan", str(plan.save(run_dir / "plan.json"))]
+        if checkpoint_dir:
+            argv += ["--checkpoint-dir", str(checkpoint_dir), "--checkpoint-every", str(checkpoint_every)]
+        if choice is not None:
+            argv += ["--resume", "--resume-from", str(choice.path)]
+        if force:
+            argv.append("--force")
+        envs = [with_pythonpath(env, paths) for env in rank_envs(spec, threads, _free_port())]
+        ready_dir = Path(tempfile.mkdtemp(prefix="qsync-ready-"))
+        for r, env in enumerate(envs):
+            env["QSYNC_READY_FILE"] = str(ready_dir / f"rank{r}")
+        offsets = {r: _size(run_dir / f"rank{r}.jsonl") if resume else 0 for r in range(world)}
+        try:
+            spawned = spawn_ranks(argv, envs, timeout_s=timeout_s,
+                                  start_timeout_s=START_TIMEOUT_S if start_timeout_s is None else start_timeout_s,
+                                  stdout=2 if logs_to_stderr else None)
+        finally:
+            shutil.rmtree(ready_dir, ignore_errors=True)
+        result = _collect(spawned, run_dir, spec.training.global_batch, checkpoint_dir, offsets)
+        atomic_write_text(run_dir / "result.json", json.dumps(result.summary(), indent=1) + "\n")
+        return result
+    except Stopped:
+        stopped = {"status": "stopped", "exit_code": EXIT_STOPPED, "steps_done": 0, "failure": None,
+                   "note": "stopped while the launcher prepared the run or read it back", "metrics_dir": str(run_dir),
+                   "checkpoint_dir": checkpoint_dir}
+        with contextlib.suppress(OSError, Stopped):  # a second stop while writing: the first one stands
+            atomic_write_text(run_dir / "result.json", json.dumps(stopped, indent=1) + "\n")
+        raise
 
 
 START_TIMEOUT_S = float(os.environ.get("QSYNC_START_TIMEOUT_S", 120))
@@ -251,27 +288,6 @@ def default_metrics_dir(spec, metrics_dir: str | None, checkpoint_dir: str | Non
         k += 1
         run = Path(RUNS_DIR) / f"{name}-{stamp}-{k}"
     return str(run)
-
-
-class _Stopped(Exception):
-    """SIGTERM/SIGINT to `train` before its ranks were started (spawn_ranks then forwards them)."""
-
-
-@contextlib.contextmanager
-def _stop_before_spawn():
-    """Until spawn_ranks installs its forwarding handlers, a stop ends `train` cleanly (exit 4)."""
-    def stop(signum, frame):
-        raise _Stopped(signal.Signals(signum).name)
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def _size(path: Path) -> int:
@@ -305,6 +321,7 @@ def _collect(spawned: Spawned, run_dir: Path, global_batch: int, checkpoint_dir,
         failed_code=spawned.failed_code,
         wall_s=spawned.wall_s,
         killed_after_grace=spawned.killed_after_grace,
+        stop_signal=spawned.stop_signal,
     )
 
 
@@ -328,15 +345,20 @@ def launch(spec_path, plan_path=None, *, nproc: int | None = None, steps: int | 
     its input, 1 any other failure. With `as_json` the result alone goes to stdout.
     """
     out = sys.stderr if as_json else sys.stdout
-    metrics_dir = default_metrics_dir(spec_path, metrics_dir, checkpoint_dir)
-    print(f"metrics: {metrics_dir} (rank<r>.jsonl, result.json)", file=out, flush=True)
+
+    def announce(d: Path) -> None:  # only once the folder exists: a refused run names no folder
+        print(f"metrics: {d} (rank<r>.jsonl, result.json)", file=out, flush=True)
+
     try:
-        with _stop_before_spawn():
+        with stop_on_signals():
+            metrics_dir = default_metrics_dir(spec_path, metrics_dir, checkpoint_dir)
             result = run_job(spec_path, plan_path, nproc=nproc, steps=steps, checkpoint_dir=checkpoint_dir,
                              checkpoint_every=checkpoint_every, resume=resume, threads=threads, metrics_dir=metrics_dir,
-                             start_timeout_s=start_timeout_s, force=force, logs_to_stderr=as_json, emulate=emulate)
-    except _Stopped as e:
-        print(f"stopped by {e} before any rank started (exit code {EXIT_STOPPED})", file=out)
+                             start_timeout_s=start_timeout_s, force=force, logs_to_stderr=as_json, emulate=emulate,
+                             on_metrics_dir=announce)
+    except Stopped as e:
+        print(f"stopped by {e.signal} before any rank started (exit code {EXIT_STOPPED}); nothing was trained"
+              + (f"; continue with --resume --checkpoint-dir {checkpoint_dir}" if resume else ""), file=out)
         if as_json:
             sys.stdout.write(json.dumps({"status": "stopped", "exit_code": EXIT_STOPPED, "steps_done": 0,
                                          "failure": None}, indent=1) + "\n")
