@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from qsync_opt.errors import SpecError
+from qsync_opt.hardware.calibration import calibrated_precisions, op_kind, sources_of
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.training.program.instance import Assignment, GroupInstance, TrainingInstance, row_ms
 from qsync_opt.training.predictor.lockstep import lockstep_rows
@@ -96,9 +97,24 @@ def _group_context(spec: JobSpec, g, graph: OpGraph, local_batch: int, boundary:
     )
     # --- cost source: a measured profile replaces the roofline figures (profile_costs.py)
     if measured is None:
-        return replace(gc, cost_source=why)
+        return replace(gc, cost_source=roofline_source(dev, gg, offer, why))
     return replace(gc, costs=measured.costs, other_costs=measured.other_costs,
                    optimizer_ms=measured.optimizer_ms, cost_source=measured.source)
+
+
+def roofline_source(dev, graph: OpGraph, offer: tuple[str, ...], why: str) -> str:
+    """`why` ('roofline (<reason>)') saying whether the roofline is calibrated, for which op kinds and
+    precisions of this graph and from which results files, or datasheet only."""
+    kinds = {op_kind(n.kind) for n in graph.selectable} - {None}
+    cal = {k: [p for p in ps if p in offer] for k, ps in calibrated_precisions(dev).items() if k in kinds}
+    cal = {k: ps for k, ps in cal.items() if ps}
+    if not cal:
+        head = "roofline, datasheet only"
+    else:
+        ops = "; ".join(f"{k} ops at {', '.join(ps)}" for k, ps in sorted(cal.items()))
+        head = (f"roofline, calibrated: {ops} priced by sm_{dev.sm} factors fitted on {', '.join(sources_of(dev))}, "
+                "every other op by the datasheet")
+    return head + why[len("roofline"):] if why.startswith("roofline") else f"{head} ({why})"
 
 
 def _op_time(gc: GroupContext, followers: dict[str, list[str]], op: str, p: str) -> float:
