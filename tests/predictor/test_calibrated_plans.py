@@ -102,3 +102,28 @@ def test_dropped_formats_are_kept_when_the_group_would_not_fit_without_them():
     tight = instance_builder.replace(gc, mem_capacity_bytes=(least(gc.allowed) + least(pruned.allowed)) / 2)
     same, note = instance_builder.drop_dominated(tight, flat_omega(GRAPH))
     assert same is tight and note.startswith("gpu: kept") and "does not fit in memory" in note
+
+
+def test_the_plan_says_per_group_calibrated_or_datasheet(tmp_path):
+    from qsync_opt.training.pipeline import solve
+    from qsync_opt.training.plan import Plan
+
+    spec = load_spec("""
+cluster:
+  groups:
+    - {name: h200, device: H200, count: 1}
+    - {name: a100, device: A100-80GB, count: 1}
+model: {name: tiny-cnn}
+training: {global_batch: 64, optimizer: adamw}
+indicator: {method: weight}
+costs: roofline
+objective: {minimize: iteration_time, max_accuracy_degradation: 5%}
+""")
+    plan = solve(spec)
+    assert plan.groups["h200"].cost_source == "calibrated" and plan.groups["a100"].cost_source == "datasheet"
+    notes = plan.solver.notes
+    assert any(n.startswith("costs of h200: roofline, calibrated: conv ops at") and "h200-gpu-check-results.json" in n
+               for n in notes), notes
+    assert any(n.startswith("costs of a100: roofline, datasheet only (costs: roofline)") for n in notes), notes
+    path = plan.save(tmp_path / "plan.json")
+    assert Plan.load(path).groups["h200"].cost_source == "calibrated"
