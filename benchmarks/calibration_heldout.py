@@ -68,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
            "datasheet_costs": {g.name: g.cost_source for g in ctx_d.groups},
            "calibrated_costs": {g.name: g.cost_source for g in ctx_c.groups},
            "groups": {g: {"datasheet": _parts(tl_d.groups[g]), "calibrated": _parts(tl_c.groups[g])}
-                      for g in tl_c.groups}}
+                      for g in tl_c.groups},
+           "ms_by_op_kind": {g.name: {"datasheet": _by_kind(ctx_d.group(g.name), plan.groups[g.name].precisions),
+                                      "calibrated": _by_kind(g, plan.groups[g.name].precisions)}
+                             for g in ctx_c.groups}}
     if args.plan_counts:
         want = args.plan_counts.replace(",", " ")
         row["same_plan_as_device_run"] = all(c == want for c in row["plan"].values())
@@ -79,6 +82,18 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(args.out / "heldout.json", json.dumps(row, indent=1) + "\n")
     print(json.dumps(row, indent=1))
     return 0
+
+
+def _by_kind(gc, precisions: dict[str, str]) -> dict[str, float]:
+    """Forward+backward ms per (graph op kind, precision) of the plan: where the prediction's time goes."""
+    out: dict[str, float] = {}
+    for op, p in precisions.items():
+        key = f"{gc.graph.node(op).kind} {p}"
+        out[key] = out.get(key, 0.0) + gc.costs[op][p].total_ms
+    for op, per in gc.other_costs.items():
+        key = f"{gc.graph.node(op).kind} (not selectable)"
+        out[key] = out.get(key, 0.0) + per["fp32"].total_ms
+    return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
 
 def _parts(t) -> dict:
