@@ -33,7 +33,8 @@ class DeviceSpec(BaseModel):
     peak_tflops: dict[PeakKey, float]
     """Dense peak throughput in TFLOP/s (TOP/s for int). A missing key means the format has no fast path."""
     efficiency: dict[PeakKey, float] = Field(default_factory=dict)
-    """Achieved fraction of peak for large GEMMs per precision (default 0.6)."""
+    """Achieved fraction of peak for large GEMMs per precision (default 0.6). For linear and conv ops
+    a factor measured on this architecture (hardware/calibration.py) takes its place."""
     bandwidth_efficiency: float = Field(default=0.8, gt=0, le=1)
     """Achieved fraction of peak memory bandwidth for streaming kernels."""
     launch_overhead_us: float = Field(default=5.0, ge=0)
@@ -111,9 +112,21 @@ class DeviceSpec(BaseModel):
     def peak_flops(self, precision: str) -> float:
         return self.peak_tflops[self.rate_key(precision)] * 1e12
 
-    def achieved_flops(self, precision: str) -> float:
+    def calibration(self, precision: str, op_kind: str | None):
+        """The measured factor (hardware/calibration.py) that prices `precision` ops of `op_kind`
+        ('linear' or 'conv') here, or None: the catalog efficiency then applies."""
+        from qsync_opt.hardware.calibration import lookup
+
+        return lookup(self, precision, op_kind)
+
+    def achieved_flops(self, precision: str, op_kind: str | None = None) -> float:
+        """Peak of the rate that runs `precision` times the achieved fraction: the calibrated factor
+        for `op_kind` where this architecture was measured (`calibration`), else the catalog's
+        `efficiency` (0.6 when absent)."""
         key = self.rate_key(precision)
-        return self.peak_tflops[key] * 1e12 * self.efficiency.get(key, 0.6)
+        cal = self.calibration(precision, op_kind) if op_kind else None
+        eff = cal.factor if cal is not None else self.efficiency.get(key, 0.6)
+        return self.peak_tflops[key] * 1e12 * eff
 
 
 @lru_cache(maxsize=1)
@@ -146,4 +159,9 @@ if __name__ == "__main__":  # python -m qsync_opt.hardware.device [auto|template
 
     from qsync_opt.kernels.dispatch import format_table
 
+    from qsync_opt.hardware.calibration import factors
+
     print(format_table(catalog_table(kernels=sys.argv[1] if len(sys.argv) > 1 else "auto")))
+    print("\ncalibrated factors (hardware/calibration.yaml; devices of that sm whose dispatch runs that implementation):")
+    for f in factors():
+        print(f"  {f.describe()}")

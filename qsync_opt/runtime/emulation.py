@@ -57,10 +57,9 @@ def cuda_here() -> bool:
 
 def _achieved(device: DeviceSpec, precision: str) -> tuple[float, str]:
     impl = implementation(device, precision, device.kernels)
-    rate = device.peak_tflops.get(impl.rate)
-    if rate is None:
+    if impl.rate not in device.peak_tflops:
         return 0.0, impl.label
-    return rate * device.efficiency.get(impl.rate, 0.6), impl.label
+    return device.achieved_flops(precision, "linear") / 1e12, impl.label  # calibrated where measured
 
 
 def emulated_groups(spec, plan=None, *, cuda: bool | None = None) -> list[Emulation]:

@@ -193,7 +193,7 @@ def _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, 
             peak_memory_bytes=t.peak_memory_bytes,
             memory_capacity_bytes=gc.mem_capacity_bytes,
             indicator=sum(instance.omega[op][p] for op, p in a[gc.name].items()),
-            cost_source="measured" if gc.cost_source.startswith("measured") else "roofline",
+            cost_source=gc.cost_kind,
         )
     timings = ", ".join(f"{k} {v:.2f}s" for k, v in prepared.timings_s.items())
     bounds = [ig.time_bound_ms for ig in instance.groups if ig.time_bound_ms is not None]

@@ -45,7 +45,11 @@ class GroupPlan(BaseModel):
     memory_capacity_bytes: float
     indicator: float
     """Σ ω over this group's operators at their precisions (unweighted)."""
-    cost_source: Literal["roofline", "measured"] = "roofline"
+    cost_source: Literal["measured", "calibrated", "datasheet", "roofline"] = "datasheet"
+    """Where the op times come from: 'measured' (a profile of the device), 'calibrated' (datasheet
+    roofline with efficiency factors measured on this architecture) or 'datasheet' (roofline from the
+    catalog alone); the plan's notes name the files. 'roofline': plans written before calibration,
+    datasheet only."""
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -17,6 +17,14 @@ from qsync_opt.training.predictor.costs import OpCost
 from qsync_opt.training.predictor.memory import MemoryModel
 
 
+def cost_kind(source: str) -> Literal["measured", "calibrated", "datasheet"]:
+    """'measured', 'calibrated' (roofline with factors measured on this architecture) or
+    'datasheet' (roofline from the catalog alone) for a GroupContext.cost_source."""
+    if source.startswith("measured"):
+        return "measured"
+    return "calibrated" if source.startswith("roofline, calibrated") else "datasheet"
+
+
 @dataclass(frozen=True)
 class GroupContext:
     """One device group's derived costs, at its local batch."""
@@ -46,7 +54,13 @@ class GroupContext:
     boundary: Literal["edge", "fp32"] = "edge"
     """Where casts happen: on edges (QSync) or around every op (this runtime); followers.py."""
     cost_source: str = "roofline"
-    """'roofline', or 'measured (<profile file>)' when the costs come from a profile."""
+    """'measured (<profile file>)' when the costs come from a profile; else 'roofline, calibrated: ...'
+    (naming the calibration's ops, precisions and results files) or 'roofline, datasheet only',
+    each with why it is not measured in parentheses. `cost_kind` reads it."""
+
+    @property
+    def cost_kind(self) -> Literal["measured", "calibrated", "datasheet"]:
+        return cost_kind(self.cost_source)
 
     @property
     def highest(self) -> dict[str, str]:

@@ -28,6 +28,14 @@ Bytes of a selectable op at precision p (see casts.py for activation formats):
             `weight_cast_ms`, part of the op's total.
 Embedding reads int64 indices and gathers only the rows it outputs.
 
+Calibrated ops: where the device's architecture was measured at p for the op's kind (linear,
+matmul and bmm as 'linear'; conv1d/conv2d as 'conv'; hardware/calibration.py), the factor is
+the achieved fraction of peak of the runtime's whole module, forward and backward, with its
+casts, quantisation, epilogue and backward precision inside. Such an op costs its FLOPs at
+that rate (forward and backward in proportion to their FLOPs), the byte model above as the
+floor of each kernel, and no separate cast, epilogue or weight-cast term. Embeddings and
+every other op keep the datasheet model.
+
 Non-selectable ops (norms, activations, adds, pools) are memory-bound kernels (their FLOPs a
 roofline floor) whose element size is that of the format they run in; which format that is,
 is decided in followers.py (the format of the selectable op they follow, or fp32).
@@ -43,6 +51,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from qsync_opt.errors import SpecError
+from qsync_opt.hardware.calibration import op_kind
 from qsync_opt.hardware.device import DeviceSpec
 from qsync_opt.kernels.dispatch import implementation, storage_bits
 from qsync_opt.models.graph import OpGraph, OpNode
@@ -73,9 +82,11 @@ def _bytes_per_ms(device: DeviceSpec) -> float:
     return device.bandwidth_gbs * 1e9 * device.bandwidth_efficiency / 1e3
 
 
-def kernel_ms(flops: float, nbytes: float, precision: str, device: DeviceSpec, launches: int = 1) -> float:
-    """Roofline time of `launches` kernels doing `flops` at `precision` and moving `nbytes`."""
-    compute = flops / device.achieved_flops(precision) * 1e3 if flops > 0 else 0.0
+def kernel_ms(flops: float, nbytes: float, precision: str, device: DeviceSpec, launches: int = 1,
+              op_kind: str | None = None) -> float:
+    """Roofline time of `launches` kernels doing `flops` at `precision` and moving `nbytes`
+    (at the calibrated rate of `op_kind` where the device has one: DeviceSpec.achieved_flops)."""
+    compute = flops / device.achieved_flops(precision, op_kind) * 1e3 if flops > 0 else 0.0
     memory = nbytes / _bytes_per_ms(device) if nbytes > 0 else 0.0
     return max(compute, memory) + launches * device.launch_overhead_us / 1e3
 
@@ -135,6 +146,11 @@ def selectable_cost(
         fwd_bytes = n_in * store + n_w * store + n_out * out_b
         bwd_bytes = 2 * n_out * grad_b + n_w * store + n_in * grad_b + n_in * store + n_w * 4
         cast_in = cast_ms(n_in, in_fmt, p, device)  # quantisation for int/fp8; the input cast in 'fp32' mode
+    kind = op_kind(node.kind)
+    if device.calibration(p, kind) is not None:  # the measured module: casts and its backward inside the factor
+        fwd = kernel_ms(node.fwd_flops, fwd_bytes, p, device, op_kind=kind)
+        bwd = kernel_ms(node.bwd_flops, bwd_bytes, p, device, launches=2, op_kind=kind) if backward else 0.0
+        return OpCost(fwd, bwd)
     cast_out = cast_ms(n_out, out_fmt, "fp32", device) if boundary == "fp32" else 0.0
     fwd = kernel_ms(node.fwd_flops, fwd_bytes, p, device) + cast_in + cast_out + gemm_extras_ms(node, p, device)
     bwd = 0.0

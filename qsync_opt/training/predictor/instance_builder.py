@@ -17,6 +17,12 @@ time_ms[op][p] is the op's own time plus that of the non-selectable ops that fol
 so the main row is the group's compute; sync_rows hold the bucket terms of the lockstep
 iteration (lockstep.py), the all-reduces included, exactly.
 
+A precision that is slower than a more accurate one at the same op is not offered
+(`drop_dominated`): it could only cost accuracy. This holds for groups whose costs are measured
+or calibrated (on an H100/H200 it removes the fp8/int8 linears, which measured slower than
+bf16 there). Datasheet-only groups keep every format: their efficiencies are judgements, and an
+optimal plan already prefers the faster, more accurate format wherever memory allows.
+
 Memory capacity = device memory × 0.95 − 0.5 GB runtime overhead (memory.py).
 """
 
@@ -26,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from qsync_opt.errors import SpecError
+from qsync_opt.hardware.calibration import calibrated_precisions, op_kind, sources_of
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.training.program.instance import Assignment, GroupInstance, TrainingInstance, row_ms
 from qsync_opt.training.predictor.lockstep import lockstep_rows
@@ -96,9 +103,73 @@ def _group_context(spec: JobSpec, g, graph: OpGraph, local_batch: int, boundary:
     )
     # --- cost source: a measured profile replaces the roofline figures (profile_costs.py)
     if measured is None:
-        return replace(gc, cost_source=why)
+        return replace(gc, cost_source=roofline_source(dev, gg, offer, why))
     return replace(gc, costs=measured.costs, other_costs=measured.other_costs,
                    optimizer_ms=measured.optimizer_ms, cost_source=measured.source)
+
+
+def roofline_source(dev, graph: OpGraph, offer: tuple[str, ...], why: str) -> str:
+    """`why` ('roofline (<reason>)') saying whether the roofline is calibrated, for which op kinds and
+    precisions of this graph and from which results files, or datasheet only."""
+    kinds = {op_kind(n.kind) for n in graph.selectable} - {None}
+    cal = {k: [p for p in ps if p in offer] for k, ps in calibrated_precisions(dev).items() if k in kinds}
+    cal = {k: ps for k, ps in cal.items() if ps}
+    if not cal:
+        head = "roofline, datasheet only"
+    else:
+        ops = "; ".join(f"{k} ops at {', '.join(ps)}" for k, ps in sorted(cal.items()))
+        head = (f"roofline, calibrated: {ops} priced by sm_{dev.sm} factors fitted on {', '.join(sources_of(dev))}, "
+                "every other op by the datasheet")
+    return head + why[len("roofline"):] if why.startswith("roofline") else f"{head} ({why})"
+
+
+def drop_dominated(gc: GroupContext, omega) -> tuple[GroupContext, str]:
+    """`gc` without the precisions that would only cost accuracy, and a note naming them ('' if none).
+
+    At one op, precision p is dropped when a precision q listed before it (higher) has ω_q ≤ ω_p,
+    is strictly faster in total (op plus the followers that take its format) and no slower in
+    the forward part (forward and weight cast), so that every lockstep row (lockstep.py) is no
+    longer at q: a plan using p is then matched by the plan using q, no slower and no less
+    accurate. The highest precision is never dropped. Edge casts ('edge' boundary) are not part of
+    the comparison. Memory is: when the group fits at each op's lowest-memory precision but would
+    not without the dropped ones, nothing is dropped (the note says so).
+    """
+    followers: dict[str, list[str]] = {}
+    for f, own in gc.owner.items():
+        if own is not None:
+            followers.setdefault(own, []).append(f)
+
+    def times(op: str, p: str) -> tuple[float, float]:
+        parts = [gc.costs[op][p], *(gc.other_costs[f][follow_format(p, gc.backward_precision)]
+                                    for f in followers.get(op, ()))]
+        return sum(c.fwd_ms + c.weight_cast_ms for c in parts), sum(c.total_ms for c in parts)
+
+    allowed, dropped = {}, {}
+    for op, ps in gc.allowed.items():
+        t = {p: times(op, p) for p in ps}
+        keep = []
+        for i, p in enumerate(ps):
+            by = next((q for q in ps[:i] if omega[op][q] <= omega[op][p] and t[q][0] <= t[p][0] and t[q][1] < t[p][1]),
+                      None)
+            if by is None:
+                keep.append(p)
+            else:
+                dropped.setdefault(p, {}).setdefault(by, 0)
+                dropped[p][by] += 1
+        allowed[op] = tuple(keep)
+    if not dropped:
+        return gc, ""
+
+    def least_mem(table) -> float:
+        return gc.memory.fixed_bytes + sum(min(gc.memory.op_bytes[op][p] for p in ps) for op, ps in table.items())
+
+    what = "; ".join(f"{p} at {sum(by.values())} op(s) (slower than {', '.join(sorted(by))})"
+                     for p, by in dropped.items())
+    if least_mem(allowed) > gc.mem_capacity_bytes >= least_mem(gc.allowed):
+        return gc, (f"{gc.name}: kept {what}, though slower and less accurate: without them the group "
+                    "does not fit in memory")
+    return (replace(gc, allowed=allowed),
+            f"{gc.name}: not offered, slower than a more accurate precision at the same op: {what}")
 
 
 def _op_time(gc: GroupContext, followers: dict[str, list[str]], op: str, p: str) -> float:
@@ -181,6 +252,13 @@ def build_instance(
     pinned = {gc.name: gc.name in training and (qsync_bound or roles[gc.name] == "training") for gc in gcs}
     gcs = [replace(gc, allowed={op: (ps[0],) for op, ps in gc.allowed.items()}) if pinned[gc.name] else gc
            for gc in gcs]
+    for i, gc in enumerate(gcs):  # a precision slower than a more accurate one at the same op is never offered
+        if gc.cost_kind == "datasheet":  # (only where the times are measured or calibrated: drop_dominated)
+            continue
+        _check_omega(omega, gc.name, gc.allowed)
+        gcs[i], note = drop_dominated(gc, omega)
+        if note:
+            notes.append(note)
     rows = lockstep_rows(proto, tuple(gcs))  # lockstep.py: the replayer's synchronised iteration as rows
     if qsync_bound:
         if not training:

@@ -1,0 +1,108 @@
+"""The calibration: fitted from the committed GPU runs, applied by architecture and implementation."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from qsync_opt.hardware import calibration
+from qsync_opt.hardware.calibration import CalibrationError, fit_files, record_device, render, shape_flops
+from qsync_opt.hardware.device import find_device
+from qsync_opt.models.graph import OpNode
+from qsync_opt.training.predictor.costs import selectable_cost
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results" / "gpu"
+H200_RUN = RESULTS / "h200-gpu-check-results.json"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import fit_calibration  # noqa: E402
+
+
+def test_the_package_file_is_the_fit_of_the_committed_results(tmp_path):
+    """calibration.yaml cannot drift from its source: refitting every committed run gives its exact bytes."""
+    package = (ROOT / "qsync_opt" / "hardware" / "calibration.yaml").read_text()
+    text, skipped, n = fit_calibration.fitted_text(RESULTS)
+    assert n >= 1 and text == package, "run `python benchmarks/fit_calibration.py` and commit calibration.yaml"
+    assert fit_calibration.main(["--smoke", "--out", str(tmp_path / "c.yaml")]) == 0
+    assert (tmp_path / "c.yaml").read_text() == package
+    assert fit_calibration.main(["--check"]) == 0
+
+
+def test_smoke_needs_an_out_file():
+    assert fit_calibration.main(["--smoke"]) == 2
+
+
+def test_a_factor_is_three_forward_gemms_over_the_measured_time_over_the_peak():
+    rows = {(r["shape"], r["precision"]): r["fwd_bwd_ms"] for r in json.loads(H200_RUN.read_text())["ratios"]}
+    h200 = find_device("H200")
+    bf16 = h200.calibration("bf16", "linear")
+    flops = 2 * 8192 * 4096 * 4096
+    expect = 3 * flops / (rows[("linear 8192x4096->4096", "bf16")] / 1e3) / (989e12)
+    assert bf16.factor == pytest.approx(expect, rel=1e-3) and bf16.rate == "bf16"
+    assert bf16.sources[0].file == "benchmarks/results/gpu/h200-gpu-check-results.json"
+    assert bf16.sources[0].device == "H200" and bf16.sources[0].shape == "linear 8192x4096->4096"
+    # int8 priced at the int8 peak: below bf16's achieved rate, as measured
+    assert h200.achieved_flops("int8", "linear") < h200.achieved_flops("bf16", "linear")
+    assert h200.achieved_flops("fp8_e4m3", "linear") < h200.achieved_flops("bf16", "linear")
+    # ops of no calibrated kind keep the catalog's judgement
+    assert h200.achieved_flops("bf16") == pytest.approx(989e12 * h200.efficiency["bf16"])
+
+
+@pytest.mark.parametrize("label,kind", [("linear 8192x4096->4096", "linear"), ("conv3x3 b64 256->256 28x28", "conv")])
+def test_the_calibrated_roofline_gives_back_the_measured_module_times(label, kind):
+    """On the shapes it was fitted on, an op costs what the runtime module measured (launches aside)."""
+    measured = {r["precision"]: r["fwd_bwd_ms"] for r in json.loads(H200_RUN.read_text())["ratios"] if r["shape"] == label}
+    h200 = find_device("H200")
+    if kind == "linear":
+        m, k, n = 8192, 4096, 4096
+        node = OpNode("l", "linear", True, ((m, k),), (m, n), 2 * m * k * n, 4 * m * k * n, k * n, 0, 0, (n, k))
+    else:
+        b, c, hw = 64, 256, 28
+        f = 2 * b * c * hw * hw * c * 9
+        node = OpNode("c", "conv2d", True, ((b, c, hw, hw),), (b, c, hw, hw), f, 2 * f, c * c * 9, 0, 0, (c, c, 3, 3))
+    assert shape_flops(label) == (kind, node.fwd_flops)
+    for p in h200.precisions:
+        cost = selectable_cost(node, p, h200, "bf16", boundary="fp32")
+        assert cost.total_ms == pytest.approx(measured[p], rel=0.02), p
+        assert cost.weight_cast_ms == 0  # inside the measured module
+
+
+def test_a_factor_applies_to_its_architecture_and_implementation_only():
+    h100, a100 = find_device("H100-SXM"), find_device("A100-80GB")
+    assert h100.calibration("bf16", "linear") is not None  # sm_90, as the H200 measured
+    assert h100.calibration("bf16", "conv") is not None
+    assert a100.calibration("bf16", "linear") is None  # sm_80: never measured
+    assert h100.calibration("bf16", None) is None  # embeddings, norms: no calibrated kind
+    templated = h100.with_kernels("templated")  # fp8_e4m3 then runs the templated kernel, not torch._scaled_mm
+    assert templated.calibration("fp8_e4m3", "linear") is None
+    assert templated.calibration("bf16", "linear") is not None
+    assert calibration.op_kind("bmm") == "linear" and calibration.op_kind("conv1d") == "conv"
+    assert calibration.op_kind("embedding") is None
+
+
+def test_a_results_file_names_its_device(tmp_path):
+    rec = json.loads(H200_RUN.read_text())
+    assert record_device(rec, H200_RUN).name == "H200"
+    named = tmp_path / "run1-gpu-check-results.json"
+    assert record_device({**rec, "device": "NVIDIA H100 80GB HBM3"}, named).name == "H100-SXM"
+    with pytest.raises(CalibrationError, match="cannot tell the device"):
+        record_device(rec, named)
+    with pytest.raises(CalibrationError, match="sm_80"):
+        record_device({**rec, "dispatch": {"target": "sm_90"}}, tmp_path / "a100-80gb-gpu-check-results.json")
+
+
+def test_unknown_shapes_and_failed_rows(tmp_path):
+    rec = json.loads(H200_RUN.read_text())
+    bad = tmp_path / "h200-gpu-check-results.json"
+    bad.write_text(json.dumps({**rec, "ratios": [{"shape": "attention 8x512", "precision": "bf16", "fwd_bwd_ms": 1.0,
+                                                    "implementation": "library: torch.matmul"}]}))
+    with pytest.raises(CalibrationError, match="attention 8x512"):
+        fit_files([bad], tmp_path)
+    bad.write_text(json.dumps({**rec, "ratios": [{"shape": "linear 64x64->64", "precision": "int8", "error": "boom"}]}))
+    factors, skipped = fit_files([bad], tmp_path)
+    assert factors == () and "boom" in skipped[0]
+    assert render(factors).endswith("factors: []\n")
