@@ -24,7 +24,8 @@ PACKAGE_FILE = ROOT / "qsync_opt" / "hardware" / "calibration.yaml"
 
 def fitted_text(results: Path = RESULTS) -> tuple[str, list[str], int]:
     """(calibration.yaml text, skipped rows, files read) from the results folder."""
-    from qsync_opt.hardware.calibration import RESULTS_GLOB, fit_files, render
+    from qsync_opt.hardware.calibration import RESULTS_GLOB
+    from qsync_opt.hardware.calibration_fit import fit_files, render
 
     files = sorted(results.glob(RESULTS_GLOB))
     factors, skipped = fit_files(files, ROOT)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from qsync_opt.hardware import calibration
-from qsync_opt.hardware.calibration import CalibrationError, fit_files, record_device, render, shape_flops
+from qsync_opt.hardware.calibration import CalibrationError
+from qsync_opt.hardware.calibration_fit import fit_files, record_device, render, shape_flops
 from qsync_opt.hardware.device import find_device
 from qsync_opt.models.graph import OpNode
 from qsync_opt.training.predictor.costs import selectable_cost
