@@ -27,7 +27,7 @@ from qsync_opt.errors import InfeasibleError  # noqa: E402
 from qsync_opt.io import atomic_write_text  # noqa: E402
 from qsync_opt.serving.planner import plan_serving  # noqa: E402
 from qsync_opt.solver.backends import EXACT, available  # noqa: E402
-from qsync_opt.training.spec import load_spec  # noqa: E402
+from qsync_opt.jobs import load_spec  # noqa: E402
 
 V100 = "V100-32GB"
 CASES = [  # (case, model, [(device, count)], objective); case 2 repeats case 1 as a latency run
