@@ -95,11 +95,11 @@ def main(argv=None) -> int:
     out = Path(a.out or Path(__file__).resolve().parent / "results" / "cpu_tiny_predict_vs_train.csv")
     if out.is_dir() or out.suffix != ".csv":  # a folder
         out = out / "cpu_tiny_predict_vs_train.csv"
-    if a.smoke:  # each run profiles into its own temporary cache (one)
+    if a.smoke:  # each run profiles into its own temporary cache (one); tiny_spec makes the folder
         from _smoke import PROFILE_ENV, tiny_spec
 
         a.steps = 6
-        a.spec = str(tiny_spec(Path(tempfile.mkdtemp(prefix="qsync-smoke-"))))
+        a.spec = str(tiny_spec(out.parent / "smoke"))
         os.environ.update(PROFILE_ENV)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
