@@ -71,7 +71,7 @@ def main(argv=None) -> int:
         from _smoke import rough_profiles, tiny_spec
 
         a.rounds, a.steps = 1, 3
-        a.spec = str(tiny_spec(Path(a.out) / "smoke", ("fp32",)))
+        a.spec = str(tiny_spec(Path(a.out) / "smoke"))
         rough_profiles(Path(a.out) / "smoke" / "profiles")
     from qsync_opt.training.spec import load_spec
 

@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--smoke", action="store_true",
-                    help="smallest end-to-end run (tests): examples/cpu_tiny.yaml in fp32 and int8 only, 6 steps per "
+                    help="smallest end-to-end run (tests): examples/cpu_tiny.yaml in fp32 only, 6 steps per "
                          "window (one 5-step block), the profiler at its fewest calls; needs --out")
     a = ap.parse_args(argv)
     if a.smoke and a.out is None:

@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="where the PNGs go (default docs/img)")
     p.add_argument("--work", help="folder for the runs' artefacts (default: a fresh temporary folder)")
     p.add_argument("--smoke", action="store_true",
-                   help="smallest end-to-end run (tests): the example in fp32 and int8 only, trained 3 steps, the "
+                   help="smallest end-to-end run (tests): the example in fp32 only, trained 3 steps, the "
                         "profiler at its fewest calls; needs --out (docs/img keeps the real run's pictures)")
     a = p.parse_args(argv)
     if a.smoke and a.out is None:
