@@ -272,8 +272,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="default: benchmarks/results/predictor_full")
     ap.add_argument("--quick", action="store_true", help="2 models, 8 plans each, 2 rounds")
     ap.add_argument("--smoke", action="store_true",
-                    help="smallest end-to-end run (tests): tiny-cnn in fp32 and int8, 1 random plan, 2 rounds, batch 2, "
-                         "1 block of 1 call, the profiler at its fewest calls, 1 indicator level; needs --out")
+                    help="smallest end-to-end run (tests): tiny-cnn, 1 random plan, 2 rounds, batch 2, 1 block of 1 "
+                         "call, the profiler at its fewest calls, 1 indicator level; needs --out")
     ap.add_argument("--models", help="comma-separated zoo models")
     ap.add_argument("--plans", type=int, help="random mixed plans per model (plus 3 uniform)")
     ap.add_argument("--rounds", type=int, help="profile/measure rounds")
@@ -285,10 +285,8 @@ def main(argv=None) -> int:
     if a.smoke and a.out is None:
         ap.error("--smoke needs --out DIR: a smoke run never writes benchmarks/results")
     a.out = a.out or str(Path(__file__).resolve().parent / "results" / "predictor_full")
-    if a.smoke:  # and bf16 left out (on a CPU without native bf16 its kernels run 30-100x slower than fp32)
-        global PRECS
+    if a.smoke:
         a.models, a.plans, a.rounds, a.batch, a.blocks, a.repeats = "tiny-cnn", 1, 2, 2, 1, 1
-        PRECS = ("fp32", "int8")
     models = a.models.split(",") if a.models else (["tiny-cnn", "tiny-resnet"] if a.quick else
                                                     ["tiny-cnn", "tiny-resnet", "tiny-bert"])
     n_random = a.plans if a.plans is not None else (5 if a.quick else 20)
