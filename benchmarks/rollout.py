@@ -393,6 +393,9 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if args.smoke:
         args.cases, args.sim_steps, args.real_rounds, args.real_steps = ["a100x64"], 1, 1, 1
+        # Ray kills its workers when the whole machine nears its memory limit, whoever uses it: a smoke run's few
+        # tiny actors are never the cause, so its memory monitor is off (before Ray starts)
+        os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     load0 = load_now()
     if args.real_only and (args.skip_real or args.repack_only):
         ap.error("--real-only runs only the real run: it excludes --skip-real and --repack-only")
