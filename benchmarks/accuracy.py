@@ -190,6 +190,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="CI scale: cnn on v100-t4, int4 only, 1 seed, 20 steps")
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): --quick's instance, every policy planned with the weight "
+                         "indicator (no warm-up training), only ilp trained, 3 steps")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=64, help="global batch of the training here")
@@ -217,6 +220,9 @@ def main(argv=None) -> int:
     if a.quick:
         a.seeds, a.steps, a.tasks, a.clusters, a.settings = 1, 20, "cnn", "v100-t4", "int4"
         a.parallel = 1
+    if a.smoke:
+        a.seeds, a.steps, a.tasks, a.clusters, a.settings = 1, 3, "cnn", "v100-t4", "int4"
+        a.parallel, a.policies, a.indicator = 1, "ilp", "weight"
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/accuracy.py " + " ".join(sys.argv[1:] if argv is None else argv)

@@ -84,7 +84,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=800)
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--configs", default="fp32,int4,int4/per_channel,int8,int4/bwd=fp32")
+    ap.add_argument("--smoke", action="store_true", help="smallest end-to-end run (tests): int4 only, 1 seed, 3 steps")
     a = ap.parse_args(argv)
+    if a.smoke:
+        a.steps, a.seeds, a.configs = 3, 1, "int4"
     torch.set_num_threads(1)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -132,7 +132,11 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--raise", dest="raise_one", action="store_true",
                     help="also one op at int8, the rest int4 (seed 0's weights)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): task cnn, seed 0, 4 steps, snapshots at steps 2 and 4")
     a = ap.parse_args(argv)
+    if a.smoke:
+        a.task, a.seeds, a.steps, a.tail, a.snap_every = "cnn", "0", 4, 4, 2
     import torch
 
     torch.set_num_threads(1)

@@ -1,20 +1,26 @@
 """Summarise an accuracy.csv of benchmarks/accuracy.py and check it against the issue's targets.
 
-    python benchmarks/accuracy_summary.py benchmarks/results/accuracy.csv [--metric=test_accuracy_tail]
+    python benchmarks/accuracy_summary.py benchmarks/results/accuracy.csv [--metric=test_accuracy_tail] [--out DIR]
 
 Per (task, cluster, setting, policy): test accuracy mean ± std over the seeds present, the
 predicted iteration time and the indicator. Then, per (task, cluster, setting): whether
 uniform-lowest loses at least 3x the seed std against fp32; if so, the share of that gap the
 ILP plan recovers and its predicted time against uniform-lowest's; and whether the ILP plan is
-less accurate than either greedy beyond seed noise (the larger of the two stds).
+less accurate than either greedy beyond seed noise (the larger of the two stds). With --out, also
+writes DIR/accuracy_summary.csv (one row per policy, its group's verdict beside it).
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
+import io
 import statistics
 import sys
 from collections import defaultdict
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def load(path):
@@ -56,9 +62,12 @@ def paired(rows, a: str, b: str, metric: str = "test_accuracy") -> dict[tuple, d
     return out
 
 
-def main(path, metric="test_accuracy"):
+def main(path, metric="test_accuracy", out=None):
+    """Print the summary of accuracy CSV `path`; with `out` (a folder) also write out/accuracy_summary.csv."""
     rows = load(path)
     s = summary(rows, metric)
+    if out is not None:
+        write_summary(Path(out) / "accuracy_summary.csv", s, path, metric)
     print(f"metric: {metric}")
     f = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     print("| task | cluster | setting | policy | test accuracy % (mean ± std, n) | predicted ms | indicator | T4 precisions |")
@@ -78,6 +87,24 @@ def main(path, metric="test_accuracy"):
 
 
 POLICIES = ("fp32", "uniform-lowest", "ilp", "greedy", "qsync-greedy")
+
+
+def write_summary(path: Path, s: dict, source, metric: str) -> Path:
+    """One row per (task, cluster, setting, policy) of summary `s`, with its group's verdict; atomic."""
+    from qsync_opt.io import atomic_write_text
+
+    buf = io.StringIO()
+    buf.write(f"# summary of {source}, metric {metric}: accuracy in %, mean and std over the seeds finished\n")
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["task", "cluster", "setting", "policy", "seeds", "mean", "std", "predicted_ms", "indicator",
+                "t4_precisions", "verdict"])
+    for (t, c, st, p), v in s.items():
+        fmt = lambda x: "" if x is None else round(x, 4)  # noqa: E731
+        w.writerow([t, c, st, p, v["n"], fmt(v["mean"]), fmt(v["std"]), fmt(v["ms"]), "" if v["ind"] is None else v["ind"],
+                    v["t4"], describe(verdict({q: s.get((t, c, st, q)) for q in POLICIES}))])
+    atomic_write_text(path, buf.getvalue())
+    print(f"wrote {path}")
+    return path
 
 
 def verdict(g: dict) -> dict | None:
@@ -123,7 +150,22 @@ def describe(v: dict | None) -> str:
     return line
 
 
+def cli(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("path", nargs="?", default=str(RESULTS / "accuracy.csv"),
+                    help="an accuracy.csv of benchmarks/accuracy.py (default: benchmarks/results/accuracy.csv)")
+    ap.add_argument("--metric", default="test_accuracy", help="the column summarised (e.g. test_accuracy_tail)")
+    ap.add_argument("--out", help="folder for accuracy_summary.csv (default: print only)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): the default input, read only; needs --out")
+    a = ap.parse_args(argv)
+    if a.smoke and not a.out:
+        ap.error("--smoke needs --out DIR: a smoke run writes only there")
+    if not Path(a.path).is_file():
+        ap.error(f"{a.path}: no such file; give an accuracy.csv written by benchmarks/accuracy.py")
+    main(a.path, a.metric, a.out)
+    return 0
+
+
 if __name__ == "__main__":
-    args = [x for x in sys.argv[1:] if not x.startswith("--metric=")]
-    metric = next((x.split("=", 1)[1] for x in sys.argv[1:] if x.startswith("--metric=")), "test_accuracy")
-    main(args[0] if args else "benchmarks/results/accuracy.csv", metric)
+    sys.exit(cli())

@@ -144,9 +144,9 @@ def run_local(model, samples, slow: float) -> tuple[float, list[tuple[int, float
     return time.perf_counter() - t0, per
 
 
-def calibrate(model, slow: float) -> list[float]:
+def calibrate(model, slow: float, reps: int = 5) -> list[float]:
     out = {L: [] for L in CALIB}
-    for _ in range(5):
+    for _ in range(reps):
         for L in CALIB:
             model.zero_grad(set_to_none=True)
             out[L].append(run_local(model, [(tokens_of(9, L, L), L - 1)], slow)[1][0][1])
@@ -178,7 +178,7 @@ def worker(rank: int, world: int, port: int, args, queue):
     records, meta = [], {}
     for setting, factor in (("equal", 1.0), ("unequal", args.slow)):
         slow = factor if rank == world - 1 else 1.0
-        times = calibrate(model, slow)
+        times = calibrate(model, slow, 1 if args.smoke else 5)
         all_times = [None] * world
         dist.all_gather_object(all_times, times)
         plan_info = None
@@ -315,14 +315,15 @@ def summarise(records) -> list[dict]:
     return rows
 
 
-def planner_alone(fitted: dict) -> list[dict]:
-    """256 samples over 8 ranks from the same mix: heuristic, default configuration, long exact run."""
+def planner_alone(fitted: dict, reps: int = 3) -> list[dict]:
+    """256 samples over 8 ranks from the same mix, `reps` batches per speed profile: heuristic, default
+    configuration, long exact run."""
     cost = CostModel(**fitted)
     rows = []
     index = [SyntheticLM(num_samples=20_000, vocab=VOCAB, seed=i, **kw).lengths for i, (_, kw, _) in enumerate(SOURCES)]
     rng = np.random.default_rng(7)
     for name, speeds in (("equal", [1.0] * 8), ("unequal", [1.0] * 4 + [0.5] * 4), ("graded", [1.0, .9, .8, .7, .6, .5, .4, .3])):
-        for rep in range(3):
+        for rep in range(reps):
             lengths = [int(index[0][rng.integers(len(index[0]))]) if rng.random() < 0.75 else
                        int(index[1][rng.integers(len(index[1]))]) for _ in range(256)]
             inst = B.make_instance(cost.costs(lengths), speeds, lengths)
@@ -407,7 +408,12 @@ def main(argv=None) -> int:
     ap.add_argument("--slow", type=float, default=2.0)
     ap.add_argument("--exact-s", type=float, default=10.0)
     ap.add_argument("--half-life", type=float, default=4.0, help="CostTracker's half-life, in steps of one policy")
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): 2 steps of 8 samples, no warm-up, one calibration and "
+                         "planner-alone repetition, exact runs of 0.2 s, memory read once per role")
     ARGS = ap.parse_args(argv)
+    if ARGS.smoke:
+        ARGS.steps, ARGS.warmup, ARGS.batch, ARGS.exact_s = 2, 0, 8, 0.2
     out = Path(ARGS.out)
     out.mkdir(parents=True, exist_ok=True)
     command = "PYTHONPATH=. python benchmarks/balance.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -428,11 +434,11 @@ def main(argv=None) -> int:
         curves = "; ".join(f"rank {r}: {f['c0']:.3g} + {f['a']:.3g}·L + {f['b']:.3g}·L²" for r, f in enumerate(m["fit"]))
         print(f"{s}: final fits c(L) [s] {curves}; speeds {[round(x, 3) for x in m['speeds']]} (calibration alone: "
               f"speeds {[round(x, 3) for x in m['calibration_speeds']]}, max rel. err {m['fit_rel_err']:.1%})")
-    prow = planner_alone(meta["unequal"]["fit"][0])
+    prow = planner_alone(meta["unequal"]["fit"][0], 1 if ARGS.smoke else 3)
     pcols = list(prow[0])
     print("\nplanner alone, 256 samples over 8 ranks:")
     print(table(prow, pcols))
-    mrow = memory()
+    mrow = memory(reps=1 if ARGS.smoke else 3)
     mcols = list(mrow[0])
     print("\nsource state, replicated per rank vs central plane (RSS):")
     print(table(mrow, mcols))

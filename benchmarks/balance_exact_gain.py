@@ -33,11 +33,17 @@ from qsync_opt.loading.cost import CostModel  # noqa: E402
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--raw", required=True, action="append", help="a balance.py raw JSON; may be repeated")
+    ap.add_argument("--raw", action="append", help="a balance.py raw JSON; may be repeated")
     ap.add_argument("--out", required=True)
     ap.add_argument("--batches", type=int, default=30)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): benchmarks/results/balance_raw.json (read only), 2 batches")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.raw, args.batches = args.raw or [str(ROOT / "benchmarks" / "results" / "balance_raw.json")], 2
+    if not args.raw:
+        ap.error("--raw PATH is required (a balance.py raw JSON)")
     bb.ARGS = argparse.Namespace(batch=args.batch)
     load_start = "/".join(f"{x:.1f}" for x in os.getloadavg())
     rows = []

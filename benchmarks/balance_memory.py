@@ -41,12 +41,13 @@ print(json.dumps({{'rss_delta': rss() - before}}))
 """
 
 
-def memory(world_sizes=(2, 8)) -> list[dict]:
+def memory(world_sizes=(2, 8), reps: int = 3) -> list[dict]:
+    """Per world size, the replicated and central state (MiB), each role's RSS growth the median of `reps` processes."""
     child = RSS_CHILD.format(root=str(ROOT))
     out = {}
     for role in ("plane", "rank"):
         vals = []
-        for _ in range(3):
+        for _ in range(reps):
             r = subprocess.run([sys.executable, "-c", child, role], capture_output=True, text=True, check=True)
             vals.append(int(json.loads(r.stdout.strip().splitlines()[-1])["rss_delta"]))
         out[role] = statistics.median(vals)

@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", default=",".join(BACKENDS))
     ap.add_argument("--reps", type=int, default=1, help="each example x backend this many times per configuration")
     ap.add_argument("--time-limit", type=float, help="override every spec's solver.time_limit_s (default: the examples' own)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): examples/cpu_tiny.yaml with highs twice, serially, on 2 "
+                         "threads and in 2 processes")
     ap.add_argument("--worker", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
     ap.add_argument("--jobs", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -117,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is None:
         ap.error("--out DIR is required")
+    if args.smoke:
+        args.threads, args.processes, args.examples, args.backends, args.reps = "1,2", "2", EXAMPLES[0], "highs", 2
     jobs = [(e, b, args.time_limit) for _ in range(args.reps) for e in args.examples.split(",")
             for b in args.backends.split(",")]
     configs = [("threads", int(n)) for n in args.threads.split(",") if n] + \

@@ -63,7 +63,16 @@ def main(argv=None) -> int:
     ap.add_argument("--spec", default=str(ROOT / "examples" / "cpu_tiny.yaml"))
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30, help="training steps of the train reading (first dropped)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): examples/cpu_tiny.yaml in fp32 only, 1 round, 3 training "
+                         "steps, the profiler at its fewest calls")
     a = ap.parse_args(argv)
+    if a.smoke:
+        from _smoke import rough_profiles, tiny_spec
+
+        a.rounds, a.steps = 1, 3
+        a.spec = str(tiny_spec(Path(a.out) / "smoke"))
+        rough_profiles(Path(a.out) / "smoke" / "profiles")
     from qsync_opt.training.spec import load_spec
 
     spec = load_spec(a.spec)

@@ -11,7 +11,7 @@ The library's own stages do all the work (no copies of them here):
            in a subprocess with its env, into a private profile folder under DIR
   solve    qsync_opt.training.pipeline.solve: the ILP plan and the baselines it carries
            (all fp32, uniform lowest, greedy (gain per ms), QSync's allocator)
-  predict  qsync_opt.cli.predict.predict_plan: the replayer's lockstep iteration per plan
+  predict  qsync_opt.training.run_stages.predict_plan: the replayer's lockstep iteration per plan
   train    qsync_opt.training.runtime.launch.run_job (runtime.spawn underneath), `--steps` steps;
            measured = qsync_opt.training.run_stages.measured_iteration_ms (median lockstep step, the
            slowest rank's time per step, first step dropped)
@@ -130,7 +130,15 @@ def main(argv=None) -> int:
                     help="formats both groups may use (bf16 is left out by default: on an AVX2 CPU without "
                          "native bf16 its convolutions profile 30-100x slower than fp32, as int8's do, and "
                          "profiling it doubles the run)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): tiny-cnn, global batch 8, fp32 only (every policy the "
+                         "same plan: one trained twice), 3 steps per window, the profiler at its fewest calls")
     a = ap.parse_args(argv)
+    if a.smoke:
+        from _smoke import PROFILE_ENV
+
+        a.model, a.batch, a.precisions, a.steps = "tiny-cnn", 8, "fp32", 3
+        os.environ.update(PROFILE_ENV)  # its profile goes to DIR/profiles (below), never the user's cache
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     os.environ["QSYNC_OPT_PROFILE_DIR"] = str(out / "profiles")  # a fresh profile, measured in this run
@@ -139,7 +147,7 @@ def main(argv=None) -> int:
 
     import yaml
 
-    from qsync_opt.cli.predict import predict_plan
+    from qsync_opt.training.run_stages import predict_plan
     from qsync_opt.training.pipeline import solve
     from qsync_opt.training.run_stages import profile_stage
     from qsync_opt.training.spec import load_spec

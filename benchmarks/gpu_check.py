@@ -159,12 +159,18 @@ def write_csv(path: Path, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
+#: The steps the CPU path leaves out, said wherever it reports.
+SKIPPED_ON_CPU = "step 2 (build the templated CUDA extension), step 3 (the CUDA tests, pytest -m cuda)"
+
+
 def summary(run: Run, device: torch.device, gpu: bool) -> str:
     load = os.getloadavg()
     lines = [f"# gpu_check on {torch.cuda.get_device_name(device) if gpu else 'CPU (no CUDA device)'}", "",
              f"torch {torch.__version__}, CUDA {torch.version.cuda}, load average {load[0]:.2f} {load[1]:.2f}", "",
              "| step | status | seconds | note |", "|---|---|---|---|"]
     lines += [f"| {n} | {s} | {t:.1f} | {note} |" for n, s, t, note in run.steps]
+    if not gpu:
+        lines += ["", f"Skipped (they need a GPU): {SKIPPED_ON_CPU}."]
     rows = run.results.get("ratios") or []
     if rows:
         lines += ["", "| shape | precision | implementation | fwd+bwd ms | vs fp32 | vs tf32 | rel. error vs fp64 |",
@@ -190,14 +196,19 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="directory for the results")
     ap.add_argument("--budget-s", type=float, default=290.0, help="wall-clock budget for all steps")
     ap.add_argument("--cpu", action="store_true", help="run the CPU path even if a GPU is present")
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): the CPU path, as --cpu (steps 2-3 need a GPU and are skipped)")
     args = ap.parse_args(argv)
+    args.cpu = args.cpu or args.smoke
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     gpu = torch.cuda.is_available() and not args.cpu
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
     if not gpu:
-        why = "--cpu given" if args.cpu else f"no CUDA device (torch {torch.__version__}, CUDA {torch.version.cuda})"
+        why = (("--smoke" if args.smoke else "--cpu") + " given" if args.cpu
+               else f"no CUDA device (torch {torch.__version__}, CUDA {torch.version.cuda})")
         print(f"gpu_check: {why}: running the CPU-side checks at tiny sizes; nothing here ran on a GPU")
+        print(f"gpu_check: skipped (they need a GPU): {SKIPPED_ON_CPU}")
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32; tf32 is its own row
     torch.backends.cudnn.allow_tf32 = False
     run = Run(out, args.budget_s)

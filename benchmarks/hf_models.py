@@ -161,7 +161,8 @@ def part1(folder: Path, repeat: int = 1) -> list[dict]:
     return rows
 
 
-def part2(folder: Path) -> list[dict]:
+def part2(folder: Path, archs=None) -> list[dict]:
+    """Part 2's rows: the zoo's transformers models and every ARCHS entry (or only the labels in `archs`)."""
     from qsync_opt.training.pipeline import solve
 
     rows = []
@@ -171,6 +172,8 @@ def part2(folder: Path) -> list[dict]:
                        "kwargs": {"arch": arch, "head": head, **cfg}, "output": "logits"}
                 for arch, (head, cfg) in ARCHS.items()}
     for label, model in {**zoo, **imported}.items():
+        if archs is not None and label not in archs:
+            continue
         spec = {**base, "model": model, "training": {**base["training"]}}
         if "name" in model:
             spec["training"]["seq_len"] = 128
@@ -208,6 +211,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="part 1 only (the BERT-base plans)")
     ap.add_argument("--more-only", action="store_true", help="part 2 only (more architectures)")
     ap.add_argument("--repeat", type=int, default=1, help="part 1: solve processes per row (median reported, all kept)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): part 2 only, one architecture (distilbert)")
     a = ap.parse_args(argv)
     command = "PYTHONPATH=. python benchmarks/hf_models.py " + " ".join(sys.argv[1:] if argv is None else argv)
     load0 = _load()
@@ -215,14 +220,14 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # hf_models:build for part 2's specs
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        rows = [] if a.more_only else part1(folder, a.repeat)
+        rows = [] if a.more_only or a.smoke else part1(folder, a.repeat)
         for r in rows:
             print(f"{r['model']:18s} {r['wall_s']:6.2f} s wall median [{r['wall_runs_s']}] ({r['cpu_s']:.2f} s CPU)  ops {r['ops']}  selectable {r['selectable']} ({r['selectable_by_kind']})"
                   f"  indicator {r['indicator']:.5g}  iteration {r['iteration_ms']:.2f} ms [{r['groups_ms']}]  {r['formats']}")
             print(f"{'':18s} all ops by kind: {r['ops_by_kind']}; lowered ops with the zoo's FQNs: {r['lowered_same_fqn_as_zoo']}")
             print(f"{'':18s} ω share per op vs the zoo's: {r['omega_share_vs_zoo']}")
         if not a.quick:
-            rows += part2(folder)
+            rows += part2(folder, ["distilbert"] if a.smoke else None)
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="hf_models-"))
     out.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()

@@ -40,6 +40,8 @@ SHAPES = [
 #: --quick: one real conv-as-GEMM and one small square linear, small enough that a CPU without native
 #: bf16/fp16 GEMMs (AVX2 only: ~55x slower than fp32) still finishes in a few minutes
 QUICK_SHAPES = [SHAPES[2], ("linear 512x512 b512", 512, 512, 512)]
+#: --smoke: one tiny linear, so the whole path (every variant, the templated build, both CSVs) runs in seconds
+SMOKE_SHAPES = [("linear 64x64 b64", 64, 64, 64)]
 VARIANTS = ["fp32", "bf16", "fp16", "int8-templated", "int8-torch"]
 
 
@@ -183,19 +185,25 @@ def targets(gemm: list[dict], quant: list[dict]) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="two small shapes, fewer repeats: a few minutes even on an AVX2-only CPU, where bf16/fp16 GEMMs have no native path and run ~55x slower than fp32")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "kernels"), help="directory for kernels_gemm.csv and kernels_quantize.csv (default: benchmarks/results/kernels)")
+    p.add_argument("--smoke", action="store_true", help="smallest end-to-end run (tests): one 64x64 linear, one "
+                   "64x64 quantize, 1 repeat; needs --out")
+    p.add_argument("--out", default=None, help="directory for kernels_gemm.csv and kernels_quantize.csv (default: benchmarks/results/kernels)")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per variant (default 7, quick 3)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     args = p.parse_args(argv)
+    if args.smoke and args.out is None:
+        p.error("--smoke needs --out DIR: a smoke run never writes benchmarks/results")
+    args.out = args.out or str(Path(__file__).resolve().parent / "results" / "kernels")
     torch.set_num_threads(args.threads)
-    repeats = args.repeats or (3 if args.quick else 7)
+    repeats = 1 if args.smoke else args.repeats or (3 if args.quick else 7)
     if not ops.available("templated"):
         print("templated CPU kernels do not build here; see the KernelBuildError from ops.quantize_symmetric(..., "
               "impl='templated')", file=sys.stderr)
         return 1
     load_before = os.getloadavg()[0]
-    gemm = bench_gemms(QUICK_SHAPES if args.quick else SHAPES, repeats)
-    quant = bench_quantize([(1024, 1024)] if args.quick else [(2048, 2048), (4096, 4096)], 2 * repeats + 1)
+    gemm = bench_gemms(SMOKE_SHAPES if args.smoke else QUICK_SHAPES if args.quick else SHAPES, repeats)
+    quant = bench_quantize([(64, 64)] if args.smoke else [(1024, 1024)] if args.quick else [(2048, 2048), (4096, 4096)],
+                           2 * repeats + 1)
     out = Path(args.out)
     write_csv(out / "kernels_gemm.csv", gemm)
     write_csv(out / "kernels_quantize.csv", quant)

@@ -53,7 +53,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--lows", default="bf16,int8")
     ap.add_argument("--splits", default="alt,halves")
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): tiny-cnn, batch 2, int8 lowered alternately, 1 round")
     a = ap.parse_args(argv)
+    if a.smoke:
+        a.model, a.batch, a.rounds, a.lows, a.splits = "tiny-cnn", 2, 1, "int8", "alt"
     from qsync_opt.models.from_spec import build_from_spec
     from qsync_opt.training.pipeline import prepare
     from qsync_opt.training.predictor.step_profile import loop_step, step_median_ms

@@ -269,8 +269,11 @@ def scatter(rows: list[dict], path: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "predictor_full"), help="default: benchmarks/results/predictor_full")
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/predictor_full")
     ap.add_argument("--quick", action="store_true", help="2 models, 8 plans each, 2 rounds")
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): tiny-cnn, 1 random plan, 2 rounds, batch 2, 1 block of 1 "
+                         "call, the profiler at its fewest calls, 1 indicator level; needs --out")
     ap.add_argument("--models", help="comma-separated zoo models")
     ap.add_argument("--plans", type=int, help="random mixed plans per model (plus 3 uniform)")
     ap.add_argument("--rounds", type=int, help="profile/measure rounds")
@@ -279,6 +282,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="timed calls per block (profile and measurement)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
+    if a.smoke and a.out is None:
+        ap.error("--smoke needs --out DIR: a smoke run never writes benchmarks/results")
+    a.out = a.out or str(Path(__file__).resolve().parent / "results" / "predictor_full")
+    if a.smoke:
+        a.models, a.plans, a.rounds, a.batch, a.blocks, a.repeats = "tiny-cnn", 1, 2, 2, 1, 1
     models = a.models.split(",") if a.models else (["tiny-cnn", "tiny-resnet"] if a.quick else
                                                     ["tiny-cnn", "tiny-resnet", "tiny-bert"])
     n_random = a.plans if a.plans is not None else (5 if a.quick else 20)
@@ -290,6 +298,8 @@ def main(argv=None) -> int:
     a.batch = a.batch or (4 if a.quick else 8)
     os.environ["QSYNC_OPT_PROFILE_BLOCKS"] = str(a.blocks)  # the same estimator for both sides
     os.environ["QSYNC_OPT_PROFILE_REPEATS"] = str(a.repeats)
+    if a.smoke:
+        os.environ["QSYNC_OPT_PROFILE_BUDGET_MS"] = "1"
     command = "PYTHONPATH=. python benchmarks/predictor.py " + " ".join(sys.argv[1:] if argv is None else argv)
     t_start, load_start = time.time(), load()
     rng = random.Random(a.seed)
@@ -328,7 +338,8 @@ def main(argv=None) -> int:
                                  "measured_rounds_ms": ";".join(f"{rd[key]:.3f}" for rd in measured[mode]),
                                  "fp32_windows_pct": round(spread_pct(windows), 2),
                                  "profiled_fp32_ms": round(windows[0], 3), "load": load()})
-            ind_rows += indicator_rows(model, base["single"], prepared["single"], plans["single"], 2 if a.quick else 4)
+            ind_rows += indicator_rows(model, base["single"], prepared["single"], plans["single"],
+                                 1 if a.smoke else 2 if a.quick else 4)
     header = (f"command: {command}\nmachine load (1/5/15 min) at start {load_start}, at end {load()}; "
               f"wall {time.time() - t_start:.0f} s; torch {torch.__version__}; 1 thread per process")
     write_csv(out / "predictor.csv", rows, header)

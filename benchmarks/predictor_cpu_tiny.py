@@ -79,14 +79,29 @@ def one(tree: Path, spec: str, steps: int, tmp: Path) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "cpu_tiny_predict_vs_train.csv"))
+    ap.add_argument("--out", default=None, help="the .csv the rows are appended to, or a folder for its "
+                    "cpu_tiny_predict_vs_train.csv (default: benchmarks/results/cpu_tiny_predict_vs_train.csv)")
     ap.add_argument("--tree", default=str(ROOT), help="project checkout to run (default: this one)")
     ap.add_argument("--label", default="this tree")
     ap.add_argument("--spec", default=str(ROOT / "examples" / "cpu_tiny.yaml"))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): examples/cpu_tiny.yaml in fp32 only, 6 steps per "
+                         "window (one 5-step block), the profiler at its fewest calls; needs --out")
     a = ap.parse_args(argv)
-    out = Path(a.out)
+    if a.smoke and a.out is None:
+        ap.error("--smoke needs --out: a smoke run never writes benchmarks/results")
+    out = Path(a.out or Path(__file__).resolve().parent / "results" / "cpu_tiny_predict_vs_train.csv")
+    if out.is_dir() or out.suffix != ".csv":  # a folder
+        out = out / "cpu_tiny_predict_vs_train.csv"
+    if a.smoke:  # each run profiles into its own temporary cache (one); tiny_spec makes the folder
+        from _smoke import PROFILE_ENV, tiny_spec
+
+        a.steps = 6
+        a.spec = str(tiny_spec(out.parent / "smoke"))
+        os.environ.update(PROFILE_ENV)
+    out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for _ in range(a.repeat):
         with tempfile.TemporaryDirectory() as d:
@@ -102,6 +117,7 @@ def main(argv=None) -> int:
         if new:
             w.writeheader()
         w.writerows(rows)
+    print(f"wrote {out}")
     return 0
 
 

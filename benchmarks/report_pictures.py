@@ -32,18 +32,30 @@ def _cli(*args: str) -> None:
     subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def main() -> int:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=str(ROOT / "docs" / "img"), help="where the PNGs go (default docs/img)")
+    p.add_argument("--out", default=None, help="where the PNGs go (default docs/img)")
     p.add_argument("--work", help="folder for the runs' artefacts (default: a fresh temporary folder)")
-    a = p.parse_args()
+    p.add_argument("--smoke", action="store_true",
+                   help="smallest end-to-end run (tests): the example in fp32 only, trained 3 steps, the "
+                        "profiler at its fewest calls; needs --out (docs/img keeps the real run's pictures)")
+    a = p.parse_args(argv)
+    if a.smoke and a.out is None:
+        p.error("--smoke needs --out DIR: a smoke run never writes docs/img")
+    a.out = a.out or str(ROOT / "docs" / "img")
+    steps, tiny_spec = [], "examples/cpu_tiny.yaml"
+    work = Path(a.work or tempfile.mkdtemp(prefix="qsync-pictures-"))
+    if a.smoke:  # the run's profiler subprocesses inherit this; its rough profile stays in WORK, out of the user's cache
+        from _smoke import rough_profiles, tiny_spec as smoke_spec
+
+        steps, tiny_spec = ["--steps", "3"], str(smoke_spec(work))
+        rough_profiles(work / "profiles")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(a.work or tempfile.mkdtemp(prefix="qsync-pictures-"))
     print(f"# {' '.join(map(shlex.quote, sys.argv))}; load before {os.getloadavg()}", flush=True)
 
     tiny = work / "cpu_tiny"
-    _cli("run", "examples/cpu_tiny.yaml", "-o", str(tiny))
+    _cli("run", tiny_spec, "-o", str(tiny), *steps)
     for name in ("precisions", "curves", "timeline"):
         shutil.copyfile(tiny / f"{name}.png", out / f"cpu_tiny_{name}.png")
 

@@ -237,13 +237,14 @@ def simulated_cases(args) -> list[dict]:
     rows = []
 
     # the 64-worker, 1,000-step case: how long the simulator takes
-    name, d = case("a100x64-1000steps", [{"name": "a100", "device": "A100-80GB", "count": 64}],
+    long_steps = 10 if args.smoke else 1000
+    name, d = case(f"a100x64-{long_steps}steps", [{"name": "a100", "device": "A100-80GB", "count": 64}],
                    [{"group": "a100", "bits": 16}], per_worker=4)
-    d["rollout"]["steps"] = 1000
+    d["rollout"]["steps"] = long_steps
     job = load_rollout_spec(d)
     r = simulate(job, "trajectory-async")
     rows.append(row("simulated", name, "trajectory-async", r, r.sim_time_s))
-    print(f"{name}: trajectory-async, {job.rollout.workload.batch} trajectories/step, 1000 steps simulated in "
+    print(f"{name}: trajectory-async, {job.rollout.workload.batch} trajectories/step, {long_steps} steps simulated in "
           f"{r.wall_s:.1f} s wall")
 
     for name, _ in CASES:
@@ -353,8 +354,8 @@ def real_run(args, out: Path, argv, load0: float) -> list[dict]:
     return rows
 
 
-def write_repack_timing(out: Path, argv, load0: float) -> Path:
-    timing = repack_timing()
+def write_repack_timing(out: Path, argv, load0: float, smoke: bool = False) -> Path:
+    timing = repack_timing(2, 1) if smoke else repack_timing()
     print("\nrepack decision, 64 workers x 2,000 in-flight trajectories:")
     for t in timing:
         over = "" if t["over_limit"] == "" else f", {t['over_limit']} of {t['calls']} over the limit"
@@ -385,8 +386,16 @@ def main(argv=None):
                          "to repeat it without the simulated cases")
     ap.add_argument("--repack-only", action="store_true",
                     help="only the repack decision timing (rollout_repack.csv), no simulation and no real run")
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): the timing case at 10 steps, case a100x64 at 1 step, the "
+                         "real run 1 round of 1 step, the repack timing 2 calls (1 at 1 s)")
     args = ap.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
+    if args.smoke:
+        args.cases, args.sim_steps, args.real_rounds, args.real_steps = ["a100x64"], 1, 1, 1
+        # Ray kills its workers when the whole machine nears its memory limit, whoever uses it: a smoke run's few
+        # tiny actors are never the cause, so its memory monitor is off (before Ray starts)
+        os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     load0 = load_now()
     if args.real_only and (args.skip_real or args.repack_only):
         ap.error("--real-only runs only the real run: it excludes --skip-real and --repack-only")
@@ -401,7 +410,7 @@ def main(argv=None):
         write_table(table, "rollout.py", argv, COLUMNS, [{k: fmt(v) for k, v in r.items()} for r in rows], load0)
         print(f"\nwrote {table}")
     if not args.real_only:
-        print(f"wrote {write_repack_timing(out, argv, load0)}")
+        print(f"wrote {write_repack_timing(out, argv, load0, args.smoke)}")
 
 
 if __name__ == "__main__":

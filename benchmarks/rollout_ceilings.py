@@ -52,7 +52,11 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=VARIANTS,
                     help="policies simulated (default: all; sync and the asynchronous ones are always run)")
     ap.add_argument("--jobs", type=int, default=1, help="simulations run at once, one process each")
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): case h100x128, every variant, 1 trainer step")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.cases, args.sim_steps = ["h100x128"], 1
     known = dict(CASES)
     if unknown := [c for c in args.cases if c not in known]:
         ap.error(f"--cases: {', '.join(unknown)} unknown; choose from {', '.join(known)}")

@@ -33,7 +33,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--spec", default="examples/rollout_laminar.yaml")
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): examples/rollout_cpu_tiny.yaml, each mode once")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.spec, args.reps = str(Path(__file__).resolve().parents[1] / "examples" / "rollout_cpu_tiny.yaml"), 1
     job = load_spec(args.spec)
     n = len(os.sched_getaffinity(0))
     load0 = os.getloadavg()

@@ -76,7 +76,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sim-steps", type=int, default=50)
     ap.add_argument("--methods", nargs="*", default=["best-fit"], choices=["best-fit", "program"])
     ap.add_argument("--jobs", type=int, default=1, help="simulations run at once, one process each")
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): case a100x64, 1 seed, 2 trainer steps, best-fit")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.cases, args.seeds, args.sim_steps, args.methods = ["a100x64"], 1, 2, ["best-fit"]
     known = dict(CASES)
     if unknown := [c for c in args.cases if c not in known]:
         ap.error(f"--cases: {', '.join(unknown)} unknown; choose from {', '.join(known)}")

@@ -37,7 +37,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--sim-steps", type=int, default=10)
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): case a100x64, 1 seed, 1 trainer step")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.cases, args.seeds, args.first_seed, args.sim_steps = ["a100x64"], 1, 0, 1
     load0 = load_now()
     known = dict(CASES)
     if unknown := [c for c in args.cases if c not in known]:

@@ -27,7 +27,7 @@ from qsync_opt.errors import InfeasibleError  # noqa: E402
 from qsync_opt.io import atomic_write_text  # noqa: E402
 from qsync_opt.serving.planner import plan_serving  # noqa: E402
 from qsync_opt.solver.backends import EXACT, available  # noqa: E402
-from qsync_opt.training.spec import load_spec  # noqa: E402
+from qsync_opt.jobs import load_spec  # noqa: E402
 
 V100 = "V100-32GB"
 CASES = [  # (case, model, [(device, count)], objective); case 2 repeats case 1 as a latency run
@@ -138,11 +138,18 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"), help="directory for serving.csv (default: benchmarks/results)")
+    ap.add_argument("--out", default=None, help="directory for serving.csv (default: benchmarks/results)")
     ap.add_argument("--backends", default="highs", help=f"comma-separated, first is the default; exact: {','.join(EXACT)}")
     ap.add_argument("--cases", help="comma-separated case numbers (default: all 11)")
     ap.add_argument("--limit", type=float, default=60.0, help="time limit per case and backend, s")
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): case 1 with highs, 10 s limit; needs --out")
     args = ap.parse_args(argv)
+    if args.smoke and args.out is None:
+        ap.error("--smoke needs --out DIR: a smoke run never writes benchmarks/results")
+    args.out = args.out or str(Path(__file__).resolve().parent / "results")
+    if args.smoke:
+        args.backends, args.cases, args.limit = "highs", "1", 10.0
     backends = [b for b in args.backends.split(",") if b]
     missing = [b for b in backends if b not in EXACT or not available().get(b)]
     if missing:

@@ -73,7 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare", help="a git revision to measure beside this tree (e.g. main)")
     ap.add_argument("--examples", default=",".join(EXAMPLES))
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true",
+                    help="smallest end-to-end run (tests): examples/cpu_tiny.yaml, this tree only, once")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.examples, args.reps, args.compare = "examples/cpu_tiny.yaml", 1, None
     command = "PYTHONPATH=$PWD python benchmarks/solve_memory.py " + " ".join(sys.argv[1:] if argv is None else argv)
     load0 = os.getloadavg()
     rows = []

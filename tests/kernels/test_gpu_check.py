@@ -1,4 +1,5 @@
-"""benchmarks/gpu_check.py's CPU path, as CI runs it: every step executes on CPU tensors and writes its files."""
+"""benchmarks/gpu_check.py's CPU path, as CI runs it (its --smoke setting, which tests/benchmarks/test_smoke.py leaves
+to this test): every step executes on CPU tensors and writes its files, and what needs a GPU is said to be skipped."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_gpu_check_runs_its_cpu_path(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(tmp_path), "--cpu"],
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(tmp_path), "--smoke"],
                        capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "--cpu given: running the CPU-side checks" in p.stdout
+    assert "--smoke given: running the CPU-side checks" in p.stdout
+    assert "skipped (they need a GPU): step 2 (build the templated CUDA extension), step 3 (the CUDA tests" in p.stdout
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["gpu"] is False
     assert [(s[0], s[1]) for s in res["steps"]] == [(n, "ok") for n in
@@ -44,8 +46,10 @@ def test_gpu_check_runs_its_cpu_path(tmp_path):
     for f in ("summary.md", "ratios.csv", "dispatch.txt"):
         assert (tmp_path / f).stat().st_size > 0
     assert "int4       templated: qsync.cuda.int4_wmma" in (tmp_path / "dispatch.txt").read_text()
+    summary = (tmp_path / "summary.md").read_text()
+    assert "Skipped (they need a GPU): step 2" in summary
     if not torch.cuda.is_available():
-        assert "CPU (no CUDA device)" in (tmp_path / "summary.md").read_text()
+        assert "CPU (no CUDA device)" in summary
 
 
 def test_the_shape_hooks_leave_the_models_output_alone():
