@@ -32,6 +32,20 @@ def datasheet_only():
     return mock.patch.object(calibration, "factors", lambda: ())
 
 
+def smoke_spec(folder: Path) -> Path:
+    """examples/gpu_gpt2_small.yaml with the zoo's 2-layer GPT-2 and a small batch, written to folder/."""
+    import yaml
+
+    spec = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "gpu_gpt2_small.yaml").read_text())
+    spec["model"] = {"name": "tiny-gpt2"}
+    spec["training"].update(global_batch=4, seq_len=32)
+    spec["objective"]["max_iteration_time"] = "auto"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "gpt2_tiny_smoke.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
 def counts(precisions: dict[str, str]) -> str:
     from qsync_opt.precision import PRECISIONS
 
@@ -41,11 +55,16 @@ def counts(precisions: dict[str, str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("spec")
+    ap.add_argument("spec", nargs="?", help="the spec run on the GPU (--smoke: a tiny GPT-2 on an H200 instead)")
+    ap.add_argument("--smoke", action="store_true", help="the whole path on a 2-layer GPT-2 spec written to --out")
     ap.add_argument("--out", type=Path, required=True, help="folder for the plan and heldout.json")
     ap.add_argument("--measured-ms", type=float, default=None, help="measured median iteration on the device")
     ap.add_argument("--plan-counts", default=None, help="the device run's plan as 'fp32:42,fp16:33'")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.spec = str(smoke_spec(args.out))
+    elif not args.spec:
+        ap.error("give SPEC (or --smoke)")
 
     from qsync_opt.errors import QSyncError
     from qsync_opt.io import atomic_write_text

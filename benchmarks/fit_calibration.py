@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from qsync_opt.io import atomic_write_text
 
     if args.smoke and args.out is None:
-        print("error: --smoke needs --out FILE (it never rewrites the package's calibration.yaml)", file=sys.stderr)
+        print("error: --smoke needs --out FILE or FOLDER (it never rewrites the package's calibration.yaml)", file=sys.stderr)
         return 2
     if not args.results.is_dir():
         print(f"error: --results {args.results}: no such folder", file=sys.stderr)
@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PACKAGE_FILE.relative_to(ROOT)} {'matches' if same else 'DIFFERS from'} the fit of {n} file(s)")
         return 0 if same else 1
     out = args.out or PACKAGE_FILE
+    if args.smoke or out.is_dir():  # a smoke run's --out is a folder, as every benchmark's
+        out.mkdir(parents=True, exist_ok=True)
+        out = out / PACKAGE_FILE.name
     atomic_write_text(out, text)
     print(f"wrote {out}: {text.count('- sm:')} factors from {n} file(s) in {args.results}")
     return 0

@@ -40,9 +40,11 @@ WRITES = {
     "accuracy_summary.py": ["accuracy_summary.csv"],
     "balance.py": ["balance.csv", "balance_planner.csv", "balance_memory.csv", "balance.png"],
     "balance_exact_gain.py": ["balance_exact_gain.csv"],
+    "calibration_heldout.py": ["heldout.json", "plan_datasheet.json"],
     "concurrency.py": ["concurrency.csv"],
     "ddp_step_readings.py": ["ddp_step_readings.csv"],
     "emulated_hybrid.py": ["emulated_hybrid.csv"],
+    "fit_calibration.py": ["calibration.yaml"],
     "gpu_check.py": ["ratios.csv", "summary.md", "results.json"],
     "hf_models.py": ["hf_models.csv"],
     "kernel_speed.py": ["kernels_gemm.csv", "kernels_quantize.csv"],
@@ -65,7 +67,7 @@ WRITES = {
 RUN_ELSEWHERE = {"gpu_check.py": "tests/kernels/test_gpu_check.py"}
 
 #: Scripts whose --out defaults to published figures (or that read them by default), so --smoke requires --out.
-PUBLISHED_DEFAULT_OUT = {"accuracy_summary.py", "kernel_speed.py", "predictor.py", "predictor_cpu_tiny.py",
+PUBLISHED_DEFAULT_OUT = {"accuracy_summary.py", "fit_calibration.py", "kernel_speed.py", "predictor.py", "predictor_cpu_tiny.py",
                          "report_pictures.py", "serving.py", "solvers.py"}
 
 #: The published figures a smoke run must never touch.

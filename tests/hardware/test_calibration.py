@@ -28,8 +28,8 @@ def test_the_package_file_is_the_fit_of_the_committed_results(tmp_path):
     package = (ROOT / "qsync_opt" / "hardware" / "calibration.yaml").read_text()
     text, skipped, n = fit_calibration.fitted_text(RESULTS)
     assert n >= 1 and text == package, "run `python benchmarks/fit_calibration.py` and commit calibration.yaml"
-    assert fit_calibration.main(["--smoke", "--out", str(tmp_path / "c.yaml")]) == 0
-    assert (tmp_path / "c.yaml").read_text() == package
+    assert fit_calibration.main(["--smoke", "--out", str(tmp_path / "c")]) == 0
+    assert (tmp_path / "c" / "calibration.yaml").read_text() == package
     assert fit_calibration.main(["--check"]) == 0
 
 
