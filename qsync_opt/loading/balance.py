@@ -5,13 +5,16 @@ equal sample counts (within one when the batch does not divide). Costs are made 
 first (w[i][r] = round(c_i·Q / s_r), Q putting the largest weight near 2**20), so every
 stage compares integers: the same inputs give the same assignment on every rank and run.
 
-Stages: speed-aware Karmarkar-Karp and speed-aware LPT (pure, deterministic, stable
-tie-breaks on index), the better of them as the warm start and the fallback; then the exact
-program on the shared problem IR (`qsync_opt.solver.problem`): x[i,r] binary, one-hot per
-sample, an epigraph T ≥ load_r, cap and count rows, rows ordering the loads of identical
-ranks (symmetry), min T, solvable by every exact backend. The program runs under a time
-limit; its answer replaces the heuristic only when proven optimal (one thread, fixed seed,
-so that the replacement is the same on every run), unless `accept_incumbent`.
+Stages: speed-aware LPT (a heap per rank class, O(N log N + N log K)) and, on small batches,
+speed-aware Karmarkar-Karp (pure, deterministic, stable tie-breaks on index), the better of them
+refined by a local search that stops once the lower bound proves it within `LS_GAP`, as the warm
+start and the fallback; then the exact program on the shared problem IR
+(`qsync_opt.solver.problem`): x[i,r] binary, one-hot per sample, an epigraph T ≥ load_r, cap and
+count rows, rows ordering the loads of identical ranks (symmetry), min T, solvable by every exact
+backend. The lower bound (`lower_bound`: area, single-sample and counting bounds) decides whether
+the exact stage can win anything; it runs only then, and only within the call's time limit, model
+building included. Its answer replaces the heuristic only when proven optimal (one thread, fixed
+seed, so that the replacement is the same on every run), unless `accept_incumbent`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 from qsync_opt.errors import InfeasibleError, SpecError
 from qsync_opt.loading.balance_exact import build_problem, solve_exact
 from qsync_opt.loading.balance_heuristics import (
+    LS_GAP,
     improve,
     karmarkar_karp,
     kk_parts,
@@ -32,50 +36,84 @@ from qsync_opt.loading.balance_model import (
     Instance,
     Result,
     _result,
+    area_bound,
+    counting_bound,
     feasible,
+    loads_np,
     loads_of,
     lower_bound,
     make_instance,
+    single_bound,
 )
 
-__all__ = ["WEIGHT_BITS", "Instance", "Result", "balance", "build_problem", "feasible", "improve", "karmarkar_karp",
-           "kk_parts", "loads_of", "lower_bound", "lpt", "make_instance", "solve_exact", "stride"]
+__all__ = ["EXACT_BUILD_S_PER_CELL", "KK_MAX_CELLS", "LS_GAP", "WEIGHT_BITS", "Instance", "Result", "area_bound",
+           "balance", "build_problem", "counting_bound", "exact_build_estimate_s", "feasible", "improve",
+           "karmarkar_karp", "kk_parts", "loads_of", "lower_bound", "lpt", "make_instance", "single_bound",
+           "solve_exact", "stride"]
+
+KK_MAX_CELLS = 4_096
+"""Karmarkar-Karp runs when samples x ranks is at most this: it keeps a K-slot partial solution
+per sample (O(N·K log K)), cheap on small batches, where it can beat LPT; above, LPT with the
+local search is within `LS_GAP` of the bound on every measured batch."""
+EXACT_BUILD_S_PER_CELL = 2e-5
+"""Seconds per (sample, rank) cell to build and load the exact program (a generous estimate on one
+CPU core): `exact_build_estimate_s`."""
+
+_clock = time.perf_counter  # the wall clock every stage reads (tests replace it)
+
+
+def exact_build_estimate_s(inst: Instance) -> float:
+    """What building the exact program is expected to cost (from the instance's size alone)."""
+    return EXACT_BUILD_S_PER_CELL * inst.n * inst.k
+
+
+def _makespan(inst: Instance, owner) -> int:
+    return int(loads_np(inst, owner).max()) if inst.k else 0
 
 
 def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: float = 0.05,
             work_limit: float | None = None, accept_incumbent: bool = False, gap_tol: float = 0.0,
             min_gain: float = 0.0) -> Result:
-    """Best of KK and LPT (the better one refined by `improve`), then the exact program.
+    """Best of KK (small batches) and LPT, refined by `improve`, then the exact program.
 
+    `time_limit_s` bounds the whole call's wall clock (heuristics, model building and solve):
+    the exact stage starts only when its expected build time (`exact_build_estimate_s`) fits in
+    half the limit (a test on the instance alone) and in what is left of it (the wall clock; a
+    skip for that reason sets `detail['time_limited']`), and its solver gets what is left.
     The exact stage is skipped when the heuristic is proven within `gap_tol` of the lower
     bound, or when the most it could win, the heuristic's slowest load less the lower bound,
     is at most `min_gain` (in the costs' unit: with costs in seconds, what the exact stage
-    would cost on the critical path). Both tests compare numbers derived from the instance
+    would cost on the critical path). These tests compare numbers derived from the instance
     alone, so the choice is the same on every run. Its answer replaces the heuristic's when proven optimal, or, with
     `accept_incumbent`, whenever it is better. `work_limit` (CP-SAT's deterministic seconds,
     one thread) makes a stopped run reproducible: its incumbent is then accepted too, unless
-    the wall-clock backstop `time_limit_s` stopped it first (then the deterministic
-    heuristic stands, and `detail['time_limited']` says so).
+    the wall-clock backstop stopped it first (then the deterministic heuristic stands, and
+    `detail['time_limited']` says so). `detail['exact_skipped']` says why the stage did not run.
     """
-    t0 = time.perf_counter()
+    t0 = _clock()
+    deadline = t0 + time_limit_s
     lb = lower_bound(inst)
     cands = []
-    kk = karmarkar_karp(inst)
-    if feasible(inst, kk):
-        cands.append((max(loads_of(inst, kk)), 0, "kk", kk))
+    detail: dict = {"kk": None, "lpt": None}
+    if inst.n * inst.k <= KK_MAX_CELLS:
+        kk = karmarkar_karp(inst)
+        if feasible(inst, kk):
+            detail["kk"] = _makespan(inst, kk)
+            cands.append((detail["kk"], 0, "kk", kk))
     lp = lpt(inst)
     if lp is not None:
-        cands.append((max(loads_of(inst, lp)), 1, "lpt", lp))
-    detail: dict = {"kk": next((c[0] for c in cands if c[2] == "kk"), None),
-                    "lpt": next((c[0] for c in cands if c[2] == "lpt"), None)}
+        detail["lpt"] = _makespan(inst, lp)
+        cands.append((detail["lpt"], 1, "lpt", lp))
     best = min(cands) if cands else None
-    if best is not None:
-        o = improve(inst, best[3])
-        best = (max(loads_of(inst, o)), best[1], best[2] + "+ls", o)
+    if best is not None and best[0] > lb:
+        o = improve(inst, best[3], lower=lb, gap=LS_GAP)
+        best = (_makespan(inst, o), best[1], best[2] + "+ls", o)
+    elif best is not None:
+        best = (best[0], best[1], best[2] + "+ls", best[3])
 
     def done(owner, method, status, bound):
         r = _result(inst, owner, method, status, bound, **detail)
-        r.plan_s = time.perf_counter() - t0
+        r.plan_s = _clock() - t0
         return r
 
     if best is not None and (best[0] <= lb or (best[0] - lb) <= gap_tol * best[0]
@@ -86,20 +124,28 @@ def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: floa
     if backend is not None and inst.n > 0:
         if work_limit is not None and backend != "cpsat":
             raise SpecError(f"balance: a deterministic work limit needs backend cpsat, got {backend!r}")
-        owner, status, bound, raw = solve_exact(inst, backend, time_limit_s, best[3] if best else None,
-                                                work_limit=work_limit)
-        time_limited = raw.wall_s >= 0.95 * time_limit_s and status != "optimal"
-        detail.update(exact_status=status, exact_s=raw.wall_s, backend=backend, time_limited=time_limited)
-        lb = max(lb, bound)
-        take = status == "optimal" or accept_incumbent or best is None or (work_limit is not None and not time_limited)
-        if owner is not None and take and (best is None or max(loads_of(inst, owner)) <= best[0]):
-            m = max(loads_of(inst, owner))
-            return done(owner, backend, "optimal" if status == "optimal" or m <= lb else "feasible", lb)
-        if best is None and status == "infeasible":
-            raise InfeasibleError(
-                "balance: no assignment of this global batch meets the per-rank token cap and count rule",
-                [f"largest sample {max(inst.tokens)} tokens, caps {list(inst.caps)}, total {sum(inst.tokens)} tokens",
-                 "raise data.token_cap or lower the global batch"])
+        build_s = exact_build_estimate_s(inst)
+        if build_s > 0.5 * time_limit_s:
+            detail["exact_skipped"] = (f"model too large for the time limit: {inst.n} x {inst.k} cells, about "
+                                       f"{build_s:.3g} s to build, limit {time_limit_s:.3g} s")
+        elif deadline - _clock() < build_s:
+            detail.update(exact_skipped="time limit spent before the exact stage", time_limited=True)
+        else:
+            owner, status, bound, raw = solve_exact(inst, backend, deadline - _clock(), best[3] if best else None,
+                                                    work_limit=work_limit, lower=lb, deadline=deadline)
+            wall = raw.wall_s if raw is not None else 0.0
+            time_limited = status != "optimal" and (raw is None or _clock() >= deadline - 0.05 * time_limit_s)
+            detail.update(exact_status=status, exact_s=wall, backend=backend, time_limited=time_limited)
+            lb = max(lb, bound)
+            take = status == "optimal" or accept_incumbent or best is None or (work_limit is not None and not time_limited)
+            if owner is not None and take and (best is None or max(loads_of(inst, owner)) <= best[0]):
+                m = max(loads_of(inst, owner))
+                return done(owner, backend, "optimal" if status == "optimal" or m <= lb else "feasible", lb)
+            if best is None and status == "infeasible":
+                raise InfeasibleError(
+                    "balance: no assignment of this global batch meets the per-rank token cap and count rule",
+                    [f"largest sample {max(inst.tokens)} tokens, caps {list(inst.caps)}, total {sum(inst.tokens)} tokens",
+                     "raise data.token_cap or lower the global batch"])
     if best is None:
         raise InfeasibleError("balance: the heuristics found no assignment within the token cap and the exact "
                               "stage is off or stopped without one",

@@ -66,18 +66,28 @@ def _canonical(inst: Instance, owner: list[int]) -> list[int]:
 
 
 def solve_exact(inst: Instance, backend: str = "highs", time_limit_s: float = 1.0,
-                start: list[int] | None = None, threads: int = 1, work_limit: float | None = None):
-    """(owner or None, status, bound) from one exact backend on the min-max program."""
+                start: list[int] | None = None, threads: int = 1, work_limit: float | None = None,
+                lower: int | None = None, deadline: float | None = None):
+    """(owner or None, status, bound, raw result or None) from one exact backend on the min-max
+    program. With `deadline` (a `loading.balance._clock` reading), the solver gets what is left of
+    it after the model is built, and nothing is solved when the building used it all (status
+    'time_limit', raw None)."""
+    from qsync_opt.loading import balance as _b
     from qsync_opt.solver.backends import get_backend
     from qsync_opt.solver.backends.base import SolveOptions
 
-    lb = lower_bound(inst)
+    lb = lower_bound(inst) if lower is None else int(lower)
     upper = max(loads_of(inst, start)) if start is not None else None
     p = build_problem(inst, upper=upper, lower=lb)
     hint = None
     if start is not None:
         start = _canonical(inst, start)
         hint = p.encode({"batch": {str(i): str(r) for i, r in enumerate(start)}})
+    if deadline is not None:
+        left = deadline - _b._clock()
+        if left <= 0:
+            return None, "time_limit", lb, None
+        time_limit_s = min(time_limit_s, left)
     ub = upper if upper is not None else sum(max(row) for row in inst.weights)
     opts = SolveOptions(time_limit_s=time_limit_s, rel_gap=0.999 / max(ub, 1), threads=threads, seed=0, hint=hint,
                         deterministic_time_s=work_limit)
