@@ -46,7 +46,7 @@ from qsync_opt.loading.balance_model import (
     single_bound,
 )
 
-__all__ = ["EXACT_BUILD_S_PER_CELL", "KK_MAX_CELLS", "LS_GAP", "WEIGHT_BITS", "Instance", "Result", "area_bound",
+__all__ = ["EXACT_BUILD_S_PER_CELL", "KK_MAX_CELLS", "LS_GAP", "STOP_MARGIN", "WEIGHT_BITS", "Instance", "Result", "area_bound",
            "balance", "build_problem", "counting_bound", "exact_build_estimate_s", "feasible", "improve",
            "karmarkar_karp", "kk_parts", "loads_of", "lower_bound", "lpt", "make_instance", "single_bound",
            "solve_exact", "stride"]
@@ -58,6 +58,9 @@ local search is within `LS_GAP` of the bound on every measured batch."""
 EXACT_BUILD_S_PER_CELL = 2e-5
 """Seconds per (sample, rank) cell to build and load the exact program (a generous estimate on one
 CPU core): `exact_build_estimate_s`."""
+
+STOP_MARGIN = 0.1
+"""Share of the time limit kept back from the exact solver for its stop latency and the result's decoding."""
 
 _clock = time.perf_counter  # the wall clock every stage reads (tests replace it)
 
@@ -79,7 +82,8 @@ def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: floa
     `time_limit_s` bounds the whole call's wall clock (heuristics, model building and solve):
     the exact stage starts only when its expected build time (`exact_build_estimate_s`) fits in
     half the limit (a test on the instance alone) and in what is left of it (the wall clock; a
-    skip for that reason sets `detail['time_limited']`), and its solver gets what is left.
+    skip for that reason sets `detail['time_limited']`), and its solver gets what is left, less
+    `STOP_MARGIN` of the limit.
     The exact stage is skipped when the heuristic is proven within `gap_tol` of the lower
     bound, or when the most it could win, the heuristic's slowest load less the lower bound,
     is at most `min_gain` (in the costs' unit: with costs in seconds, what the exact stage
@@ -131,10 +135,12 @@ def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: floa
         elif deadline - _clock() < build_s:
             detail.update(exact_skipped="time limit spent before the exact stage", time_limited=True)
         else:
-            owner, status, bound, raw = solve_exact(inst, backend, deadline - _clock(), best[3] if best else None,
-                                                    work_limit=work_limit, lower=lb, deadline=deadline)
+            # the solver's own deadline comes STOP_MARGIN of the limit early: a stop request takes effect late
+            solve_by = deadline - STOP_MARGIN * time_limit_s
+            owner, status, bound, raw = solve_exact(inst, backend, solve_by - _clock(), best[3] if best else None,
+                                                    work_limit=work_limit, lower=lb, deadline=solve_by)
             wall = raw.wall_s if raw is not None else 0.0
-            time_limited = status != "optimal" and (raw is None or _clock() >= deadline - 0.05 * time_limit_s)
+            time_limited = status != "optimal" and (raw is None or _clock() >= solve_by - 0.05 * time_limit_s)
             detail.update(exact_status=status, exact_s=wall, backend=backend, time_limited=time_limited)
             lb = max(lb, bound)
             take = status == "optimal" or accept_incumbent or best is None or (work_limit is not None and not time_limited)

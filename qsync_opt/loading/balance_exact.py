@@ -5,6 +5,7 @@ identical ranks, min T; solved by one exact backend with a canonical relabelling
 from __future__ import annotations
 
 import math
+import time
 
 from qsync_opt.errors import SolverError
 from qsync_opt.loading.balance_model import Instance, feasible, loads_of, lower_bound
@@ -70,8 +71,9 @@ def solve_exact(inst: Instance, backend: str = "highs", time_limit_s: float = 1.
                 lower: int | None = None, deadline: float | None = None):
     """(owner or None, status, bound, raw result or None) from one exact backend on the min-max
     program. With `deadline` (a `loading.balance._clock` reading), the solver gets what is left of
-    it after the model is built, and nothing is solved when the building used it all (status
-    'time_limit', raw None)."""
+    it after the model is built and loaded (`SolveOptions.deadline`, which also stops a solver
+    that overruns), and nothing is solved when the building used it all (status 'time_limit',
+    raw None)."""
     from qsync_opt.loading import balance as _b
     from qsync_opt.solver.backends import get_backend
     from qsync_opt.solver.backends.base import SolveOptions
@@ -89,8 +91,10 @@ def solve_exact(inst: Instance, backend: str = "highs", time_limit_s: float = 1.
             return None, "time_limit", lb, None
         time_limit_s = min(time_limit_s, left)
     ub = upper if upper is not None else sum(max(row) for row in inst.weights)
+    # the backends' deadline is a time.perf_counter() instant: the model's loading into the solver counts too
+    pc_deadline = None if deadline is None else time.perf_counter() + (deadline - _b._clock())
     opts = SolveOptions(time_limit_s=time_limit_s, rel_gap=0.999 / max(ub, 1), threads=threads, seed=0, hint=hint,
-                        deterministic_time_s=work_limit)
+                        deterministic_time_s=work_limit, deadline=pc_deadline)
     res = get_backend(backend).solve(p, opts)
     bound = lb
     if res.bound is not None and math.isfinite(res.bound):

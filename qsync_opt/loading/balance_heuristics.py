@@ -19,6 +19,8 @@ import numpy as np
 
 from qsync_opt.loading.balance_model import Instance, feasible, loads_np, make_instance
 
+EXHAUSTIVE_CELLS = 4096
+"""Up to this many samples x ranks the local search also tries every pair of every rank."""
 LS_GAP = 1e-4
 """The local search stops once its slowest rank is within this fraction of the lower bound: what
 is left to win is below it (and below timing noise by orders of magnitude)."""
@@ -189,7 +191,7 @@ def karmarkar_karp(inst: Instance) -> list[int]:
 
 
 def _improve_seq(inst: Instance, owner: Sequence[int], max_rounds: int | None = None, lower: int = 0,
-                 gap: float = 0.0) -> list[int]:
+                 gap: float = 0.0, every_pair: bool = False) -> list[int]:
     """Local search from `owner`: move or swap one sample off the most loaded rank while that
     lowers it and the receiving rank ends below its old load (caps and counts kept). Each
     accepted step lowers (makespan, number of ranks at it) lexicographically, so it stops; it
@@ -225,7 +227,7 @@ def _improve_seq(inst: Instance, owner: Sequence[int], max_rounds: int | None = 
         wt = cols[here, ct]
         best = None  # (new, kind, i, j, r)
         if moves_ok:
-            if members is not None and not capped:
+            if members is not None and not (capped or every_pair):
                 recv = []
                 for m in members:
                     m = m[m != top]
@@ -241,7 +243,7 @@ def _improve_seq(inst: Instance, owner: Sequence[int], max_rounds: int | None = 
                 a, b = divmod(int(np.argmin(new)), len(recv))
                 if new[a, b] < Lt:
                     best = (int(new[a, b]), 0, int(here[a]), -1, int(recv[b]))
-        if not capped:
+        if not (capped or every_pair):
             # every other rank at once: its samples sorted by (rank, w on top + w on it); for sample i
             # of top and rank r, new(i, j) = max(A_i + w_top(j), B_ir - w_r(j)), A_i = Lt - w_top(i),
             # B_ir = L_r + w_r(i): the first term grows and the second falls with j's size, so the
@@ -270,7 +272,7 @@ def _improve_seq(inst: Instance, owner: Sequence[int], max_rounds: int | None = 
                 if sw_best is not None and sw_best < Lt:
                     c = (sw_best, 1) + sw_at
                     best = c if best is None or c < best else best
-        else:  # caps: every pair of every rank, as they can rule out the bisection's pick
+        else:  # every pair of every rank (caps can rule out the bisection's pick)
             for r in range(k):
                 if r == top:
                     continue
@@ -281,9 +283,10 @@ def _improve_seq(inst: Instance, owner: Sequence[int], max_rounds: int | None = 
                 Lr = int(loads[r])
                 new = np.maximum(Lt - wt[:, None] + cols[there, ct][None, :],
                                  Lr - cols[there, cr][None, :] + cols[here, cr][:, None])
-                dt = tk[here][:, None] - tk[there][None, :]
-                ok = (toks[r] + dt <= cap[r]) & (toks[top] - dt <= cap[top])
-                new = np.where(ok, new, big)
+                if capped:
+                    dt = tk[here][:, None] - tk[there][None, :]
+                    ok = (toks[r] + dt <= cap[r]) & (toks[top] - dt <= cap[top])
+                    new = np.where(ok, new, big)
                 a_, b_ = divmod(int(np.argmin(new)), len(there))
                 if new[a_, b_] < Lt:
                     c = (int(new[a_, b_]), 1, int(here[a_]), int(there[b_]), r)
@@ -316,16 +319,24 @@ def ls_rounds(n: int, k: int) -> int:
 
 def improve(inst: Instance, owner: Sequence[int], max_rounds: int | None = None, lower: int = 0,
             gap: float = 0.0) -> list[int]:
-    """Local search from `owner` (see `_improve_pairs`, then `_improve_seq`): stops once the slowest
+    """Local search from `owner` (`_improve_pairs`, then `_improve_seq`; on batches of at most
+    `EXHAUSTIVE_CELLS` samples x ranks also `_improve_seq` over every pair from `owner`, the
+    better of the two): stops once the slowest
     rank is within `gap` of `lower` (a lower bound), when no step improves, or after `max_rounds`
     steps of each (default `ls_rounds`). Each accepted step lowers the load of a rank at or above the
     others it trades with, so it never raises the makespan."""
     own = list(owner)
     if inst.n == 0 or inst.k < 2:
         return own
+    fast = own
     if all(c is None for c in inst.caps):
-        own = _improve_pairs(inst, own, max_rounds, lower, gap)
-    return _improve_seq(inst, own, max_rounds, lower, gap)
+        fast = _improve_pairs(inst, own, max_rounds, lower, gap)
+    fast = _improve_seq(inst, fast, max_rounds, lower, gap)
+    if inst.n * inst.k > EXHAUSTIVE_CELLS:
+        return fast
+    # small batches: also today's search (every pair of every rank, from the same start), the better
+    full = _improve_seq(inst, own, max_rounds if max_rounds is not None else 4 * inst.n + 8, lower, gap, every_pair=True)
+    return min((fast, full), key=lambda o: (int(loads_np(inst, o).max()), o is full))
 
 
 def _improve_pairs(inst: Instance, owner: Sequence[int], max_rounds: int | None, lower: int, gap: float) -> list[int]:
