@@ -6,7 +6,7 @@ LPT keeps one heap of (load, rank) per rank class (ranks sharing a weight column
 of a class for the next sample is its least loaded eligible one, so a sample costs O(d + log K)
 for d classes, O(N log N + N (d + log K)) in all. The local search first pairs the ranks above
 its goal with the least loaded ones and trades in all pairs at once, then works on the most loaded
-rank against each class's least loaded rank (moves) and every rank (swaps, each rank's best
+rank against each class's least loaded rank (moves) and the `SWAP_RANKS` least loaded ranks of each class (swaps, each one's best
 partner found by bisection on sorted weights), and stops once the lower bound proves it within
 `LS_GAP` of the optimum."""
 
@@ -19,6 +19,13 @@ import numpy as np
 
 from qsync_opt.loading.balance_model import Instance, feasible, loads_np, make_instance
 
+PAIR_PATIENCE = 8
+"""The pairs phase stops after this many rounds in a row without a trade (each such round pairs
+every high rank with the next low one)."""
+SWAP_RANKS = 16
+"""The single-rank phase tries swaps with this many of the least loaded ranks of each class (all
+when fewer): a rank near the top can only take a small difference, so the least loaded hold the
+best swaps."""
 EXHAUSTIVE_CELLS = 4096
 """Up to this many samples x ranks the local search also tries every pair of every rank."""
 LS_GAP = 1e-4
@@ -197,7 +204,8 @@ def _improve_seq(inst: Instance, owner: Sequence[int], max_rounds: int | None = 
     accepted step lowers (makespan, number of ranks at it) lexicographically, so it stops; it
     also stops once the makespan is within `gap` of `lower` (a lower bound: nothing left to win
     beyond that) or after `max_rounds` steps (default 4N + 8). Receivers: for a move, each
-    class's least loaded rank (every rank when caps bind); for a swap, every rank, its best
+    class's least loaded rank (every rank when caps bind); for a swap, the `SWAP_RANKS` least loaded
+    ranks of each class, each one's best
     partner sample found by bisection (exact for ranks whose weights order the samples alike,
     as speed-scaled ones do; every pair when caps bind). Integer arithmetic throughout; ties go
     to the smallest new load, a move before a swap."""
@@ -215,7 +223,7 @@ def _improve_seq(inst: Instance, owner: Sequence[int], max_rounds: int | None = 
     members = [np.flatnonzero(rc == c) for c in range(inst.d)] if inst.d <= 8 else None
     moves_ok = not inst.equal_counts
     S = 1 << 24  # > any w_top + w_r (weights ≤ 2**WEIGHT_BITS)
-    for _ in range(max_rounds if max_rounds is not None else ls_rounds(n, k)):
+    for _ in range(max_rounds if max_rounds is not None else seq_rounds(n, k)):
         top = int(np.argmax(loads))  # first index among ties
         Lt = int(loads[top])
         if Lt <= lower or Lt - lower <= gap * Lt:
@@ -248,7 +256,14 @@ def _improve_seq(inst: Instance, owner: Sequence[int], max_rounds: int | None = 
             # of top and rank r, new(i, j) = max(A_i + w_top(j), B_ir - w_r(j)), A_i = Lt - w_top(i),
             # B_ir = L_r + w_r(i): the first term grows and the second falls with j's size, so the
             # best j of r is next to where w_top(j) + w_r(j) crosses B_ir - A_i
-            others = np.flatnonzero(own != top)
+            if k - 1 > SWAP_RANKS * inst.d:
+                near = np.zeros(k, dtype=bool)
+                for m in (members if members is not None else [np.arange(k)]):
+                    near[m if len(m) <= SWAP_RANKS + 1 else m[np.argpartition(loads[m], SWAP_RANKS)[:SWAP_RANKS + 1]]] = True
+                near[top] = False
+                others = np.flatnonzero(near[own])
+            else:
+                others = np.flatnonzero(own != top)
             if len(others):
                 ro = own[others]
                 key = ro * S + cols[others, ct] + cols[others, rc[ro]]
@@ -311,10 +326,14 @@ def _improve_seq(inst: Instance, owner: Sequence[int], max_rounds: int | None = 
 
 
 def ls_rounds(n: int, k: int) -> int:
-    """The local search's default step budget, per phase: min(4N + 8, 64). A step's work grows
-    with N and K, so the budget bounds the search's time; the pairs phase moves every rank
-    above the goal in one step, so few steps are left for the single-rank phase."""
+    """The pairs phase's default step budget: min(4N + 8, 64) (a step trades in every pair)."""
     return min(4 * n + 8, 64)
+
+
+def seq_rounds(n: int, k: int) -> int:
+    """The single-rank phase's default step budget: min(4N + 8, 2K + 64), each rank reaching the
+    top about twice; a step's work is O(N + K)."""
+    return min(4 * n + 8, 2 * k + 64)
 
 
 def improve(inst: Instance, owner: Sequence[int], max_rounds: int | None = None, lower: int = 0,
@@ -323,7 +342,7 @@ def improve(inst: Instance, owner: Sequence[int], max_rounds: int | None = None,
     `EXHAUSTIVE_CELLS` samples x ranks also `_improve_seq` over every pair from `owner`, the
     better of the two): stops once the slowest
     rank is within `gap` of `lower` (a lower bound), when no step improves, or after `max_rounds`
-    steps of each (default `ls_rounds`). Each accepted step lowers the load of a rank at or above the
+    steps of each phase (default `ls_rounds`, `seq_rounds`). Each accepted step lowers the load of a rank at or above the
     others it trades with, so it never raises the makespan."""
     own = list(owner)
     if inst.n == 0 or inst.k < 2:
@@ -344,7 +363,8 @@ def _improve_pairs(inst: Instance, owner: Sequence[int], max_rounds: int | None,
     within `gap` of `lower`), most loaded first, are paired with the least loaded ones, and each
     pair takes its best move (count rule permitting) or swap, found by bisection as in
     `_improve_seq`, when it lowers the pair's larger load. Pairs are disjoint, so one round is a
-    handful of array operations whatever K."""
+    handful of array operations whatever K. A round without any trade shifts the pairing by one
+    low rank; `PAIR_PATIENCE` such rounds in a row end the phase."""
     n, k = inst.n, inst.k
     cols, rc = inst.cols, inst.rank_cols
     own = np.array(owner, dtype=np.int64)
@@ -352,13 +372,16 @@ def _improve_pairs(inst: Instance, owner: Sequence[int], max_rounds: int | None,
     goal = int(lower / (1.0 - gap)) if gap < 1 else lower
     S = 1 << 24  # > any v = w_t + w_r (weights ≤ 2**WEIGHT_BITS)
     idx = np.arange(n)
-    for _ in range(max_rounds if max_rounds is not None else ls_rounds(n, k)):
+    idle = 0  # rounds in a row without an accepted trade
+    for t in range(max_rounds if max_rounds is not None else ls_rounds(n, k)):
         by = np.argsort(-loads, kind="stable")
         nhi = int((loads > max(goal, lower)).sum())
         npair = min(nhi, k - nhi)
-        if npair == 0:
+        if npair == 0 or idle >= PAIR_PATIENCE:
             break
-        hi_r, lo_r = by[:npair], by[::-1][:npair]
+        hi_r = by[:npair]
+        # the least loaded first; after a round without trades, each high rank meets the next one
+        lo_r = by[::-1][:k - nhi][(np.arange(npair) + idle) % (k - nhi)]
         pair = np.full(k, -1, dtype=np.int64)
         side = np.zeros(k, dtype=np.int8)
         pair[hi_r] = np.arange(npair)
@@ -402,7 +425,9 @@ def _improve_pairs(inst: Instance, owner: Sequence[int], max_rounds: int | None,
         first = o[np.r_[True, hp[o][1:] != hp[o][:-1]]]
         take = first[best[first] < Lt_p[hp[first]]]
         if len(take) == 0:
-            break
+            idle += 1
+            continue
+        idle = 0
         i, j, p = hi_items[take], partner[take], hp[take]
         t, r = hi_r[p], lo_r[p]
         own[i] = r
