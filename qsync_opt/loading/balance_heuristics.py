@@ -339,8 +339,8 @@ def seq_rounds(n: int, k: int) -> int:
 def improve(inst: Instance, owner: Sequence[int], max_rounds: int | None = None, lower: int = 0,
             gap: float = 0.0) -> list[int]:
     """Local search from `owner` (`_improve_pairs`, then `_improve_seq`; on batches of at most
-    `EXHAUSTIVE_CELLS` samples x ranks also `_improve_seq` over every pair from `owner`, the
-    better of the two): stops once the slowest
+    `EXHAUSTIVE_CELLS` samples x ranks, unless that already reached the goal, also `_improve_seq`
+    over every pair from `owner`, the better of the two): stops once the slowest
     rank is within `gap` of `lower` (a lower bound), when no step improves, or after `max_rounds`
     steps of each phase (default `ls_rounds`, `seq_rounds`). Each accepted step lowers the load of a rank at or above the
     others it trades with, so it never raises the makespan."""
@@ -351,7 +351,8 @@ def improve(inst: Instance, owner: Sequence[int], max_rounds: int | None = None,
     if all(c is None for c in inst.caps):
         fast = _improve_pairs(inst, own, max_rounds, lower, gap)
     fast = _improve_seq(inst, fast, max_rounds, lower, gap)
-    if inst.n * inst.k > EXHAUSTIVE_CELLS:
+    m = int(loads_np(inst, fast).max())
+    if inst.n * inst.k > EXHAUSTIVE_CELLS or m <= lower or m - lower <= gap * m:
         return fast
     # small batches: also today's search (every pair of every rank, from the same start), the better
     full = _improve_seq(inst, own, max_rounds if max_rounds is not None else 4 * inst.n + 8, lower, gap, every_pair=True)
