@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 
 from qsync_opt.errors import InfeasibleError, SpecError
-from qsync_opt.loading.balance_exact import build_problem, solve_exact
+from qsync_opt.loading.balance_exact import build_problem, load_solver, solve_exact
 from qsync_opt.loading.balance_heuristics import (
     LS_GAP,
     improve,
@@ -46,8 +46,8 @@ from qsync_opt.loading.balance_model import (
     single_bound,
 )
 
-__all__ = ["EXACT_BUILD_S_PER_CELL", "KK_MAX_CELLS", "LS_GAP", "STOP_MARGIN", "WEIGHT_BITS", "Instance", "Result", "area_bound",
-           "balance", "build_problem", "counting_bound", "exact_build_estimate_s", "feasible", "improve",
+__all__ = ["EXACT_BUILD_S_PER_CELL", "KK_MAX_CELLS", "LS_GAP", "STOP_MARGIN", "WEIGHT_BITS", "Instance", "Result",
+           "area_bound", "balance", "build_problem", "counting_bound", "exact_build_estimate_s", "feasible", "improve",
            "karmarkar_karp", "kk_parts", "loads_of", "lower_bound", "lpt", "make_instance", "single_bound",
            "solve_exact", "stride"]
 
@@ -81,9 +81,9 @@ def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: floa
 
     `time_limit_s` bounds the whole call's wall clock (heuristics, model building and solve):
     the exact stage starts only when its expected build time (`exact_build_estimate_s`) fits in
-    half the limit (a test on the instance alone) and in what is left of it (the wall clock; a
-    skip for that reason sets `detail['time_limited']`), and its solver gets what is left, less
-    `STOP_MARGIN` of the limit.
+    half the limit (a test on the instance alone) and in what is left of it once the solver is
+    imported (the wall clock; a skip for that reason sets `detail['time_limited']`), and its
+    solver gets what is left, less `STOP_MARGIN` of the limit.
     The exact stage is skipped when the heuristic is proven within `gap_tol` of the lower
     bound, or when the most it could win, the heuristic's slowest load less the lower bound,
     is at most `min_gain` (in the costs' unit: with costs in seconds, what the exact stage
@@ -132,26 +132,30 @@ def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: floa
         if build_s > 0.5 * time_limit_s:
             detail["exact_skipped"] = (f"model too large for the time limit: {inst.n} x {inst.k} cells, about "
                                        f"{build_s:.3g} s to build, limit {time_limit_s:.3g} s")
-        elif deadline - _clock() < build_s:
-            detail.update(exact_skipped="time limit spent before the exact stage", time_limited=True)
         else:
-            # the solver's own deadline comes STOP_MARGIN of the limit early: a stop request takes effect late
-            solve_by = deadline - STOP_MARGIN * time_limit_s
-            owner, status, bound, raw = solve_exact(inst, backend, solve_by - _clock(), best[3] if best else None,
-                                                    work_limit=work_limit, lower=lb, deadline=solve_by)
-            wall = raw.wall_s if raw is not None else 0.0
-            time_limited = status != "optimal" and (raw is None or _clock() >= solve_by - 0.05 * time_limit_s)
-            detail.update(exact_status=status, exact_s=wall, backend=backend, time_limited=time_limited)
-            lb = max(lb, bound)
-            take = status == "optimal" or accept_incumbent or best is None or (work_limit is not None and not time_limited)
-            if owner is not None and take and (best is None or max(loads_of(inst, owner)) <= best[0]):
-                m = max(loads_of(inst, owner))
-                return done(owner, backend, "optimal" if status == "optimal" or m <= lb else "feasible", lb)
-            if best is None and status == "infeasible":
-                raise InfeasibleError(
-                    "balance: no assignment of this global batch meets the per-rank token cap and count rule",
-                    [f"largest sample {max(inst.tokens)} tokens, caps {list(inst.caps)}, total {sum(inst.tokens)} tokens",
-                     "raise data.token_cap or lower the global batch"])
+            load_solver(backend)  # a process's first import of the solver counts against the limit
+            if deadline - _clock() < build_s:
+                detail.update(exact_skipped="time limit spent before the exact stage", time_limited=True)
+            else:
+                # the solver's own deadline comes STOP_MARGIN of the limit early: a stop request takes effect late
+                solve_by = deadline - STOP_MARGIN * time_limit_s
+                owner, status, bound, raw = solve_exact(inst, backend, solve_by - _clock(), best[3] if best else None,
+                                                        work_limit=work_limit, lower=lb, deadline=solve_by)
+                wall = raw.wall_s if raw is not None else 0.0
+                time_limited = status != "optimal" and (raw is None or _clock() >= solve_by - 0.05 * time_limit_s)
+                detail.update(exact_status=status, exact_s=wall, backend=backend, time_limited=time_limited)
+                lb = max(lb, bound)
+                take = (status == "optimal" or accept_incumbent or best is None
+                        or (work_limit is not None and not time_limited))
+                if owner is not None and take and (best is None or max(loads_of(inst, owner)) <= best[0]):
+                    m = max(loads_of(inst, owner))
+                    return done(owner, backend, "optimal" if status == "optimal" or m <= lb else "feasible", lb)
+                if best is None and status == "infeasible":
+                    raise InfeasibleError(
+                        "balance: no assignment of this global batch meets the per-rank token cap and count rule",
+                        [f"largest sample {max(inst.tokens)} tokens, caps {list(inst.caps)}, "
+                         f"total {sum(inst.tokens)} tokens",
+                         "raise data.token_cap or lower the global batch"])
     if best is None:
         raise InfeasibleError("balance: the heuristics found no assignment within the token cap and the exact "
                               "stage is off or stopped without one",

@@ -52,6 +52,14 @@ def build_problem(inst: Instance, upper: int | None = None, lower: int = 0):
     return p
 
 
+def load_solver(backend: str) -> bool:
+    """Import the backend's solver now (its `available()`; a process's first import of OR-Tools
+    takes seconds): the data plane does it when it starts, `balance` before it reads the time left."""
+    from qsync_opt.solver.backends import get_backend
+
+    return bool(get_backend(backend).available())
+
+
 def _canonical(inst: Instance, owner: list[int]) -> list[int]:
     """Relabel identical ranks so their loads are in non-increasing order (the symmetry rows)."""
     cols: dict = {}

@@ -6,9 +6,9 @@ LPT keeps one heap of (load, rank) per rank class (ranks sharing a weight column
 of a class for the next sample is its least loaded eligible one, so a sample costs O(d + log K)
 for d classes, O(N log N + N (d + log K)) in all. The local search first pairs the ranks above
 its goal with the least loaded ones and trades in all pairs at once, then works on the most loaded
-rank against each class's least loaded rank (moves) and the `SWAP_RANKS` least loaded ranks of each class (swaps, each one's best
-partner found by bisection on sorted weights), and stops once the lower bound proves it within
-`LS_GAP` of the optimum."""
+rank against each class's least loaded rank (moves) and the `SWAP_RANKS` least loaded ranks of
+each class (swaps, each one's best partner found by bisection on sorted weights), and stops once
+the lower bound proves it within `LS_GAP` of the optimum."""
 
 from __future__ import annotations
 
@@ -259,7 +259,9 @@ def _improve_seq(inst: Instance, owner: Sequence[int], max_rounds: int | None = 
             if k - 1 > SWAP_RANKS * inst.d:
                 near = np.zeros(k, dtype=bool)
                 for m in (members if members is not None else [np.arange(k)]):
-                    near[m if len(m) <= SWAP_RANKS + 1 else m[np.argpartition(loads[m], SWAP_RANKS)[:SWAP_RANKS + 1]]] = True
+                    if len(m) > SWAP_RANKS + 1:
+                        m = m[np.argpartition(loads[m], SWAP_RANKS)[:SWAP_RANKS + 1]]
+                    near[m] = True
                 near[top] = False
                 others = np.flatnonzero(near[own])
             else:
@@ -340,10 +342,10 @@ def improve(inst: Instance, owner: Sequence[int], max_rounds: int | None = None,
             gap: float = 0.0) -> list[int]:
     """Local search from `owner` (`_improve_pairs`, then `_improve_seq`; on batches of at most
     `EXHAUSTIVE_CELLS` samples x ranks, unless that already reached the goal, also `_improve_seq`
-    over every pair from `owner`, the better of the two): stops once the slowest
-    rank is within `gap` of `lower` (a lower bound), when no step improves, or after `max_rounds`
-    steps of each phase (default `ls_rounds`, `seq_rounds`). Each accepted step lowers the load of a rank at or above the
-    others it trades with, so it never raises the makespan."""
+    over every pair from `owner`, the better of the two): stops once the slowest rank is within
+    `gap` of `lower` (a lower bound), when no step improves, or after `max_rounds` steps of each
+    phase (default `ls_rounds`, `seq_rounds`). Each accepted step lowers the load of a rank at or
+    above the others it trades with, so it never raises the makespan."""
     own = list(owner)
     if inst.n == 0 or inst.k < 2:
         return own
@@ -355,7 +357,8 @@ def improve(inst: Instance, owner: Sequence[int], max_rounds: int | None = None,
     if inst.n * inst.k > EXHAUSTIVE_CELLS or m <= lower or m - lower <= gap * m:
         return fast
     # small batches: also today's search (every pair of every rank, from the same start), the better
-    full = _improve_seq(inst, own, max_rounds if max_rounds is not None else 4 * inst.n + 8, lower, gap, every_pair=True)
+    rounds = max_rounds if max_rounds is not None else 4 * inst.n + 8
+    full = _improve_seq(inst, own, rounds, lower, gap, every_pair=True)
     return min((fast, full), key=lambda o: (int(loads_np(inst, o).max()), o is full))
 
 

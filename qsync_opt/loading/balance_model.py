@@ -1,6 +1,7 @@
 """The balance model: one global batch as integer weights w[i][r] (`make_instance`, the quantisation
 rule of loading.balance), the `Result` of a plan, and its evaluation (loads, feasibility under the
-token caps and count rule, the lower bound the gap is measured against)."""
+token caps and count rule, the lower bounds the gap is measured against: area, single-sample and
+counting)."""
 
 from __future__ import annotations
 
@@ -147,11 +148,10 @@ class Result:
         return max(0.0, self.makespan - self.bound) / max(self.makespan, 1)
 
     def owner(self) -> list[int]:
-        out = [0] * sum(len(r) for r in self.ranks)
+        out = np.zeros(sum(len(r) for r in self.ranks), dtype=np.int64)
         for r, items in enumerate(self.ranks):
-            for i in items:
-                out[i] = r
-        return out
+            out[items] = r
+        return out.tolist()
 
 
 # ---- evaluation ---------------------------------------------------------------------------

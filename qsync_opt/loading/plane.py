@@ -127,6 +127,8 @@ class DataPlane:
         self.seed = int(seed)
         self.backend, self.time_limit_s, self.gap_tol = backend, float(time_limit_s), float(gap_tol)
         self.work_limit = work_limit if backend == "cpsat" else None
+        if backend is not None and policy in ("tokens", "ours"):
+            B.load_solver(backend)  # at start-up, not inside a step's time limit
         self.min_gain_s = float(min_gain_s)
         """With cost curves in seconds, the exact stage runs only when the heuristic split's slowest
         rank could be more than this above the optimum (its lower bound): below, it would cost more
@@ -241,7 +243,8 @@ class DataPlane:
         k = len(speeds)
         per_rank = isinstance(plane_cost, (list, tuple))
         if per_rank and len(plane_cost) != k:
-            raise SpecError(f"data plane: {len(plane_cost)} cost models for {k} ranks; give one per rank or one for all")
+            raise SpecError(f"data plane: {len(plane_cost)} cost models for {k} ranks; "
+                            "give one per rank or one for all")
         t0 = time.perf_counter()
         base = cost or (plane_cost[0] if per_rank else plane_cost)
         costs = base.costs(lengths)
