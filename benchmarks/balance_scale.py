@@ -13,8 +13,9 @@ Columns:
   the same in process CPU time (the machine is shared: the load is in the header).
 - gap_median / gap_max: makespan over the proven lower bound, less 1; within_1pct: how many
   calls are within 1% of it; bound: which bound was the largest on the worst call (area: total
-  work over total speed; single: the largest sample on its cheapest rank; counting: the j
-  largest samples by count).
+  work over total speed; single: the largest sample on its cheapest rank; large_area: the j
+  largest samples' work over the speed of the ranks that can hold one; counting: the j largest
+  samples by count).
 - vs_old_max: the largest (new - old) / old makespan over the calls also planned by today's
   implementation (main at 7f2e188, kept in tests/loading/balance_reference.py: its heuristic
   path, `balance(inst, backend=None)`); old_ms_median its plan time; old_calls how many.
@@ -85,10 +86,9 @@ def costs_of(lengths: list[int]) -> list[float]:
 
 
 def bound_source(inst) -> str:
-    area, single = B.area_bound(inst), B.single_bound(inst)
-    count = B.counting_bound(inst)
-    top = max(area, single, count)
-    return "area" if area == top else "single" if single == top else "counting"
+    named = {"area": B.area_bound(inst), "single": B.single_bound(inst), "large_area": B.large_area_bound(inst),
+             "counting": B.counting_bound(inst)}
+    return max(named, key=named.get)
 
 
 def plan(lengths, speeds, **kw):

@@ -7,8 +7,9 @@ stage compares integers: the same inputs give the same assignment on every rank 
 
 Stages: speed-aware LPT (a heap per rank class, O(N log N + N log K)) and, on small batches,
 speed-aware Karmarkar-Karp (pure, deterministic, stable tie-breaks on index), the better of them
-refined by a local search that stops once the lower bound proves it within `LS_GAP`, as the warm
-start and the fallback; then the exact program on the shared problem IR
+refined by a local search that stops once the lower bound proves it within `LS_GAP`, and
+MULTIFIT and a wider local search where that is still `MULTIFIT_GAP` above the bound: the best
+as the warm start and the fallback; then the exact program on the shared problem IR
 (`qsync_opt.solver.problem`): x[i,r] binary, one-hot per sample, an epigraph T ≥ load_r, cap and
 count rows, rows ordering the loads of identical ranks (symmetry), min T, solvable by every exact
 backend. The lower bound (`lower_bound`: area, single-sample and counting bounds) decides whether
@@ -26,9 +27,11 @@ from qsync_opt.loading.balance_exact import build_problem, load_solver, solve_ex
 from qsync_opt.loading.balance_heuristics import (
     LS_GAP,
     improve,
+    improve_wide,
     karmarkar_karp,
     kk_parts,
     lpt,
+    multifit,
     stride,
 )
 from qsync_opt.loading.balance_model import (
@@ -39,6 +42,7 @@ from qsync_opt.loading.balance_model import (
     area_bound,
     counting_bound,
     feasible,
+    large_area_bound,
     loads_np,
     loads_of,
     lower_bound,
@@ -46,21 +50,29 @@ from qsync_opt.loading.balance_model import (
     single_bound,
 )
 
-__all__ = ["EXACT_BUILD_S_PER_CELL", "KK_MAX_CELLS", "LS_GAP", "STOP_MARGIN", "WEIGHT_BITS", "Instance", "Result",
-           "area_bound", "balance", "build_problem", "counting_bound", "exact_build_estimate_s", "feasible", "improve",
-           "karmarkar_karp", "kk_parts", "loads_of", "lower_bound", "lpt", "make_instance", "single_bound",
-           "solve_exact", "stride"]
+__all__ = ["EXACT_BUILD_S_PER_CELL", "KK_MAX_CELLS", "LS_GAP", "MULTIFIT_GAP", "MULTIFIT_PROBES", "STOP_MARGIN",
+           "WEIGHT_BITS", "Instance", "Result", "area_bound", "balance", "build_problem", "counting_bound",
+           "exact_build_estimate_s", "feasible", "improve", "karmarkar_karp", "kk_parts", "large_area_bound",
+           "loads_of", "lower_bound", "lpt", "make_instance", "multifit", "single_bound", "solve_exact", "stride"]
 
 KK_MAX_CELLS = 4_096
 """Karmarkar-Karp runs when samples x ranks is at most this: it keeps a K-slot partial solution
 per sample (O(N·K log K)), cheap on small batches, where it can beat LPT; above, LPT with the
-local search is within `LS_GAP` of the bound on every measured batch."""
+local search, MULTIFIT and the wide local search take its place (benchmarks/balance_scale.py
+compares their plans with today's KK and LPT)."""
 EXACT_BUILD_S_PER_CELL = 2e-5
 """Seconds per (sample, rank) cell to build and load the exact program (a generous estimate on one
 CPU core): `exact_build_estimate_s`."""
 
 STOP_MARGIN = 0.1
 """Share of the time limit kept back from the exact solver for its stop latency and the result's decoding."""
+
+MULTIFIT_GAP = 1e-3
+"""When the local search ends further than this above the lower bound, MULTIFIT (best-fit
+decreasing under a bisected capacity) is tried too: it packs a few large samples with many small
+ones where LPT gives every rank the same number of large ones (bimodal lengths)."""
+MULTIFIT_PROBES = 8
+"""Capacities MULTIFIT tries at most (each one pass over the samples)."""
 
 _clock = time.perf_counter  # the wall clock every stage reads (tests replace it)
 
@@ -77,7 +89,9 @@ def _makespan(inst: Instance, owner) -> int:
 def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: float = 0.05,
             work_limit: float | None = None, accept_incumbent: bool = False, gap_tol: float = 0.0,
             min_gain: float = 0.0) -> Result:
-    """Best of KK (small batches) and LPT, refined by `improve`, then the exact program.
+    """Best of KK (small batches) and LPT, refined by `improve`; where that is not within
+    `MULTIFIT_GAP` of the bound, MULTIFIT (no caps or count rule) and then `improve_wide` from the
+    same start too, the best of them; then the exact program.
 
     `time_limit_s` bounds the whole call's wall clock (heuristics, model building and solve):
     the exact stage starts only when its expected build time (`exact_build_estimate_s`) fits in
@@ -109,11 +123,25 @@ def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: floa
         detail["lpt"] = _makespan(inst, lp)
         cands.append((detail["lpt"], 1, "lpt", lp))
     best = min(cands) if cands else None
+    start = best
     if best is not None and best[0] > lb:
         o = improve(inst, best[3], lower=lb, gap=LS_GAP)
         best = (_makespan(inst, o), best[1], best[2] + "+ls", o)
     elif best is not None:
         best = (best[0], best[1], best[2] + "+ls", best[3])
+    free = not inst.equal_counts and all(c is None for c in inst.caps)
+    if best is not None and free and best[0] - lb > MULTIFIT_GAP * best[0]:
+        mf = multifit(inst, lb, best[0], probes=MULTIFIT_PROBES, gap=LS_GAP)
+        if mf is not None:
+            mf = improve(inst, mf, lower=lb, gap=LS_GAP)
+            detail["multifit"] = _makespan(inst, mf)
+            if detail["multifit"] < best[0]:
+                best = (detail["multifit"], 2, "multifit+ls", mf)
+    if best is not None and best[0] - lb > MULTIFIT_GAP * best[0]:
+        wide = improve_wide(inst, start[3], lower=lb, gap=LS_GAP)
+        detail["wide"] = _makespan(inst, wide)
+        if detail["wide"] < best[0]:
+            best = (detail["wide"], 3, start[2] + "+wide", wide)
 
     def done(owner, method, status, bound):
         r = _result(inst, owner, method, status, bound, **detail)

@@ -140,6 +140,58 @@ def _lpt_free(inst: Instance, order: np.ndarray) -> list[int]:
     return owner
 
 
+def fit_within(inst: Instance, T: int) -> list[int] | None:
+    """Best-fit decreasing into ranks of capacity T (weight units), no caps or count rule: each
+    sample, largest first, goes to the rank it leaves the least idle (in its share of T; ties to
+    the lowest rank); None when one does not fit anywhere. One sorted list of (room, rank) per
+    rank class: a sample costs d bisections and one list update."""
+    import bisect
+
+    n, d = inst.n, inst.d
+    sh = max(inst.k - 1, 1).bit_length()
+    mask = (1 << sh) - 1
+    rooms: list[list[int]] = [[] for _ in range(d)]
+    for r, c in enumerate(inst.rank_col):
+        rooms[c].append((int(T) << sh) | r)
+    for lst in rooms:
+        lst.sort()
+    owner = [0] * n
+    ws = inst.cols[inst.order].tolist()
+    for i, w in zip(inst.order.tolist(), ws):
+        best, bc, bj = None, -1, -1
+        for c in range(d):
+            lst = rooms[c]
+            j = bisect.bisect_left(lst, w[c] << sh)
+            if j < len(lst):
+                key = ((lst[j] >> sh) - w[c], lst[j] & mask)  # idle left (weight units of this class), rank
+                if best is None or key < best:
+                    best, bc, bj = key, c, j
+        if best is None:
+            return None
+        e = rooms[bc].pop(bj)
+        owner[i] = e & mask
+        bisect.insort(rooms[bc], e - (w[bc] << sh))  # the rank's room shrinks by the sample
+    return owner
+
+
+def multifit(inst: Instance, lower: int, upper: int, probes: int = 12, gap: float = 0.0) -> list[int] | None:
+    """MULTIFIT: bisection on the capacity T between `lower` (a lower bound) and `upper` (a known
+    makespan), `fit_within` at each probe; the best assignment found (makespan < `upper`), or
+    None. Stops after `probes` probes or once the interval is within `gap` of its top."""
+    best = None
+    lo, hi = int(lower) - 1, int(upper)  # no plan fits lo; one fits hi (the known makespan)
+    for _ in range(probes):
+        if hi - lo <= 1 or hi - lo <= gap * hi:
+            break
+        mid = (lo + hi) // 2
+        own = fit_within(inst, mid)
+        if own is None:
+            lo = mid
+        else:
+            best, hi = own, int(loads_np(inst, own).max())
+    return best
+
+
 def karmarkar_karp(inst: Instance) -> list[int]:
     """Largest differencing into k parts, speed-aware: parts are bound to ranks, a merge gives
     the most loaded rank (load/speed) of one partial solution the smallest part of the other,
@@ -198,7 +250,7 @@ def karmarkar_karp(inst: Instance) -> list[int]:
 
 
 def _improve_seq(inst: Instance, owner: Sequence[int], max_rounds: int | None = None, lower: int = 0,
-                 gap: float = 0.0, every_pair: bool = False) -> list[int]:
+                 gap: float = 0.0, every_pair: bool = False, every_rank: bool = False) -> list[int]:
     """Local search from `owner`: move or swap one sample off the most loaded rank while that
     lowers it and the receiving rank ends below its old load (caps and counts kept). Each
     accepted step lowers (makespan, number of ranks at it) lexicographically, so it stops; it
@@ -256,7 +308,7 @@ def _improve_seq(inst: Instance, owner: Sequence[int], max_rounds: int | None = 
             # of top and rank r, new(i, j) = max(A_i + w_top(j), B_ir - w_r(j)), A_i = Lt - w_top(i),
             # B_ir = L_r + w_r(i): the first term grows and the second falls with j's size, so the
             # best j of r is next to where w_top(j) + w_r(j) crosses B_ir - A_i
-            if k - 1 > SWAP_RANKS * inst.d:
+            if k - 1 > SWAP_RANKS * inst.d and not every_rank:
                 near = np.zeros(k, dtype=bool)
                 for m in (members if members is not None else [np.arange(k)]):
                     if len(m) > SWAP_RANKS + 1:
@@ -360,6 +412,15 @@ def improve(inst: Instance, owner: Sequence[int], max_rounds: int | None = None,
     rounds = max_rounds if max_rounds is not None else 4 * inst.n + 8
     full = _improve_seq(inst, own, rounds, lower, gap, every_pair=True)
     return min((fast, full), key=lambda o: (int(loads_np(inst, o).max()), o is full))
+
+
+def improve_wide(inst: Instance, owner: Sequence[int], lower: int = 0, gap: float = 0.0) -> list[int]:
+    """The single-rank local search with swaps against every rank and a step budget of
+    min(4N + 8, 8K + 64): for batches where the fast search and MULTIFIT both end above
+    `loading.balance.MULTIFIT_GAP` (balance's last resort before the exact stage)."""
+    if inst.n == 0 or inst.k < 2:
+        return list(owner)
+    return _improve_seq(inst, owner, min(4 * inst.n + 8, 8 * inst.k + 64), lower, gap, every_rank=True)
 
 
 def _improve_pairs(inst: Instance, owner: Sequence[int], max_rounds: int | None, lower: int, gap: float) -> list[int]:

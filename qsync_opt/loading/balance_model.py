@@ -1,7 +1,7 @@
 """The balance model: one global batch as integer weights w[i][r] (`make_instance`, the quantisation
 rule of loading.balance), the `Result` of a plan, and its evaluation (loads, feasibility under the
-token caps and count rule, the lower bounds the gap is measured against: area, single-sample and
-counting)."""
+token caps and count rule, the lower bounds the gap is measured against: area, single-sample,
+large-sample area and counting)."""
 
 from __future__ import annotations
 
@@ -189,12 +189,43 @@ def area_bound(inst: Instance) -> int:
     positive s, so also with per-rank cost curves)."""
     if inst.n == 0:
         return 0
+    frac = float(_cheapest_work(inst).sum()) / float(sum(inst.speeds))
+    return int(math.ceil(frac * (1 - 1e-9) - 1e-9)) if frac > 0 else 0
+
+
+def _cheapest_work(inst: Instance) -> np.ndarray:
+    """min_r w[i][r]·s_r per sample (the area bound's summand)."""
     best = None
-    for c, s in sorted(set(zip(inst.rank_col, inst.speeds))):  # the distinct (column, speed) pairs
+    for c, s in sorted(set(zip(inst.rank_col, inst.speeds))):
         v = inst.cols[:, c] * s
         best = v if best is None else np.minimum(best, v)
-    frac = float(best.sum()) / float(sum(inst.speeds))
-    return int(math.ceil(frac * (1 - 1e-9) - 1e-9)) if frac > 0 else 0
+    return best
+
+
+def large_area_bound(inst: Instance) -> int:
+    """The area bound over the j largest samples and the ranks that can hold any of them, max over j.
+
+    Take the first j samples in `Instance.order` (set A) and q_c(j) = min of w[i][c] over A. Proof:
+    in an optimal assignment of makespan T*, a rank of class c holds a sample of A only if
+    q_c(j) ≤ T*; the samples of A run on such ranks, each within T* of load, so
+    Σ_A min_r w·s ≤ T*·Σ {s_r : q_c(r)(j) ≤ T*}. With the classes sorted by q_c(j), the least T
+    meeting that is min over m of max(q_(m)(j), Σ_A min_r w·s / (speed of the m first classes)).
+    It binds where the large samples cannot go to slow ranks: a long sample that would take a slow
+    rank past the bound must share the fast ranks with the other long ones."""
+    n = inst.n
+    if n == 0:
+        return 0
+    order = inst.order
+    S = np.cumsum(_cheapest_work(inst)[order])
+    q = np.minimum.accumulate(inst.cols[order], axis=0).astype(float)  # n x d
+    P = np.zeros(inst.d)
+    np.add.at(P, inst.rank_cols, np.asarray(inst.speeds, dtype=float))
+    by = np.argsort(q, axis=1, kind="stable")
+    qs = np.take_along_axis(q, by, axis=1)
+    Ps = np.cumsum(P[by], axis=1)
+    T = np.maximum(qs, S[:, None] / Ps).min(axis=1)
+    top = float(T.max())
+    return int(math.ceil(top * (1 - 1e-9) - 1e-9)) if top > 0 else 0
 
 
 def single_bound(inst: Instance) -> int:
@@ -250,11 +281,12 @@ def counting_bound(inst: Instance, at_least: int = 0) -> int:
 
 def lower_bound(inst: Instance) -> int:
     """A lower bound on the optimal makespan: the largest of the area bound (total work over total
-    speed), the single-sample bound (the largest sample on its cheapest rank) and the counting
-    bound (`counting_bound`). No assignment beats it."""
+    speed), the single-sample bound (the largest sample on its cheapest rank), the large-sample
+    area bound (`large_area_bound`) and the counting bound (`counting_bound`). No assignment
+    beats it."""
     if inst.n == 0:
         return 0
-    return counting_bound(inst, max(area_bound(inst), single_bound(inst)))
+    return counting_bound(inst, max(area_bound(inst), single_bound(inst), large_area_bound(inst)))
 
 
 def _result(inst: Instance, owner: Sequence[int], method: str, status: str, bound: int, **detail) -> Result:

@@ -51,7 +51,7 @@ def test_lower_bounds_never_exceed_the_optimum(seed):
     if opt is None:
         return
     assert B.counting_bound(inst) <= opt
-    assert B.area_bound(inst) <= opt and B.single_bound(inst) <= opt
+    assert B.area_bound(inst) <= opt and B.single_bound(inst) <= opt and B.large_area_bound(inst) <= opt
     assert B.lower_bound(inst) <= opt
 
 
