@@ -26,6 +26,7 @@ from qsync_opt.errors import InfeasibleError, SpecError
 from qsync_opt.loading.balance_exact import build_problem, load_solver, solve_exact
 from qsync_opt.loading.balance_heuristics import (
     LS_GAP,
+    fit_within,
     improve,
     improve_wide,
     karmarkar_karp,
@@ -52,8 +53,9 @@ from qsync_opt.loading.balance_model import (
 
 __all__ = ["EXACT_BUILD_S_PER_CELL", "KK_MAX_CELLS", "LS_GAP", "MULTIFIT_GAP", "MULTIFIT_PROBES", "STOP_MARGIN",
            "WEIGHT_BITS", "Instance", "Result", "area_bound", "balance", "build_problem", "counting_bound",
-           "exact_build_estimate_s", "feasible", "improve", "karmarkar_karp", "kk_parts", "large_area_bound",
-           "loads_of", "lower_bound", "lpt", "make_instance", "multifit", "single_bound", "solve_exact", "stride"]
+           "exact_build_estimate_s", "feasible", "fit_within", "improve", "karmarkar_karp", "kk_parts",
+           "large_area_bound", "loads_of", "lower_bound", "lpt", "make_instance", "multifit", "single_bound",
+           "solve_exact", "stride"]
 
 KK_MAX_CELLS = 4_096
 """Karmarkar-Karp runs when samples x ranks is at most this: it keeps a K-slot partial solution
