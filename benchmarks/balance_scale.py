@@ -8,7 +8,7 @@ shape: 32 layers, hidden 4,096, 6.6e9 matmul weights, causal attention; `loading
 Each case draws --calls global batches (seeded per case) and plans each one.
 
 Columns:
-- plan_ms_median / plan_ms_p99: wall time of one plan (make_instance + balance) with the data
+- plan_ms_median / plan_ms_p99: wall time of one plan (costs, make_instance and balance) with the data
   plane's defaults (CP-SAT, 0.02 deterministic s, plan_time_limit 1 s, gap 1%); cpu_ms_median:
   the same in process CPU time (the machine is shared: the load is in the header).
 - gap_median / gap_max: makespan over the proven lower bound, less 1; within_1pct: how many
@@ -92,7 +92,7 @@ def bound_source(inst) -> str:
 
 
 def plan(lengths, speeds, **kw):
-    """make_instance + balance, timed in wall and CPU seconds."""
+    """costs, make_instance and balance, timed in wall and CPU seconds."""
     gc.collect()  # a collection would otherwise land inside a timed call: a pause of the process, not the planner
     t, c = time.perf_counter(), time.process_time()
     inst = B.make_instance(costs_of(lengths), speeds, lengths)
