@@ -96,7 +96,9 @@ def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: floa
     same start too, the best of them; then the exact program.
 
     `time_limit_s` bounds the whole call's wall clock (heuristics, model building and solve):
-    the exact stage starts only when its expected build time (`exact_build_estimate_s`) fits in
+    LPT, KK and the fast local search always run (deterministic, bounded by their step budgets);
+    MULTIFIT and the wide search stop at the limit (then `detail['time_limited']`, as a rerun
+    may plan differently); the exact stage starts only when its expected build time (`exact_build_estimate_s`) fits in
     half the limit (a test on the instance alone) and in what is left of it once the solver is
     imported (the wall clock; a skip for that reason sets `detail['time_limited']`), and its
     solver gets what is left, less `STOP_MARGIN` of the limit.
@@ -132,18 +134,27 @@ def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: floa
     elif best is not None:
         best = (best[0], best[1], best[2] + "+ls", best[3])
     free = not inst.equal_counts and all(c is None for c in inst.caps)
+    spent = []  # the optional stages stop at the time limit; a plan they shaped is then flagged
+
+    def late() -> bool:
+        if _clock() >= deadline:
+            spent.append(True)
+        return bool(spent)
+
     if best is not None and free and best[0] - lb > MULTIFIT_GAP * best[0]:
-        mf = multifit(inst, lb, best[0], probes=MULTIFIT_PROBES, gap=LS_GAP)
+        mf = multifit(inst, lb, best[0], probes=MULTIFIT_PROBES, gap=LS_GAP, stop=late)
         if mf is not None:
             mf = improve(inst, mf, lower=lb, gap=LS_GAP)
             detail["multifit"] = _makespan(inst, mf)
             if detail["multifit"] < best[0]:
                 best = (detail["multifit"], 2, "multifit+ls", mf)
     if best is not None and best[0] - lb > MULTIFIT_GAP * best[0]:
-        wide = improve_wide(inst, start[3], lower=lb, gap=LS_GAP)
+        wide = improve_wide(inst, start[3], lower=lb, gap=LS_GAP, stop=late)
         detail["wide"] = _makespan(inst, wide)
         if detail["wide"] < best[0]:
             best = (detail["wide"], 3, start[2] + "+wide", wide)
+    if spent:
+        detail["time_limited"] = True  # MULTIFIT or the wide search stopped at the time limit
 
     def done(owner, method, status, bound):
         r = _result(inst, owner, method, status, bound, **detail)
@@ -173,7 +184,8 @@ def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: floa
                                                         work_limit=work_limit, lower=lb, deadline=solve_by)
                 wall = raw.wall_s if raw is not None else 0.0
                 time_limited = status != "optimal" and (raw is None or _clock() >= solve_by - 0.05 * time_limit_s)
-                detail.update(exact_status=status, exact_s=wall, backend=backend, time_limited=time_limited)
+                detail.update(exact_status=status, exact_s=wall, backend=backend,
+                              time_limited=time_limited or bool(detail.get("time_limited")))
                 lb = max(lb, bound)
                 take = (status == "optimal" or accept_incumbent or best is None
                         or (work_limit is not None and not time_limited))

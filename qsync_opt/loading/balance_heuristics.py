@@ -174,14 +174,16 @@ def fit_within(inst: Instance, T: int) -> list[int] | None:
     return owner
 
 
-def multifit(inst: Instance, lower: int, upper: int, probes: int = 12, gap: float = 0.0) -> list[int] | None:
+def multifit(inst: Instance, lower: int, upper: int, probes: int = 12, gap: float = 0.0,
+             stop=None) -> list[int] | None:
     """MULTIFIT: bisection on the capacity T between `lower` (a lower bound) and `upper` (a known
     makespan), `fit_within` at each probe; the best assignment found (makespan < `upper`), or
-    None. Stops after `probes` probes or once the interval is within `gap` of its top."""
+    None. Stops after `probes` probes, once the interval is within `gap` of its top, or when
+    `stop()` (asked before every probe) is true."""
     best = None
     lo, hi = int(lower) - 1, int(upper)  # no plan fits lo; one fits hi (the known makespan)
     for _ in range(probes):
-        if hi - lo <= 1 or hi - lo <= gap * hi:
+        if hi - lo <= 1 or hi - lo <= gap * hi or (stop is not None and stop()):
             break
         mid = (lo + hi) // 2
         own = fit_within(inst, mid)
@@ -250,7 +252,7 @@ def karmarkar_karp(inst: Instance) -> list[int]:
 
 
 def _improve_seq(inst: Instance, owner: Sequence[int], max_rounds: int | None = None, lower: int = 0,
-                 gap: float = 0.0, every_pair: bool = False, every_rank: bool = False) -> list[int]:
+                 gap: float = 0.0, every_pair: bool = False, every_rank: bool = False, stop=None) -> list[int]:
     """Local search from `owner`: move or swap one sample off the most loaded rank while that
     lowers it and the receiving rank ends below its old load (caps and counts kept). Each
     accepted step lowers (makespan, number of ranks at it) lexicographically, so it stops; it
@@ -276,6 +278,8 @@ def _improve_seq(inst: Instance, owner: Sequence[int], max_rounds: int | None = 
     moves_ok = not inst.equal_counts
     S = 1 << 24  # > any w_top + w_r (weights ≤ 2**WEIGHT_BITS)
     for _ in range(max_rounds if max_rounds is not None else seq_rounds(n, k)):
+        if stop is not None and stop():
+            break
         top = int(np.argmax(loads))  # first index among ties
         Lt = int(loads[top])
         if Lt <= lower or Lt - lower <= gap * Lt:
@@ -414,13 +418,14 @@ def improve(inst: Instance, owner: Sequence[int], max_rounds: int | None = None,
     return min((fast, full), key=lambda o: (int(loads_np(inst, o).max()), o is full))
 
 
-def improve_wide(inst: Instance, owner: Sequence[int], lower: int = 0, gap: float = 0.0) -> list[int]:
+def improve_wide(inst: Instance, owner: Sequence[int], lower: int = 0, gap: float = 0.0, stop=None) -> list[int]:
     """The single-rank local search with swaps against every rank and a step budget of
     min(4N + 8, 8K + 64): for batches where the fast search and MULTIFIT both end above
-    `loading.balance.MULTIFIT_GAP` (balance's last resort before the exact stage)."""
+    `loading.balance.MULTIFIT_GAP` (balance's last resort before the exact stage). `stop()`,
+    asked before every step, ends it early when true."""
     if inst.n == 0 or inst.k < 2:
         return list(owner)
-    return _improve_seq(inst, owner, min(4 * inst.n + 8, 8 * inst.k + 64), lower, gap, every_rank=True)
+    return _improve_seq(inst, owner, min(4 * inst.n + 8, 8 * inst.k + 64), lower, gap, every_rank=True, stop=stop)
 
 
 def _improve_pairs(inst: Instance, owner: Sequence[int], max_rounds: int | None, lower: int, gap: float) -> list[int]:

@@ -252,3 +252,23 @@ def test_multifit_packs_long_samples_that_lpt_pairs():
     r = B.balance(inst, backend=None)
     old = REF.reference_balance(REF.make_instance(costs, [1.0] * 4))
     assert r.method == "multifit+ls" and r.makespan < old.makespan * (1 - 5e-3)
+
+
+def test_multifit_and_the_wide_search_stop_at_the_time_limit(monkeypatch):
+    """The optional stages ask the clock before every probe and step: with the limit spent by the
+    time they would start, the fast heuristic's plan stands and the result says time_limited."""
+    lengths = [900, 880, 860, 500, 480] + [30] * 60
+    inst = B.make_instance([float(x) for x in lengths], [1.0] * 4)
+    free = B.balance(inst, backend=None)
+    assert free.method == "multifit+ls" and not free.detail.get("time_limited")
+    clock = FakeClock()
+    monkeypatch.setattr(B, "_clock", clock)
+    real_lpt = B.lpt
+
+    def slow_lpt(i):
+        clock.t += 2.0  # past the 1 s limit
+        return real_lpt(i)
+
+    monkeypatch.setattr(B, "lpt", slow_lpt)
+    r = B.balance(inst, backend=None, time_limit_s=1.0)
+    assert r.detail["time_limited"] and r.method in ("lpt+ls", "kk+ls") and r.makespan > free.makespan
