@@ -5,6 +5,7 @@ identical ranks, min T; solved by one exact backend with a canonical relabelling
 from __future__ import annotations
 
 import math
+import time
 
 from qsync_opt.errors import SolverError
 from qsync_opt.loading.balance_model import Instance, feasible, loads_of, lower_bound
@@ -51,6 +52,14 @@ def build_problem(inst: Instance, upper: int | None = None, lower: int = 0):
     return p
 
 
+def load_solver(backend: str) -> bool:
+    """Import the backend's solver now (its `available()`; a process's first import of OR-Tools
+    takes seconds): the data plane does it when it starts, `balance` before it reads the time left."""
+    from qsync_opt.solver.backends import get_backend
+
+    return bool(get_backend(backend).available())
+
+
 def _canonical(inst: Instance, owner: list[int]) -> list[int]:
     """Relabel identical ranks so their loads are in non-increasing order (the symmetry rows)."""
     cols: dict = {}
@@ -66,21 +75,34 @@ def _canonical(inst: Instance, owner: list[int]) -> list[int]:
 
 
 def solve_exact(inst: Instance, backend: str = "highs", time_limit_s: float = 1.0,
-                start: list[int] | None = None, threads: int = 1, work_limit: float | None = None):
-    """(owner or None, status, bound) from one exact backend on the min-max program."""
+                start: list[int] | None = None, threads: int = 1, work_limit: float | None = None,
+                lower: int | None = None, deadline: float | None = None):
+    """(owner or None, status, bound, raw result or None) from one exact backend on the min-max
+    program. With `deadline` (a `loading.balance._clock` reading), the solver gets what is left of
+    it after the model is built and loaded (`SolveOptions.deadline`, which also stops a solver
+    that overruns), and nothing is solved when the building used it all (status 'time_limit',
+    raw None)."""
+    from qsync_opt.loading import balance as _b
     from qsync_opt.solver.backends import get_backend
     from qsync_opt.solver.backends.base import SolveOptions
 
-    lb = lower_bound(inst)
+    lb = lower_bound(inst) if lower is None else int(lower)
     upper = max(loads_of(inst, start)) if start is not None else None
     p = build_problem(inst, upper=upper, lower=lb)
     hint = None
     if start is not None:
         start = _canonical(inst, start)
         hint = p.encode({"batch": {str(i): str(r) for i, r in enumerate(start)}})
+    if deadline is not None:
+        left = deadline - _b._clock()
+        if left <= 0:
+            return None, "time_limit", lb, None
+        time_limit_s = min(time_limit_s, left)
     ub = upper if upper is not None else sum(max(row) for row in inst.weights)
+    # the backends' deadline is a time.perf_counter() instant: the model's loading into the solver counts too
+    pc_deadline = None if deadline is None else time.perf_counter() + (deadline - _b._clock())
     opts = SolveOptions(time_limit_s=time_limit_s, rel_gap=0.999 / max(ub, 1), threads=threads, seed=0, hint=hint,
-                        deterministic_time_s=work_limit)
+                        deterministic_time_s=work_limit, deadline=pc_deadline)
     res = get_backend(backend).solve(p, opts)
     bound = lb
     if res.bound is not None and math.isfinite(res.bound):

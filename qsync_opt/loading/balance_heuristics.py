@@ -1,13 +1,36 @@
 """The balance heuristics: speed-aware LPT and Karmarkar-Karp, a local search that refines an
 assignment (`improve`), and stride and KK partitions. Pure and deterministic (stable tie-breaks on
-index); loading.balance takes the better of them as the exact program's warm start and fallback."""
+index); loading.balance takes the better of them as the exact program's warm start and fallback.
+
+LPT keeps one heap of (load, rank) per rank class (ranks sharing a weight column): the best rank
+of a class for the next sample is its least loaded eligible one, so a sample costs O(d + log K)
+for d classes, O(N log N + N (d + log K)) in all. The local search first pairs the ranks above
+its goal with the least loaded ones and trades in all pairs at once, then works on the most loaded
+rank against each class's least loaded rank (moves) and the `SWAP_RANKS` least loaded ranks of
+each class (swaps, each one's best partner found by bisection on sorted weights), and stops once
+the lower bound proves it within `LS_GAP` of the optimum."""
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
 
-from qsync_opt.loading.balance_model import Instance, feasible, loads_of, make_instance
+import numpy as np
+
+from qsync_opt.loading.balance_model import Instance, feasible, loads_np, make_instance
+
+PAIR_PATIENCE = 8
+"""The pairs phase stops after this many rounds in a row without a trade (each such round pairs
+every high rank with the next low one)."""
+SWAP_RANKS = 16
+"""The single-rank phase tries swaps with this many of the least loaded ranks of each class (all
+when fewer): a rank near the top can only take a small difference, so the least loaded hold the
+best swaps."""
+EXHAUSTIVE_CELLS = 4096
+"""Up to this many samples x ranks the local search also tries every pair of every rank."""
+LS_GAP = 1e-4
+"""The local search stops once its slowest rank is within this fraction of the lower bound: what
+is left to win is below it (and below timing noise by orders of magnitude)."""
 
 
 def stride(n: int, k: int) -> list[int]:
@@ -17,47 +40,175 @@ def stride(n: int, k: int) -> list[int]:
 
 def lpt(inst: Instance) -> list[int] | None:
     """Longest processing time first onto the rank that finishes it earliest (speed-aware),
-    within the caps and count rule; None when this greedy cannot place a sample."""
+    within the caps and count rule; None when this greedy cannot place a sample. Ties go to
+    the smaller (finish, load, rank): among the ranks of one class that is the least loaded
+    (then lowest) eligible rank, the top of the class's heap."""
+    n, k, d = inst.n, inst.k, inst.d
+    if n == 0:
+        return [] if feasible(inst, []) else None
     lo, hi = inst.count_range()
-    extra = inst.n - lo * inst.k  # ranks that may hold hi samples when hi > lo
-    order = sorted(range(inst.n), key=lambda i: (-max(inst.weights[i]), i))
-    loads, counts, toks = [0] * inst.k, [0] * inst.k, [0] * inst.k
+    extra = n - lo * k  # ranks that may hold hi samples when hi > lo
+    order = inst.order
+    if not inst.equal_counts and all(c is None for c in inst.caps):
+        return _lpt_free(inst, order)
+    ws = inst.cols[order].tolist()
+    heaps: list[list[tuple[int, int]]] = [[] for _ in range(d)]
+    for r, c in enumerate(inst.rank_col):
+        heaps[c].append((0, r))
+    for h in heaps:
+        heapq.heapify(h)
+    owner = [-1] * n
+    pop, push = heapq.heappop, heapq.heappush
+    counts, toks = [0] * k, [0] * k
+    caps, tk = inst.caps, inst.tokens
     above = 0
-    owner = [-1] * inst.n
-    for i in order:
-        best = None
-        for r in range(inst.k):
-            if counts[r] >= hi or (hi > lo and counts[r] >= lo and above >= extra):
-                continue
-            cap = inst.caps[r]
-            if cap is not None and toks[r] + inst.tokens[i] > cap:
-                continue
-            key = (loads[r] + inst.weights[i][r], loads[r], r)
-            if best is None or key < best:
-                best = key
+    for i, w in zip(order.tolist(), ws):
+        best, bc, aside = None, 0, []
+        for c in range(d):
+            h = heaps[c]
+            while h:
+                ld, r = h[0]
+                if counts[r] >= hi or (hi > lo and counts[r] >= lo and above >= extra):
+                    pop(h)  # full for good: counts only grow
+                    continue
+                if caps[r] is not None and toks[r] + tk[i] > caps[r]:
+                    aside.append((c, pop(h)))  # may take a smaller sample later
+                    continue
+                key = (ld + w[c], ld, r)
+                if best is None or key < best:
+                    best, bc = key, c
+                break
         if best is None:
             return None
+        pop(heaps[bc])  # the chosen rank: still its class's top (set-aside ranks are out)
+        for c, e in aside:
+            push(heaps[c], e)
         r = best[2]
         if hi > lo and counts[r] == lo:
             above += 1
         owner[i] = r
-        loads[r] += inst.weights[i][r]
         counts[r] += 1
-        toks[r] += inst.tokens[i]
+        toks[r] += tk[i]
+        push(heaps[bc], (best[0], r))
     return owner if feasible(inst, owner) else None
+
+
+def _lpt_free(inst: Instance, order: np.ndarray) -> list[int]:
+    """`lpt` without caps or count rule. A heap entry is one integer, load << sh | rank, so that
+    integer order is (load, rank) order and a step is one comparison per class and one heap
+    replacement."""
+    n, d = inst.n, inst.d
+    sh = max(inst.k - 1, 1).bit_length()
+    mask = (1 << sh) - 1
+    heaps: list[list[int]] = [[] for _ in range(d)]
+    for r, c in enumerate(inst.rank_col):
+        heaps[c].append(r)
+    for h in heaps:
+        heapq.heapify(h)
+    ws = (inst.cols[order] << sh).tolist()  # weights in heap-entry units
+    owner = [0] * n
+    replace = heapq.heapreplace
+    if d == 1:
+        h = heaps[0]
+        for i, (w,) in zip(order.tolist(), ws):
+            e = h[0]
+            replace(h, e + w)
+            owner[i] = e & mask
+        return owner
+    if d == 2:  # the common unequal case, unrolled
+        h0, h1 = heaps
+        for i, (w0, w1) in zip(order.tolist(), ws):
+            e0, e1 = h0[0], h1[0]
+            f0, f1 = (e0 + w0) >> sh, (e1 + w1) >> sh  # finish times
+            if f0 < f1 or (f0 == f1 and e0 < e1):
+                replace(h0, e0 + w0)
+                owner[i] = e0 & mask
+            else:
+                replace(h1, e1 + w1)
+                owner[i] = e1 & mask
+        return owner
+    for i, w in zip(order.tolist(), ws):
+        best, bc = None, 0
+        for c in range(d):
+            e = heaps[c][0]
+            key = ((e + w[c]) >> sh, e)  # (finish, load, rank)
+            if best is None or key < best:
+                best, bc = key, c
+        e = best[1]
+        replace(heaps[bc], e + w[bc])
+        owner[i] = e & mask
+    return owner
+
+
+def fit_within(inst: Instance, T: int) -> list[int] | None:
+    """Best-fit decreasing into ranks of capacity T (weight units), no caps or count rule: each
+    sample, largest first, goes to the rank it leaves the least idle (in its share of T; ties to
+    the lowest rank); None when one does not fit anywhere. One sorted list of (room, rank) per
+    rank class: a sample costs d bisections and one list update."""
+    import bisect
+
+    n, d = inst.n, inst.d
+    sh = max(inst.k - 1, 1).bit_length()
+    mask = (1 << sh) - 1
+    rooms: list[list[int]] = [[] for _ in range(d)]
+    for r, c in enumerate(inst.rank_col):
+        rooms[c].append((int(T) << sh) | r)
+    for lst in rooms:
+        lst.sort()
+    owner = [0] * n
+    ws = inst.cols[inst.order].tolist()
+    for i, w in zip(inst.order.tolist(), ws):
+        best, bc, bj = None, -1, -1
+        for c in range(d):
+            lst = rooms[c]
+            j = bisect.bisect_left(lst, w[c] << sh)
+            if j < len(lst):
+                key = ((lst[j] >> sh) - w[c], lst[j] & mask)  # idle left (weight units of this class), rank
+                if best is None or key < best:
+                    best, bc, bj = key, c, j
+        if best is None:
+            return None
+        e = rooms[bc].pop(bj)
+        owner[i] = e & mask
+        bisect.insort(rooms[bc], e - (w[bc] << sh))  # the rank's room shrinks by the sample
+    return owner
+
+
+def multifit(inst: Instance, lower: int, upper: int, probes: int = 12, gap: float = 0.0,
+             stop=None) -> list[int] | None:
+    """MULTIFIT: bisection on the capacity T between `lower` (a lower bound) and `upper` (a known
+    makespan), `fit_within` at each probe; the best assignment found (makespan < `upper`), or
+    None. Stops after `probes` probes, once the interval is within `gap` of its top, or when
+    `stop()` (asked before every probe) is true."""
+    best = None
+    lo, hi = int(lower) - 1, int(upper)  # no plan fits lo; one fits hi (the known makespan)
+    for _ in range(probes):
+        if hi - lo <= 1 or hi - lo <= gap * hi or (stop is not None and stop()):
+            break
+        mid = (lo + hi) // 2
+        own = fit_within(inst, mid)
+        if own is None:
+            lo = mid
+        else:
+            best, hi = own, int(loads_np(inst, own).max())
+    return best
 
 
 def karmarkar_karp(inst: Instance) -> list[int]:
     """Largest differencing into k parts, speed-aware: parts are bound to ranks, a merge gives
     the most loaded rank (load/speed) of one partial solution the smallest part of the other,
     and the heap is keyed on the spread of load/speed. With equal speeds this is verl's
-    `karmarkar_karp` (equal_size when counts must be equal). Caps are not enforced here."""
+    `karmarkar_karp` (equal_size when counts must be equal). Caps are not enforced here.
+    O(N·K log K) (a K-slot partial solution per sample): loading.balance runs it on small batches
+    only (`KK_MAX_CELLS`)."""
     k, n = inst.k, inst.n
     sp = inst.speeds
     fast = sorted(range(k), key=lambda r: (-sp[r], r))
 
+    col0 = inst.cols[:, inst.rank_col[fast[0]]].tolist()
+
     def base(i: int) -> float:  # rank-independent size of a sample (its cost up to a factor)
-        return inst.weights[i][fast[0]] * sp[fast[0]]
+        return col0[i] * sp[fast[0]]
 
     def spread(parts) -> float:
         norm = [parts[r][0] / sp[r] for r in range(k)]
@@ -100,69 +251,260 @@ def karmarkar_karp(inst: Instance) -> list[int]:
     return owner
 
 
-def improve(inst: Instance, owner: list[int], max_rounds: int | None = None) -> list[int]:
+def _improve_seq(inst: Instance, owner: Sequence[int], max_rounds: int | None = None, lower: int = 0,
+                 gap: float = 0.0, every_pair: bool = False, every_rank: bool = False, stop=None) -> list[int]:
     """Local search from `owner`: move or swap one sample off the most loaded rank while that
     lowers it and the receiving rank ends below its old load (caps and counts kept). Each
-    accepted step lowers (makespan, number of ranks at it) lexicographically, so it stops.
-    Integer arithmetic throughout; ties go to the smallest (new load, move before swap, i, j, r)."""
-    import numpy as np
-
-    if inst.n == 0 or inst.k < 2:
+    accepted step lowers (makespan, number of ranks at it) lexicographically, so it stops; it
+    also stops once the makespan is within `gap` of `lower` (a lower bound: nothing left to win
+    beyond that) or after `max_rounds` steps (default 4N + 8). Receivers: for a move, each
+    class's least loaded rank (every rank when caps bind); for a swap, the `SWAP_RANKS` least loaded
+    ranks of each class, each one's best
+    partner sample found by bisection (exact for ranks whose weights order the samples alike,
+    as speed-scaled ones do; every pair when caps bind). Integer arithmetic throughout; ties go
+    to the smallest new load, a move before a swap."""
+    n, k = inst.n, inst.k
+    if n == 0 or k < 2:
         return list(owner)
     own = np.array(owner, dtype=np.int64)
-    W = np.array(inst.weights, dtype=np.int64)
-    tk = np.array(inst.tokens, dtype=np.int64)
-    caps = [None if c is None else int(c) for c in inst.caps]
-    loads = np.array(loads_of(inst, owner), dtype=np.int64)
-    toks = np.bincount(own, weights=tk, minlength=inst.k).astype(np.int64)
-    big = np.iinfo(np.int64).max
-    for _ in range(max_rounds if max_rounds is not None else 4 * inst.n + 8):
+    cols, rc = inst.cols, inst.rank_cols
+    tk = inst.tok
+    big = np.iinfo(np.int64).max // 4
+    capped = any(c is not None for c in inst.caps)
+    cap = np.array([big if c is None else int(c) for c in inst.caps], dtype=np.int64)
+    loads = loads_np(inst, own)
+    toks = np.bincount(own, weights=tk, minlength=k).astype(np.int64) if capped else None
+    members = [np.flatnonzero(rc == c) for c in range(inst.d)] if inst.d <= 8 else None
+    moves_ok = not inst.equal_counts
+    S = 1 << 24  # > any w_top + w_r (weights ≤ 2**WEIGHT_BITS)
+    for _ in range(max_rounds if max_rounds is not None else seq_rounds(n, k)):
+        if stop is not None and stop():
+            break
         top = int(np.argmax(loads))  # first index among ties
+        Lt = int(loads[top])
+        if Lt <= lower or Lt - lower <= gap * Lt:
+            break
         here = np.flatnonzero(own == top)
-        best = None
-        for r in range(inst.k):
-            if r == top:
-                continue
-            if not inst.equal_counts:
-                new = np.maximum(loads[top] - W[here, top], loads[r] + W[here, r])
-                if caps[r] is not None:
-                    new = np.where(toks[r] + tk[here] <= caps[r], new, big)
-                j = int(np.argmin(new))
-                if new[j] < loads[top]:
-                    cand = (int(new[j]), 0, int(here[j]), -1, r)
-                    best = cand if best is None or cand < best else best
-            there = np.flatnonzero(own == r)
-            if len(there) == 0:
-                continue
-            new = np.maximum(loads[top] - W[here, top][:, None] + W[there, top][None, :],
-                             loads[r] - W[there, r][None, :] + W[here, r][:, None])
-            dt = tk[here][:, None] - tk[there][None, :]
-            ok = np.ones_like(new, dtype=bool)
-            if caps[r] is not None:
-                ok &= toks[r] + dt <= caps[r]
-            if caps[top] is not None:
-                ok &= toks[top] - dt <= caps[top]
-            new = np.where(ok, new, big)
-            flat = int(np.argmin(new))
-            a, b = divmod(flat, len(there))
-            if new[a, b] < loads[top]:
-                cand = (int(new[a, b]), 1, int(here[a]), int(there[b]), r)
-                best = cand if best is None or cand < best else best
+        if len(here) == 0:
+            break
+        ct = int(rc[top])
+        wt = cols[here, ct]
+        best = None  # (new, kind, i, j, r)
+        if moves_ok:
+            if members is not None and not (capped or every_pair):
+                recv = []
+                for m in members:
+                    m = m[m != top]
+                    if len(m):
+                        recv.append(int(m[np.argmin(loads[m])]))
+                recv = np.array(sorted(recv), dtype=np.int64)
+            else:
+                recv = np.delete(np.arange(k), top)
+            if len(recv):
+                new = np.maximum(Lt - wt[:, None], loads[recv][None, :] + cols[here][:, rc[recv]])
+                if capped:
+                    new = np.where(toks[recv][None, :] + tk[here][:, None] <= cap[recv][None, :], new, big)
+                a, b = divmod(int(np.argmin(new)), len(recv))
+                if new[a, b] < Lt:
+                    best = (int(new[a, b]), 0, int(here[a]), -1, int(recv[b]))
+        if not (capped or every_pair):
+            # every other rank at once: its samples sorted by (rank, w on top + w on it); for sample i
+            # of top and rank r, new(i, j) = max(A_i + w_top(j), B_ir - w_r(j)), A_i = Lt - w_top(i),
+            # B_ir = L_r + w_r(i): the first term grows and the second falls with j's size, so the
+            # best j of r is next to where w_top(j) + w_r(j) crosses B_ir - A_i
+            if k - 1 > SWAP_RANKS * inst.d and not every_rank:
+                near = np.zeros(k, dtype=bool)
+                for m in (members if members is not None else [np.arange(k)]):
+                    if len(m) > SWAP_RANKS + 1:
+                        m = m[np.argpartition(loads[m], SWAP_RANKS)[:SWAP_RANKS + 1]]
+                    near[m] = True
+                near[top] = False
+                others = np.flatnonzero(near[own])
+            else:
+                others = np.flatnonzero(own != top)
+            if len(others):
+                ro = own[others]
+                key = ro * S + cols[others, ct] + cols[others, rc[ro]]
+                srt = np.argsort(key, kind="stable")
+                others, key = others[srt], key[srt]
+                seg = np.searchsorted(ro[srt], np.arange(k + 1))
+                R = np.flatnonzero(seg[1:] > seg[:-1])
+                A = Lt - wt
+                crR = rc[R]
+                Bm = loads[R][None, :] + cols[here][:, crR]
+                pos = np.searchsorted(key, R[None, :] * S + np.clip(Bm - A[:, None], 0, S - 1), side="left")
+                lo_s, hi_s = seg[R][None, :], seg[R + 1][None, :] - 1
+                sw_best, sw_at = None, None
+                for cand in (pos - 1, pos):
+                    j = others[np.clip(cand, lo_s, hi_s)]
+                    new = np.maximum(A[:, None] + cols[j, ct], Bm - cols[j, crR[None, :]])
+                    f = int(np.argmin(new))
+                    if sw_best is None or new.flat[f] < sw_best:
+                        a_, b_ = divmod(f, len(R))
+                        sw_best, sw_at = int(new.flat[f]), (int(here[a_]), int(j[a_, b_]), int(R[b_]))
+                if sw_best is not None and sw_best < Lt:
+                    c = (sw_best, 1) + sw_at
+                    best = c if best is None or c < best else best
+        else:  # every pair of every rank (caps can rule out the bisection's pick)
+            for r in range(k):
+                if r == top:
+                    continue
+                there = np.flatnonzero(own == r)
+                if len(there) == 0:
+                    continue
+                cr = int(rc[r])
+                Lr = int(loads[r])
+                new = np.maximum(Lt - wt[:, None] + cols[there, ct][None, :],
+                                 Lr - cols[there, cr][None, :] + cols[here, cr][:, None])
+                if capped:
+                    dt = tk[here][:, None] - tk[there][None, :]
+                    ok = (toks[r] + dt <= cap[r]) & (toks[top] - dt <= cap[top])
+                    new = np.where(ok, new, big)
+                a_, b_ = divmod(int(np.argmin(new)), len(there))
+                if new[a_, b_] < Lt:
+                    c = (int(new[a_, b_]), 1, int(here[a_]), int(there[b_]), r)
+                    best = c if best is None or c < best else best
         if best is None:
             break
         _, kind, i, j, r = best
         own[i] = r
-        loads[top] -= W[i, top]
-        loads[r] += W[i, r]
-        toks[top] -= tk[i]
-        toks[r] += tk[i]
+        loads[top] -= cols[i, ct]
+        loads[r] += cols[i, rc[r]]
+        if capped:
+            toks[top] -= tk[i]
+            toks[r] += tk[i]
         if kind == 1:
             own[j] = top
-            loads[r] -= W[j, r]
-            loads[top] += W[j, top]
-            toks[r] -= tk[j]
-            toks[top] += tk[j]
-    return [int(x) for x in own]
+            loads[r] -= cols[j, rc[r]]
+            loads[top] += cols[j, ct]
+            if capped:
+                toks[r] -= tk[j]
+                toks[top] += tk[j]
+    return own.tolist()
+
+
+def ls_rounds(n: int, k: int) -> int:
+    """The pairs phase's default step budget: min(4N + 8, 64) (a step trades in every pair)."""
+    return min(4 * n + 8, 64)
+
+
+def seq_rounds(n: int, k: int) -> int:
+    """The single-rank phase's default step budget: min(4N + 8, 2K + 64), each rank reaching the
+    top about twice; a step's work is O(N + K)."""
+    return min(4 * n + 8, 2 * k + 64)
+
+
+def improve(inst: Instance, owner: Sequence[int], max_rounds: int | None = None, lower: int = 0,
+            gap: float = 0.0) -> list[int]:
+    """Local search from `owner` (`_improve_pairs`, then `_improve_seq`; on batches of at most
+    `EXHAUSTIVE_CELLS` samples x ranks, unless that already reached the goal, also `_improve_seq`
+    over every pair from `owner`, the better of the two): stops once the slowest rank is within
+    `gap` of `lower` (a lower bound), when no step improves, or after `max_rounds` steps of each
+    phase (default `ls_rounds`, `seq_rounds`). Each accepted step lowers the load of a rank at or
+    above the others it trades with, so it never raises the makespan."""
+    own = list(owner)
+    if inst.n == 0 or inst.k < 2:
+        return own
+    fast = own
+    if all(c is None for c in inst.caps):
+        fast = _improve_pairs(inst, own, max_rounds, lower, gap)
+    fast = _improve_seq(inst, fast, max_rounds, lower, gap)
+    m = int(loads_np(inst, fast).max())
+    if inst.n * inst.k > EXHAUSTIVE_CELLS or m <= lower or m - lower <= gap * m:
+        return fast
+    # small batches: also today's search (every pair of every rank, from the same start), the better
+    rounds = max_rounds if max_rounds is not None else 4 * inst.n + 8
+    full = _improve_seq(inst, own, rounds, lower, gap, every_pair=True)
+    return min((fast, full), key=lambda o: (int(loads_np(inst, o).max()), o is full))
+
+
+def improve_wide(inst: Instance, owner: Sequence[int], lower: int = 0, gap: float = 0.0, stop=None) -> list[int]:
+    """The single-rank local search with swaps against every rank and a step budget of
+    min(4N + 8, 8K + 64): for batches where the fast search and MULTIFIT both end above
+    `loading.balance.MULTIFIT_GAP` (balance's last resort before the exact stage). `stop()`,
+    asked before every step, ends it early when true."""
+    if inst.n == 0 or inst.k < 2:
+        return list(owner)
+    return _improve_seq(inst, owner, min(4 * inst.n + 8, 8 * inst.k + 64), lower, gap, every_rank=True, stop=stop)
+
+
+def _improve_pairs(inst: Instance, owner: Sequence[int], max_rounds: int | None, lower: int, gap: float) -> list[int]:
+    """Rounds of simultaneous exchanges, no caps: the ranks above the goal (the largest makespan
+    within `gap` of `lower`), most loaded first, are paired with the least loaded ones, and each
+    pair takes its best move (count rule permitting) or swap, found by bisection as in
+    `_improve_seq`, when it lowers the pair's larger load. Pairs are disjoint, so one round is a
+    handful of array operations whatever K. A round without any trade shifts the pairing by one
+    low rank; `PAIR_PATIENCE` such rounds in a row end the phase."""
+    n, k = inst.n, inst.k
+    cols, rc = inst.cols, inst.rank_cols
+    own = np.array(owner, dtype=np.int64)
+    loads = loads_np(inst, own)
+    goal = int(lower / (1.0 - gap)) if gap < 1 else lower
+    S = 1 << 24  # > any v = w_t + w_r (weights ≤ 2**WEIGHT_BITS)
+    idx = np.arange(n)
+    idle = 0  # rounds in a row without an accepted trade
+    for t in range(max_rounds if max_rounds is not None else ls_rounds(n, k)):
+        by = np.argsort(-loads, kind="stable")
+        nhi = int((loads > max(goal, lower)).sum())
+        npair = min(nhi, k - nhi)
+        if npair == 0 or idle >= PAIR_PATIENCE:
+            break
+        hi_r = by[:npair]
+        # the least loaded first; after a round without trades, each high rank meets the next one
+        lo_r = by[::-1][:k - nhi][(np.arange(npair) + idle) % (k - nhi)]
+        pair = np.full(k, -1, dtype=np.int64)
+        side = np.zeros(k, dtype=np.int8)
+        pair[hi_r] = np.arange(npair)
+        pair[lo_r] = np.arange(npair)
+        side[hi_r] = 1
+        ct_p, cr_p = rc[hi_r], rc[lo_r]
+        Lt_p, Lr_p = loads[hi_r], loads[lo_r]
+        po = pair[own]
+        si = side[own]
+        # the low ranks' samples, sorted by (pair, w on the high rank + w on the low rank)
+        lo_items = idx[(po >= 0) & (si == 0)]
+        lp = po[lo_items]
+        v = cols[lo_items, ct_p[lp]] + cols[lo_items, cr_p[lp]]
+        srt = np.argsort(lp * S + v, kind="stable")
+        lo_items, lp, v = lo_items[srt], lp[srt], v[srt]
+        keys = lp * S + v
+        seg = np.searchsorted(lp, np.arange(npair + 1))
+        # the high ranks' samples
+        hi_items = idx[(po >= 0) & (si == 1)]
+        hp = po[hi_items]
+        ct, cr = ct_p[hp], cr_p[hp]
+        A = Lt_p[hp] - cols[hi_items, ct]
+        B = Lr_p[hp] + cols[hi_items, cr]
+        big = np.iinfo(np.int64).max // 4
+        best = np.maximum(A, B) if not inst.equal_counts else np.full(len(hi_items), big)
+        partner = np.full(len(hi_items), -1, dtype=np.int64)
+        s0, s1 = seg[hp], seg[hp + 1]
+        has = s1 > s0
+        if len(lo_items) and has.any():
+            pos = np.searchsorted(keys, hp * S + np.clip(B - A, 0, S - 1), side="left")
+            for cand in (pos - 1, pos):
+                c = np.clip(cand, s0, np.maximum(s1 - 1, s0))
+                c = np.minimum(c, len(lo_items) - 1)
+                j = lo_items[c]
+                new = np.maximum(A + cols[j, ct], B - cols[j, cr])
+                better = has & (new < best)
+                best = np.where(better, new, best)
+                partner = np.where(better, j, partner)
+        # per pair: the smallest new load (then the lowest sample)
+        o = np.lexsort((hi_items, best, hp))
+        first = o[np.r_[True, hp[o][1:] != hp[o][:-1]]]
+        take = first[best[first] < Lt_p[hp[first]]]
+        if len(take) == 0:
+            idle += 1
+            continue
+        idle = 0
+        i, j, p = hi_items[take], partner[take], hp[take]
+        t, r = hi_r[p], lo_r[p]
+        own[i] = r
+        sw = j >= 0
+        own[j[sw]] = t[sw]
+        loads = loads_np(inst, own)
+    return own.tolist()
 
 
 def kk_parts(costs: Sequence[float], k: int, equal_size: bool = False) -> list[int]:

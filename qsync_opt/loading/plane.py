@@ -18,12 +18,24 @@ batch, and so the gradient (the loss is normalised globally), do not depend on t
 
 The ranks only receive their ids (`StepPlan.rank_ids(r)`); they read, pad and run them, and
 normalise their loss by the global token count (`loading.collate`).
+
+Off the critical path (`prefetch=True`): as soon as `next_batch` hands out step t's plan, the
+plane draws step t+1's samples (the mix is deterministic, so they are the same as without
+prefetch) and plans them on a background thread while step t runs; the next `next_batch` only
+waits for what is left. Each plan reports both costs: `plan_s` (the planning itself, wherever it
+ran) and `wait_s` (what `next_batch` kept its caller waiting: the critical path). A prefetched
+plan is made with the cost model and speeds of the moment step t's plan was handed out; if they
+change before step t+1 is asked for, its `predicted` loads are recomputed with the new ones and
+`detail['planned_with_previous_model']` says so (the split stays the prefetched one).
+`state_dict` always describes the steps handed out, never the prefetched one.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,7 +85,11 @@ class StepPlan:
     status: str
     gap: float
     plan_s: float
+    """Seconds spent planning this step (on a background thread when prefetched)."""
     detail: dict = field(default_factory=dict)
+    wait_s: float = 0.0
+    """Seconds `next_batch` kept its caller waiting for this plan (mix and planning, or, when it
+    was prefetched, what was left of them): the planner's share of the step's critical path."""
 
     @property
     def global_tokens(self) -> int:
@@ -91,7 +107,7 @@ class DataPlane:
                  policy: str = "ours", cost: CostModel | Sequence[CostModel] | None = None, token_cap: int | None = None,
                  equal_counts: bool = False, seed: int = 0, backend: str | None = "cpsat",
                  time_limit_s: float = 1.0, work_limit: float | None = 0.02, gap_tol: float = 1e-2,
-                 min_gain_s: float = MIN_GAIN_S):
+                 min_gain_s: float = MIN_GAIN_S, prefetch: bool = False):
         if not sources:
             raise SpecError("data.sources: the data plane needs at least one source")
         if global_batch < 1:
@@ -111,10 +127,16 @@ class DataPlane:
         self.seed = int(seed)
         self.backend, self.time_limit_s, self.gap_tol = backend, float(time_limit_s), float(gap_tol)
         self.work_limit = work_limit if backend == "cpsat" else None
+        if backend is not None and policy in ("tokens", "ours"):
+            B.load_solver(backend)  # at start-up, not inside a step's time limit
         self.min_gain_s = float(min_gain_s)
         """With cost curves in seconds, the exact stage runs only when the heuristic split's slowest
         rank could be more than this above the optimum (its lower bound): below, it would cost more
         on the critical path than it could win. Token and FLOP costs ignore it."""
+        self.prefetch = bool(prefetch)
+        """Plan step t+1 on a background thread while step t runs (module docstring)."""
+        self._pending = None  # (state before the prefetched draw, samples, lengths, model, future)
+        self._pool: ThreadPoolExecutor | None = None
         self.step = 0
         self.epoch = [0] * len(self.sources)
         self.cursor = [0] * len(self.sources)
@@ -157,24 +179,74 @@ class DataPlane:
 
     # ---- one global batch -----------------------------------------------------------------
     def next_batch(self) -> StepPlan:
-        samples = self._mix()
-        lengths = [int(self.sources[s].lengths[i]) for s, i in samples]
-        plan = self.assign(lengths)
+        t0 = time.perf_counter()
+        if self._pending is not None:
+            _, samples, lengths, model, fut = self._pending
+            self._pending = None
+            plan = fut.result()
+            if model != self._model():  # refitted since the prefetch started: predict with the new model
+                plan.predicted = self._predicted(lengths, plan.owner, self._model())
+                plan.detail["planned_with_previous_model"] = True
+        else:
+            samples = self._mix()
+            lengths = [int(self.sources[s].lengths[i]) for s, i in samples]
+            plan = self.assign(lengths)
         plan.step, plan.samples = self.step, samples
         self.step += 1
+        plan.wait_s = time.perf_counter() - t0
+        if self.prefetch:
+            self._prefetch_next()
         return plan
 
-    def assign(self, lengths: Sequence[int], policy: str | None = None, cost: CostModel | None = None) -> StepPlan:
+    def _model(self):
+        return (self.cost if not isinstance(self.cost, list) else tuple(self.cost), tuple(self.speeds))
+
+    def _prefetch_next(self) -> None:
+        saved = self.state_dict()
+        samples = self._mix()
+        lengths = [int(self.sources[s].lengths[i]) for s, i in samples]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plane-prefetch")
+        model = self._model()
+        self._pending = (saved, samples, lengths, model, self._pool.submit(self.assign, lengths, model=model))
+
+    def close(self) -> None:
+        """Drop a prefetched plan (rewinding the mix to before its draw) and stop the background
+        thread; a later `next_batch` plans inline, or prefetches again with `prefetch` still on."""
+        self._drop_pending()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _drop_pending(self) -> None:
+        """Forget the prefetched step and rewind the mix to before its draw."""
+        if self._pending is not None:
+            saved, fut = self._pending[0], self._pending[-1]
+            fut.cancel()
+            self._pending = None
+            self.step = int(saved["step"])
+            self.epoch = [int(x["epoch"]) for x in saved["sources"]]
+            self.cursor = [int(x["cursor"]) for x in saved["sources"]]
+            self.deficit = [float(x) for x in saved["deficit"]]
+            self._perm = [None] * len(self.sources)
+
+    def assign(self, lengths: Sequence[int], policy: str | None = None, cost: CostModel | None = None, *,
+               model=None) -> StepPlan:
         """Split one global batch of these lengths over the ranks by `policy` (default: the plane's),
         `cost` (default: the plane's) being the cost that policy balances; `predicted` is always
-        in the plane's cost model and speeds."""
+        in the plane's cost model and speeds (or `model`, a (cost model(s), speeds) pair taken
+        earlier: the prefetch plans with the model of the moment it started)."""
         policy = policy or self.policy
-        k = len(self.speeds)
-        per_rank = isinstance(self.cost, (list, tuple))
-        if per_rank and len(self.cost) != k:
-            raise SpecError(f"data plane: {len(self.cost)} cost models for {k} ranks; give one per rank or one for all")
+        plane_cost, speeds = model if model is not None else self._model()
+        plane_cost = list(plane_cost) if isinstance(plane_cost, tuple) else plane_cost
+        speeds = list(speeds)
+        k = len(speeds)
+        per_rank = isinstance(plane_cost, (list, tuple))
+        if per_rank and len(plane_cost) != k:
+            raise SpecError(f"data plane: {len(plane_cost)} cost models for {k} ranks; "
+                            "give one per rank or one for all")
         t0 = time.perf_counter()
-        base = cost or (self.cost[0] if per_rank else self.cost)
+        base = cost or (plane_cost[0] if per_rank else plane_cost)
         costs = base.costs(lengths)
         status, gap, detail = "feasible", float("nan"), {}
         if policy == "stride":
@@ -185,23 +257,34 @@ class DataPlane:
         else:
             matrix = None
             if policy == "ours" and per_rank and cost is None:
-                matrix = list(zip(*(m.costs(lengths) for m in self.cost)))
-            inst = B.make_instance([float(x) for x in lengths] if policy == "tokens" else costs, self.speeds, lengths,
+                matrix = list(zip(*(m.costs(lengths) for m in plane_cost)))
+            inst = B.make_instance([float(x) for x in lengths] if policy == "tokens" else costs, speeds, lengths,
                                    self.token_cap, self.equal_counts, rank_costs=matrix)
-            curves = self.cost if per_rank else [self.cost]
+            curves = plane_cost if per_rank else [plane_cost]
             seconds = policy == "ours" and cost is None and all(c.unit == "s" for c in curves)
             res = B.balance(inst, backend=self.backend, time_limit_s=self.time_limit_s, work_limit=self.work_limit,
                             gap_tol=self.gap_tol, min_gain=self.min_gain_s if seconds else 0.0)
             owner, method, status, gap, detail = res.owner(), res.method, res.status, res.gap, res.detail
         plan_s = time.perf_counter() - t0
-        predicted = [0.0] * k
-        for i, r in enumerate(owner):
-            predicted[r] += self.cost[r](lengths[i]) if per_rank else self.cost(lengths[i]) / self.speeds[r]
+        predicted = self._predicted(lengths, owner, (plane_cost, speeds))
         return StepPlan(-1, [], list(lengths), owner, predicted, method, status, gap, plan_s, detail)
+
+    @staticmethod
+    def _predicted(lengths, owner, model) -> list[float]:
+        """Σ c(L)/speed (or Σ c_r(L)) per rank under `model`, a (cost model(s), speeds) pair."""
+        cost, speeds = model
+        per_rank = isinstance(cost, (list, tuple))
+        predicted = [0.0] * len(speeds)
+        for i, r in enumerate(owner):
+            predicted[r] += cost[r](lengths[i]) if per_rank else cost(lengths[i]) / speeds[r]
+        return predicted
 
     # ---- checkpoint -----------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Everything needed to continue the exact sample sequence: small and JSON-safe."""
+        """Everything needed to continue the exact sample sequence: small and JSON-safe. With a
+        plan prefetched, the state before its draw (the steps handed out, not the prefetched one)."""
+        if self._pending is not None:
+            return copy.deepcopy(self._pending[0])
         return {
             "version": STATE_VERSION, "step": self.step, "seed": self.seed, "global_batch": self.global_batch,
             "sources": [{"name": s.name, "size": len(s.lengths), "epoch": e, "cursor": c}
@@ -210,6 +293,7 @@ class DataPlane:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        self._drop_pending()
         if state.get("version") != STATE_VERSION:
             raise SpecError(f"data-plane checkpoint: version {state.get('version')!r}, this build reads {STATE_VERSION}")
         names = [s["name"] for s in state["sources"]]
