@@ -40,6 +40,7 @@ WRITES = {
     "accuracy_summary.py": ["accuracy_summary.csv"],
     "balance.py": ["balance.csv", "balance_planner.csv", "balance_memory.csv", "balance.png"],
     "balance_exact_gain.py": ["balance_exact_gain.csv"],
+    "balance_scale.py": ["balance_scale.csv"],
     "calibration_heldout.py": ["heldout.json", "plan_datasheet.json"],
     "concurrency.py": ["concurrency.csv"],
     "ddp_step_readings.py": ["ddp_step_readings.csv"],
