@@ -147,8 +147,9 @@ class MixSpec(BaseModel):
     """Work budget of the exact balancing program per global batch, in CP-SAT's deterministic
     seconds (one thread): the same split on every run, whatever the machine's load."""
     plan_time_limit_ms: float = Field(default=1000.0, gt=0)
-    """Wall-clock backstop of the exact program per global batch; if it fires first the
-    heuristic split (Karmarkar-Karp / LPT with local search) stands."""
+    """Wall-clock limit of one balance call's optional stages (MULTIFIT, the wide local search, the
+    exact program with its model building); LPT and the fast local search always run, so the split
+    is reproducible. When it fires the best split found so far stands."""
     plan_min_gain_ms: float = Field(default=10.0, ge=0)
     """The exact program runs only when it could shorten the slowest rank's predicted step by more
     than this (the heuristic split's slowest rank less the lower bound), i.e. when it can win back
