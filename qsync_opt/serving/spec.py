@@ -18,7 +18,7 @@ from pydantic import Field, field_validator, model_validator
 from qsync_opt.hardware.cluster import Cluster
 from qsync_opt.solver.spec import SolverSpec
 from qsync_opt.spec.base import SpecModel as _Model
-from qsync_opt.spec.load import apply_overrides, read_document, validate
+from qsync_opt.spec.load import read_document, validate
 
 
 #: Published configs (the models' config.json on their model cards).
@@ -215,4 +215,4 @@ def load_serving_spec(source, **overrides) -> ServingJob:
     if isinstance(source, ServingJob) and not overrides:
         return source
     data, text, origin = read_document(source)
-    return validate(ServingJob, apply_overrides(data, overrides), text, origin)
+    return validate(ServingJob, data, text, origin, overrides)

@@ -21,7 +21,7 @@ from qsync_opt.spec.base import SpecModel as _Model
 from qsync_opt.hardware.cluster import INTERCONNECTS, Cluster, DeviceGroup, Interconnect  # noqa: F401 (re-exported)
 from qsync_opt.models.spec import ModelSpec
 from qsync_opt.solver.spec import BACKEND_NAMES, SolverSpec  # noqa: F401 (re-exported)
-from qsync_opt.spec.load import apply_overrides, read_document, validate
+from qsync_opt.spec.load import read_document, validate
 from qsync_opt.spec.yaml_loader import CODE_ENV, INT_ENV, loads_code  # noqa: F401 (re-exported)
 
 class TrainingSpec(_Model):
@@ -245,4 +245,4 @@ def load_spec(source: "str | Path | dict | JobSpec", **overrides: Any) -> JobSpe
     if kind != "training":
         raise SpecError(f"{origin}: kind: {kind}: this command profiles, plans and trains a training job; "
                         f"plan a {kind} spec with `qsync-opt solve` or qsync_opt.solve()")
-    return validate(JobSpec, apply_overrides(data, overrides), text, origin)
+    return validate(JobSpec, data, text, origin, overrides)
