@@ -64,6 +64,17 @@ def _blamed(loc, blame) -> str | None:
     return next((source for path, source in blame.items() if _overlaps(path, loc)), None)
 
 
+def _with_line(msg: str, text: str | None) -> str:
+    """A whole-spec rule whose message starts with a field path ('cluster.groups.1.memory_gb: ...')
+    gets that field's YAML line, like a field rule."""
+    m = re.match(r"([A-Za-z_][\w]*(?:\.[\w]+)+): ", msg)
+    if not (m and text):
+        return msg
+    loc = [int(p) if p.isdigit() else p for p in m.group(1).split(".")]
+    line = _line_of(text, loc)
+    return f"{m.group(1)} (line {line}): {msg[m.end():]}" if line else msg
+
+
 def _leading_path(msg: str) -> list:
     m = re.match(r"([A-Za-z_][\w]*(?:\.[\w]+)+): ", msg)
     return m.group(1).split(".") if m else []
