@@ -85,15 +85,24 @@ def input_maker(spec: JobSpec) -> InputMaker:
             opts["seq_len"] = spec.training.seq_len
         for key in ("vocab_size",):  # keep token ids in range when kwargs resize the model
             if key in spec.model.kwargs and key in entry.defaults:
-                opts[key] = spec.model.kwargs[key]
+                opts[key] = _positive_int(spec.model.kwargs[key], f"model.kwargs.{key}")
         return lambda n, g=None: entry.example_inputs(n, generator=g, **opts)
     shape = tuple(spec.model.input_shape)
     if spec.model.input_dtype == "int64":
         vocab = spec.model.kwargs.get("vocab_size")
-        if not isinstance(vocab, int):
+        if isinstance(vocab, int) and not isinstance(vocab, bool):
+            vocab = _positive_int(vocab, "model.kwargs.vocab_size")
+        else:
             raise SpecError(
                 f"model.kwargs.vocab_size: got {vocab!r}; an imported model with int64 inputs needs the "
                 "vocabulary size to draw token ids (add vocab_size to model.kwargs)"
             )
         return lambda n, g=None: (torch.randint(0, vocab, (n, *shape), generator=g),)
     return lambda n, g=None: (torch.randn((n, *shape), generator=g),)
+
+
+def _positive_int(value, field: str) -> int:
+    """`value` when it is an integer >= 1 (a vocabulary size token ids are drawn below); else SpecError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(f"{field}: got {value!r}; give a positive integer (token ids are drawn from 0 to {field.split('.')[-1]} - 1)")
+    return value
