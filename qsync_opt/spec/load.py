@@ -115,26 +115,36 @@ def _read_text(source: "str | Path") -> tuple[str, str]:
     path = Path(source)
     if not _exists(str(path)):
         raise SpecError(_no_such_file(str(path)))
+    text = read_text_file(path, "spec file", "a spec YAML file such as examples/cpu_tiny.yaml")
+    add_to_sys_path(import_paths(path))
+    return text, str(path)
+
+
+def read_text_file(path: "str | Path", what: str, give: str) -> str:
+    """The UTF-8 text of the file at `path`; SpecError naming `what` and `path` (and asking for `give`)
+    when it does not exist, is a directory, cannot be read, is binary or is not UTF-8. One reader for
+    every file a user names (spec, plan, saved problem), so each refuses the wrong file the same way."""
+    path = Path(path)
+    name = repr(str(path))
+    if not _exists(str(path)):
+        raise SpecError(f"{what} {name} does not exist; give {give}")
     if path.is_dir():
-        found = sorted(p.name for p in path.iterdir() if p.suffix in SPEC_SUFFIXES)[:3]
-        example = f"{path / found[0]}" if found else "examples/cpu_tiny.yaml"
-        raise SpecError(f"spec file {str(path)!r} is a directory; give a spec YAML file such as {example}")
+        found = sorted(p.name for p in path.iterdir() if p.suffix in SPEC_SUFFIXES)
+        inside = f" (it holds {', '.join(found[:4])}{', ...' if len(found) > 4 else ''})" if found else ""
+        raise SpecError(f"{what} {name} is a directory{inside}; give {give}")
     if not path.is_file():
-        raise SpecError(f"spec file {str(path)!r} is not a file; give the path of a .yaml spec")
+        raise SpecError(f"{what} {name} is not a regular file; give {give}")
     try:
         raw = path.read_bytes()
     except OSError as e:
-        raise SpecError(f"spec file {str(path)!r} cannot be read: {e.strerror or e}") from None
+        raise SpecError(f"{what} {name} cannot be read: {e.strerror or e}") from None
     if b"\x00" in raw:
-        raise SpecError(f"spec file {str(path)!r} is binary (it holds NUL bytes), not a YAML spec; "
-                        "give a text file such as examples/cpu_tiny.yaml")
+        raise SpecError(f"{what} {name} is binary (it holds NUL bytes), not text; give {give}")
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise SpecError(f"spec file {str(path)!r} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r}); "
+        raise SpecError(f"{what} {name} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r}); "
                         "save it as UTF-8") from None
-    add_to_sys_path(import_paths(path))
-    return text, str(path)
 
 
 @dataclass(frozen=True)
