@@ -183,9 +183,10 @@ class JobSpec(_Model):
             if len(explicit) == len(self.cluster.groups):
                 total = sum(g.local_batch * g.count for g in self.cluster.groups)
                 if total != self.training.global_batch:
+                    terms = " + ".join(f"{g.name} {g.count} x {g.local_batch}" for g in self.cluster.groups)
                     raise ValueError(
-                        f"local batches sum to {total} over all devices but training.global_batch is "
-                        f"{self.training.global_batch}; make them agree or leave local_batch unset"
+                        f"local batches (count x local_batch per group: {terms}) sum to {total} over all devices but "
+                        f"training.global_batch is {self.training.global_batch}; make them agree or leave local_batch unset"
                     )
             elif explicit:
                 self._left_for_the_rest(explicit)
@@ -201,7 +202,7 @@ class JobSpec(_Model):
             fixed = " + ".join(f"{g.name} {g.count} x {g.local_batch}" for g in explicit)
             raise ValueError(
                 f"local_batch: the groups that set it take {taken} samples ({fixed}) of training.global_batch="
-                f"{self.training.global_batch}, leaving {max(left, 0)} for the {devices} device(s) of "
+                f"{self.training.global_batch}, leaving {max(left, 0)} for the {devices} device(s) (count) of "
                 f"{', '.join(g.name for g in rest)}, which need at least 1 each; lower local_batch, raise "
                 "global_batch, or set local_batch on every group")
         return left
