@@ -202,7 +202,7 @@ class JobSpec(_Model):
             fixed = " + ".join(f"{g.name} {g.count} x {g.local_batch}" for g in explicit)
             raise ValueError(
                 f"local_batch: the groups that set it take {taken} samples ({fixed}) of training.global_batch="
-                f"{self.training.global_batch}, leaving {max(left, 0)} for the {devices} device(s) (count) of "
+                f"{self.training.global_batch}, leaving {max(left, 0)} for the {devices} device(s) of "
                 f"{', '.join(g.name for g in rest)}, which need at least 1 each; lower local_batch, raise "
                 "global_batch, or set local_batch on every group")
         return left
