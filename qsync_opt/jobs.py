@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from qsync_opt.errors import SpecError
 from qsync_opt.rollout.spec import RolloutJob
 from qsync_opt.serving.spec import ServingJob
-from qsync_opt.spec.load import apply_overrides, kind_of, read_document, validate
+from qsync_opt.spec.load import Override, kind_of, read_document, validate
 from qsync_opt.training.spec import JobSpec
 
 if TYPE_CHECKING:
@@ -34,13 +34,21 @@ SOLVER_SHORTHANDS = ("backend", "time_limit_s", "rel_gap", "threads", "seed")
 def load_spec(source: "str | Path | dict | BaseModel", **overrides: Any) -> AnyJob:
     """Parse and validate a spec of any kind from a path, a YAML string, a dict or a job model.
 
-    `overrides` use dotted paths, e.g. `load_spec(p, **{"solver.backend": "cbc"})`.
+    `overrides` use dotted paths, e.g. `load_spec(p, **{"solver.backend": "cbc"})`; a value may be an
+    `Override` naming its source (a CLI flag), which an error in it then blames.
     """
     if isinstance(source, tuple(JOB_MODELS.values())) and not overrides:
         return source
     data, text, origin = read_document(source)
     kind = kind_of(data, origin, KINDS)
-    return validate(JOB_MODELS[kind], apply_overrides(data, overrides), text, origin)
+    if kind == "rollout":
+        for dotted, value in overrides.items():
+            if dotted.startswith("solver."):
+                given = value.source if isinstance(value, Override) else f"override {dotted}={value!r}"
+                raise SpecError(f"{given}: a rollout spec has no top-level solver (its policies are simulated); the "
+                                "repack program's solver is rollout.solver (backend: highs | cbc | scip | cpsat, "
+                                f"time_limit_s per decision): set it in {origin}")
+    return validate(JOB_MODELS[kind], data, text, origin, overrides)
 
 
 def solve(spec_or_path: "str | Path | dict | BaseModel", *, export_problem: "str | Path | None" = None,
@@ -54,7 +62,9 @@ def solve(spec_or_path: "str | Path | dict | BaseModel", *, export_problem: "str
     """
     for short in SOLVER_SHORTHANDS:
         if short in overrides:
-            overrides[f"solver.{short}"] = overrides.pop(short)
+            value = overrides.pop(short)
+            overrides[f"solver.{short}"] = (value if isinstance(value, Override)
+                                            else Override(value, f"override {short}={value!r}"))
     spec = load_spec(spec_or_path, **overrides)
     if isinstance(spec, ServingJob):
         from qsync_opt.serving.planner import plan_serving

@@ -198,19 +198,22 @@ def _cmd_solve(args) -> int:
     from qsync_opt.training.report import print_plan
 
     out = _console(stderr=args.json)
-    overrides = {}
-    if args.backend:
-        overrides["solver.backend"] = args.backend
-    if args.time_limit:
-        overrides["solver.time_limit_s"] = args.time_limit
-    if args.gap is not None:
-        overrides["solver.rel_gap"] = args.gap
+    from qsync_opt.spec.load import Override
+
+    overrides, flags = {}, {}
+    for flag, key, value in (("--backend", "solver.backend", args.backend),
+                             ("--time-limit", "solver.time_limit_s", args.time_limit),
+                             ("--gap", "solver.rel_gap", args.gap)):
+        if value is not None:
+            overrides[key], flags[key] = value, f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
     if args.problem:
         return _solve_problem(args, overrides, out)
     if not args.spec:
         raise SpecError("solve needs a SPEC path (or --problem FILE)")
     from qsync_opt.solver.backends.quiet import fd1_redirected
 
+    # an error in a flag's value names the flag, not the spec line it replaces
+    overrides = {key: Override(value, flags[key]) for key, value in overrides.items()}
     # with --json, whatever a library prints from C goes to stderr: stdout carries the plan alone
     with fd1_redirected(2) if args.json else contextlib.nullcontext(), _progress(_console(stderr=True)):
         plan = jobs.solve(args.spec, export_problem=args.export_problem, **overrides)

@@ -96,7 +96,9 @@ def cmd_indicate(args) -> int:
     from qsync_opt.training.spec import load_spec
 
     out = _console()
-    overrides = {"indicator.method": args.method} if args.method else {}
+    from qsync_opt.spec.load import Override
+
+    overrides = {"indicator.method": Override(args.method, f"--method {args.method}")} if args.method else {}
     spec = load_spec(args.spec, **overrides)
     sens, note = compute_indicator(spec, log=lambda s: out.print(s, highlight=False), progress=True)
     out.print(note)

@@ -24,9 +24,21 @@ InputMaker = Callable[[int, "torch.Generator | None"], tuple[torch.Tensor, ...]]
 
 
 def build_from_spec(spec: JobSpec) -> nn.Module:
-    """The spec's model with random weights (seed torch first for reproducibility)."""
+    """The spec's model with random weights (seed torch first for reproducibility).
+
+    A zoo model whose constructor fails on the spec's `model.kwargs` (`num_labels: -7`: a tensor of
+    negative size) is a SpecError naming model.kwargs and the constructor's message, not a traceback."""
     if spec.model.name is not None:
-        return select_output(build_model(spec.model.name, **spec.model.kwargs), spec.model.output)
+        try:
+            module = build_model(spec.model.name, **spec.model.kwargs)
+        except QSyncError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the constructor's own check of the values it was given
+            if spec.model.kwargs:
+                raise SpecError(f"model.kwargs: model {spec.model.name!r} cannot be built with {spec.model.kwargs!r}: "
+                                f"{type(e).__name__}: {e}; fix the values in model.kwargs") from None
+            raise ModelError(f"model.name: building {spec.model.name!r} raised {type(e).__name__}: {e}") from None
+        return select_output(module, spec.model.output)
     try:
         factory = load_factory(spec.model.import_)
     except QSyncError:
@@ -41,8 +53,9 @@ def build_from_spec(spec: JobSpec) -> nn.Module:
     except QSyncError:
         raise
     except Exception as e:
-        raise ModelError(f"model.import: factory {spec.model.import_!r} raised {type(e).__name__}: {e}; "
-                         "fix the factory (call it in Python to see the full traceback)") from None
+        given = f" with model.kwargs {spec.model.kwargs!r}" if spec.model.kwargs else ""
+        raise ModelError(f"model.import: factory {spec.model.import_!r} raised {type(e).__name__}{given}: {e}; "
+                         "fix the factory or model.kwargs (call it in Python to see the full traceback)") from None
     if not isinstance(module, nn.Module):
         raise SpecError(f"model.import: {spec.model.import_!r} returned a {type(module).__name__}, not an nn.Module")
     return select_output(module, spec.model.output)
@@ -72,15 +85,24 @@ def input_maker(spec: JobSpec) -> InputMaker:
             opts["seq_len"] = spec.training.seq_len
         for key in ("vocab_size",):  # keep token ids in range when kwargs resize the model
             if key in spec.model.kwargs and key in entry.defaults:
-                opts[key] = spec.model.kwargs[key]
+                opts[key] = _positive_int(spec.model.kwargs[key], f"model.kwargs.{key}")
         return lambda n, g=None: entry.example_inputs(n, generator=g, **opts)
     shape = tuple(spec.model.input_shape)
     if spec.model.input_dtype == "int64":
         vocab = spec.model.kwargs.get("vocab_size")
-        if not isinstance(vocab, int):
+        if isinstance(vocab, int) and not isinstance(vocab, bool):
+            vocab = _positive_int(vocab, "model.kwargs.vocab_size")
+        else:
             raise SpecError(
                 f"model.kwargs.vocab_size: got {vocab!r}; an imported model with int64 inputs needs the "
                 "vocabulary size to draw token ids (add vocab_size to model.kwargs)"
             )
         return lambda n, g=None: (torch.randint(0, vocab, (n, *shape), generator=g),)
     return lambda n, g=None: (torch.randn((n, *shape), generator=g),)
+
+
+def _positive_int(value, field: str) -> int:
+    """`value` when it is an integer >= 1 (a vocabulary size token ids are drawn below); else SpecError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(f"{field}: got {value!r}; give a positive integer (token ids are drawn from 0 to {field.split('.')[-1]} - 1)")
+    return value

@@ -27,6 +27,11 @@ POLICIES = ("sync", "one-step-off", "stale", "partial-rollout", "trajectory-asyn
 STREAMING = ("stale", "partial-rollout", "trajectory-async")
 Z99 = 2.3263478740408408
 """Standard-normal 99th percentile: p99 = median · exp(σ · Z99) for a lognormal."""
+MAX_TRAJECTORIES = 10_000_000
+"""Most trajectories a plan may draw, (steps + η + 2) × batch: the simulator holds each one's lengths and
+simulates it token chunk by token chunk (laminar's example draws 217,088)."""
+MAX_ROLLOUT_DEVICES = 100_000
+"""Most rollout devices a plan may simulate, each one a worker of the event loop."""
 
 
 class LengthDist(_Model):
@@ -162,8 +167,9 @@ class Repack(_Model):
     """none; best-fit (Laminar's heuristic); program (the integer program, best-fit as warm start)."""
     kv_threshold: float = Field(default=0.9, gt=0, le=1)
     """Fraction of a worker's KV capacity a repack may fill (0 < threshold ≤ 1)."""
-    batch_cap: int = Field(default=64, ge=1)
-    """Most trajectories a worker decodes together (also the admission cap)."""
+    batch_cap: int = Field(default=64, ge=1, le=4096)
+    """Most trajectories a worker decodes together (also the admission cap); at most 4096 (vLLM's
+    max_num_seqs is 256 by default: a decode step is priced at every batch size up to the cap)."""
     interval_s: float = Field(default=2.0, gt=0)
     """Seconds between repack ticks (simulated time)."""
     decision_s: float = Field(default=0.05, ge=0)
@@ -257,6 +263,16 @@ class RolloutJob(_Model):
         if r.policy.kind != "trajectory-async" and r.repack.method != "none":
             raise ValueError(f"rollout.repack.method: {r.repack.method!r} needs policy kind trajectory-async "
                              f"(repack frees rollouts to pull new weights); got policy {r.policy.kind!r}")
+        drawn = (r.steps + (r.policy.eta or 1) + 2) * r.workload.batch
+        if drawn > MAX_TRAJECTORIES:
+            raise ValueError(f"(rollout.steps + rollout.policy.eta + 2) x rollout.workload.prompts_per_step x "
+                             f"rollout.workload.group_size = {drawn:,} trajectories to simulate, more than "
+                             f"{MAX_TRAJECTORIES:,}; lower one of them")
+        if self.rollout_devices > MAX_ROLLOUT_DEVICES:
+            counts = [f"cluster.groups.{i}.count" for i, g in enumerate(self.cluster.groups)
+                      if g.name in {w.group for w in r.workers}]
+            raise ValueError(f"{' + '.join(counts)} = {self.rollout_devices:,} rollout devices, more than the "
+                             f"{MAX_ROLLOUT_DEVICES:,} a plan simulates (each is a worker of the event loop); lower it")
         ctx = self.rollout.workload.max_prompt() + r.workload.max_len
         if ctx > r.model.get("max_positions"):
             raise ValueError(f"rollout.workload.max_len: prompt + max_len = {ctx} exceeds the model's "

@@ -18,7 +18,7 @@ from pydantic import Field, field_validator, model_validator
 from qsync_opt.hardware.cluster import Cluster
 from qsync_opt.solver.spec import SolverSpec
 from qsync_opt.spec.base import SpecModel as _Model
-from qsync_opt.spec.load import apply_overrides, read_document, validate
+from qsync_opt.spec.load import read_document, validate
 
 
 #: Published configs (the models' config.json on their model cards).
@@ -84,6 +84,13 @@ class TransformerConfig(_Model):
         missing = [k for k in ("layers", "hidden", "ffn", "heads", "vocab") if getattr(self, k) is None and k not in base]
         if missing:
             raise ValueError(f"model needs {missing} (or a preset: {', '.join(PRESETS)})")
+        hidden, heads, kv_heads = self.get("hidden"), self.get("heads"), self.get("kv_heads")
+        if hidden % heads:  # each head is hidden / heads wide: a fraction (or 0, heads > hidden) is no model
+            raise ValueError(f"heads: {heads} does not divide hidden {hidden} (each head is hidden / heads wide); "
+                             "give a divisor of hidden")
+        if kv_heads > heads or heads % kv_heads:
+            raise ValueError(f"kv_heads: {kv_heads} must divide heads {heads} (each key/value head serves "
+                             "heads / kv_heads query heads)")
         return self
 
     def get(self, key: str):
@@ -215,4 +222,4 @@ def load_serving_spec(source, **overrides) -> ServingJob:
     if isinstance(source, ServingJob) and not overrides:
         return source
     data, text, origin = read_document(source)
-    return validate(ServingJob, apply_overrides(data, overrides), text, origin)
+    return validate(ServingJob, data, text, origin, overrides)

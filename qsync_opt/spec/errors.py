@@ -14,25 +14,54 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 
-def format_errors(err: ValidationError, text: str | None, origin: str, root: type[BaseModel]) -> str:
+def format_errors(err: ValidationError, text: str | None, origin: str, root: type[BaseModel],
+                  blame: "dict[tuple[str, ...], str] | None" = None) -> str:
+    """One line per problem: the field path, its YAML line, what was wrong and what was given.
+
+    `blame` maps field paths an override set to the override's source (`--backend gurobi`): a
+    problem at, above or below such a path is that source's, and names it instead of the spec line.
+    """
     errors = _drop_union_noise(err.errors())
-    lines = [f"{origin}: invalid job spec ({len(errors)} problem{'s' * (len(errors) > 1)}):"]
+    lines = []
+    from_spec = False
     for e in errors:
         loc = [p for p in e["loc"] if not _is_union_tag(p)]
         path = ".".join(str(p) for p in loc) or "(top level)"
-        line = _line_of(text, loc) if text else None
-        where = f" (line {line})" if line else ""
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = f"unknown field {str(loc[-1])!r}" + _suggest_field(root, loc)
         elif e["type"] == "missing":
             msg = "required field is missing"
         if not loc and e["type"] == "value_error":  # a whole-spec rule: its message names the fields itself
-            lines.append(f"  - {_with_line(msg, text)}")
+            source = _blamed(_leading_path(msg), blame)
+            from_spec |= source is None
+            lines.append(f"  - {source}: {msg}" if source else f"  - {_with_line(msg, text)}")
             continue
         got = "" if e["type"] in ("missing",) else f"; got {_short(e.get('input'))}"
+        source = _blamed(loc, blame)
+        if source is not None:
+            lines.append(f"  - {source} (sets {'.'.join(next(p for p in blame if _overlaps(p, loc)))}): {msg}{got}")
+            continue
+        from_spec = True
+        line = _line_of(text, loc) if text else None
+        where = f" (line {line})" if line else ""
         lines.append(f"  - {path}{where}: {msg}{got}")
-    return "\n".join(lines)
+    n = len(errors)
+    what = f"{origin}: invalid job spec" if from_spec else f"{origin}: an override is invalid for this spec"
+    return "\n".join([f"{what} ({n} problem{'s' * (n > 1)}):", *lines])
+
+
+def _overlaps(path: "tuple[str, ...]", loc) -> bool:
+    loc = tuple(str(p) for p in loc)
+    k = min(len(path), len(loc))
+    return k > 0 and path[:k] == loc[:k]
+
+
+def _blamed(loc, blame) -> str | None:
+    """The source of the override whose path is `loc`, above it or below it; None when the spec is to blame."""
+    if not blame or not loc:
+        return None
+    return next((source for path, source in blame.items() if _overlaps(path, loc)), None)
 
 
 def _with_line(msg: str, text: str | None) -> str:
@@ -44,6 +73,11 @@ def _with_line(msg: str, text: str | None) -> str:
     loc = [int(p) if p.isdigit() else p for p in m.group(1).split(".")]
     line = _line_of(text, loc)
     return f"{m.group(1)} (line {line}): {msg[m.end():]}" if line else msg
+
+
+def _leading_path(msg: str) -> list:
+    m = re.match(r"([A-Za-z_][\w]*(?:\.[\w]+)+): ", msg)
+    return m.group(1).split(".") if m else []
 
 
 def _drop_union_noise(errors: list[dict]) -> list[dict]:

@@ -203,18 +203,25 @@ class Plan(BaseModel):
 
     @classmethod
     def load(cls, path: "str | Path") -> "Plan":
+        from qsync_opt.spec.load import plan_kind, read_text_file
+
         path = Path(path)
-        if not path.exists():
-            raise SpecError(f"plan file {str(path)!r} does not exist")
+        text = read_text_file(path, "plan file", "a plan written by `qsync-opt solve SPEC -o plan.json`")
         try:
-            text = path.read_text()
             data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
-        except (ValueError, yaml.YAMLError, OSError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        except (ValueError, yaml.YAMLError) as e:  # JSONDecodeError is a ValueError
             raise SpecError(f"plan file {str(path)!r} cannot be read ({type(e).__name__}: {e}); it may be "
                             "truncated or corrupted: write it again with `qsync-opt solve SPEC -o FILE`") from None
         if not isinstance(data, dict):
             raise SpecError(f"plan file {str(path)!r} holds a {type(data).__name__}, not a plan mapping; "
                             "write it again with `qsync-opt solve SPEC -o FILE`")
+        kind = plan_kind(data)
+        if kind not in (None, "training"):
+            raise SpecError(f"plan file {str(path)!r} is a {kind} plan; train and predict take a training plan "
+                            "(`qsync-opt solve TRAINING_SPEC -o plan.json`)")
+        if kind is None and "format_version" not in data and ("cluster" in data or "kind" in data):
+            raise SpecError(f"plan file {str(path)!r} is a job spec, not a plan; give the spec as SPEC and its plan "
+                            f"as --plan (make one with `qsync-opt solve {path} -o plan.json`)")
         return cls.from_dict(data, origin=str(path))
 
     @classmethod

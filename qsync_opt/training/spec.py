@@ -21,7 +21,7 @@ from qsync_opt.spec.base import SpecModel as _Model
 from qsync_opt.hardware.cluster import INTERCONNECTS, Cluster, DeviceGroup, Interconnect  # noqa: F401 (re-exported)
 from qsync_opt.models.spec import ModelSpec
 from qsync_opt.solver.spec import BACKEND_NAMES, SolverSpec  # noqa: F401 (re-exported)
-from qsync_opt.spec.load import apply_overrides, read_document, validate
+from qsync_opt.spec.load import read_document, validate
 from qsync_opt.spec.yaml_loader import CODE_ENV, INT_ENV, loads_code  # noqa: F401 (re-exported)
 
 class TrainingSpec(_Model):
@@ -183,9 +183,10 @@ class JobSpec(_Model):
             if len(explicit) == len(self.cluster.groups):
                 total = sum(g.local_batch * g.count for g in self.cluster.groups)
                 if total != self.training.global_batch:
+                    terms = " + ".join(f"{g.name} {g.count} x {g.local_batch}" for g in self.cluster.groups)
                     raise ValueError(
-                        f"local batches sum to {total} over all devices but training.global_batch is "
-                        f"{self.training.global_batch}; make them agree or leave local_batch unset"
+                        f"local batches (count x local_batch per group: {terms}) sum to {total} over all devices but "
+                        f"training.global_batch is {self.training.global_batch}; make them agree or leave local_batch unset"
                     )
             elif explicit:
                 self._left_for_the_rest(explicit)
@@ -245,4 +246,4 @@ def load_spec(source: "str | Path | dict | JobSpec", **overrides: Any) -> JobSpe
     if kind != "training":
         raise SpecError(f"{origin}: kind: {kind}: this command profiles, plans and trains a training job; "
                         f"plan a {kind} spec with `qsync-opt solve` or qsync_opt.solve()")
-    return validate(JobSpec, apply_overrides(data, overrides), text, origin)
+    return validate(JobSpec, data, text, origin, overrides)

@@ -170,8 +170,8 @@ def _finish(problem: Problem, raw: RawResult, budget: Budget, built0: float, spe
             diag = [raw.message]
         raise InfeasibleError(f"no plan satisfies the bounds ({raw.backend} proved it)", diag)
     if raw.status in ("unknown", "error") or raw.values is None:
-        if raw.status == "unknown" and instance is not None:
-            diag = diagnose(instance, budget=budget)
+        if raw.status in ("unknown", "error") and instance is not None:  # an error: e.g. bounds too large for
+            diag = diagnose(instance, budget=budget)                      # the backend, on a spec no plan fits
             if diag and not diag[-1].startswith("diagnosis incomplete"):
                 raise InfeasibleError(f"no plan satisfies the bounds ({raw.backend} found none)", diag)
         fix = "use an exact backend such as 'highs'" if raw.backend == "greedy" else "raise time_limit_s, or try another backend"
