@@ -72,6 +72,7 @@ from qsync_opt.loading.cost import CostModel, fit, from_module
 from qsync_opt.loading.plane import MIN_GAIN_S, DataPlane, SourceIndex
 from qsync_opt.loading.sources import SyntheticLM
 from qsync_opt.loading.tracking import CostTracker
+from qsync_opt.runtime.process_exit import exit_without_destructors
 
 from benchmarks.balance_memory import memory
 
@@ -261,6 +262,9 @@ def worker(rank: int, world: int, port: int, args, queue):
     if rank == 0:
         queue.put({"records": [r for g in gathered for r in g], "meta": meta})
     dist.destroy_process_group()
+    # a plain exit can abort in C++ static destruction (gloo's threads: runtime/process_exit.py), as one
+    # rank in a few smoke runs did ('terminate called without an active exception', SIGABRT)
+    exit_without_destructors(0)
 
 
 def summarise(records) -> list[dict]:
