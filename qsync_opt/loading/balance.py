@@ -181,7 +181,7 @@ def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: floa
                 # the solver's own deadline comes STOP_MARGIN of the limit early: a stop request takes effect late
                 solve_by = deadline - STOP_MARGIN * time_limit_s
                 owner, status, bound, raw = solve_exact(inst, backend, solve_by - _clock(), best[3] if best else None,
-                                                        work_limit=work_limit, lower=lb, deadline=solve_by)
+                                                        work_limit=work_limit, lower=lb, deadline=solve_by, clock=_clock)
                 wall = raw.wall_s if raw is not None else 0.0
                 time_limited = status != "optimal" and (raw is None or _clock() >= solve_by - 0.05 * time_limit_s)
                 detail.update(exact_status=status, exact_s=wall, backend=backend,

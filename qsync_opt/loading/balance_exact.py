@@ -76,13 +76,12 @@ def _canonical(inst: Instance, owner: list[int]) -> list[int]:
 
 def solve_exact(inst: Instance, backend: str = "highs", time_limit_s: float = 1.0,
                 start: list[int] | None = None, threads: int = 1, work_limit: float | None = None,
-                lower: int | None = None, deadline: float | None = None):
+                lower: int | None = None, deadline: float | None = None, clock=time.perf_counter):
     """(owner or None, status, bound, raw result or None) from one exact backend on the min-max
     program. With `deadline` (a `loading.balance._clock` reading), the solver gets what is left of
     it after the model is built and loaded (`SolveOptions.deadline`, which also stops a solver
     that overruns), and nothing is solved when the building used it all (status 'time_limit',
     raw None)."""
-    from qsync_opt.loading import balance as _b
     from qsync_opt.solver.backends import get_backend
     from qsync_opt.solver.backends.base import SolveOptions
 
@@ -94,13 +93,13 @@ def solve_exact(inst: Instance, backend: str = "highs", time_limit_s: float = 1.
         start = _canonical(inst, start)
         hint = p.encode({"batch": {str(i): str(r) for i, r in enumerate(start)}})
     if deadline is not None:
-        left = deadline - _b._clock()
+        left = deadline - clock()
         if left <= 0:
             return None, "time_limit", lb, None
         time_limit_s = min(time_limit_s, left)
     ub = upper if upper is not None else sum(max(row) for row in inst.weights)
     # the backends' deadline is a time.perf_counter() instant: the model's loading into the solver counts too
-    pc_deadline = None if deadline is None else time.perf_counter() + (deadline - _b._clock())
+    pc_deadline = None if deadline is None else time.perf_counter() + (deadline - clock())
     opts = SolveOptions(time_limit_s=time_limit_s, rel_gap=0.999 / max(ub, 1), threads=threads, seed=0, hint=hint,
                         deterministic_time_s=work_limit, deadline=pc_deadline)
     res = get_backend(backend).solve(p, opts)

@@ -201,7 +201,7 @@ def test_the_solver_gets_what_is_left_of_the_limit(monkeypatch):
     monkeypatch.setattr(B, "_clock", clock)
     seen = {}
 
-    def fake_solve(i, backend, time_limit_s, start, work_limit=None, lower=None, deadline=None):
+    def fake_solve(i, backend, time_limit_s, start, work_limit=None, lower=None, deadline=None, clock=None):
         seen.update(limit=time_limit_s, deadline=deadline, now=clock.t)
         return None, "unknown", lower, None
 
@@ -216,7 +216,6 @@ def test_the_solver_gets_what_is_left_of_the_limit(monkeypatch):
 def test_solve_exact_stops_when_building_used_the_time(monkeypatch):
     inst, _ = _gap_case()
     clock = FakeClock()
-    monkeypatch.setattr(B, "_clock", clock)
     real_build = BE.build_problem
 
     def slow_build(*a, **kw):
@@ -224,7 +223,7 @@ def test_solve_exact_stops_when_building_used_the_time(monkeypatch):
         return real_build(*a, **kw)
 
     monkeypatch.setattr(BE, "build_problem", slow_build)
-    owner, status, bound, raw = BE.solve_exact(inst, "highs", 1.0, deadline=clock.t + 1.0)
+    owner, status, bound, raw = BE.solve_exact(inst, "highs", 1.0, deadline=clock.t + 1.0, clock=clock)
     assert owner is None and status == "time_limit" and raw is None
 
 

@@ -93,6 +93,12 @@ ALL = [m for ex in EXAMPLES for m in mutants(ex)]
 #: its fields and the kinds of mutation, and a few valid ones that plan (a small model, a one-step
 #: rollout, a serving plan).
 FAST_IDS = [
+    "gpu_gpt2_small:cluster.groups.0.device:unknown-name",
+    "gpu_gpt2_small:cluster.groups.0.count:negative",
+    "gpu_gpt2_small:training.seq_len:zero",
+    "gpu_gpt2_small:training.lr:string",
+    "gpu_gpt2_small:indicator.method:unknown-name",
+    "gpu_gpt2_small:objective:scalar",
     "cpu_hf_llama_pysource:cluster:delete",
     "cpu_hf_llama_pysource:cluster.groups.1.precisions:emptied",
     "cpu_hf_llama_pysource:cluster.groups.0.local_batch:huge",
