@@ -43,7 +43,7 @@ def test_run_writes_the_report_and_reuses_its_artefacts(tmp_path, capsys, quick_
     assert json.loads((out / "indicator.json").read_text())["omega"]
 
     report = (out / "report.md").read_text()
-    assert "qsync greedy (QSync allocator)" in report and "Test set after step 3: accuracy" in report
+    assert "qsync greedy (QSync allocator)" in report and "Test set after step 3 (1,024 samples): accuracy" in report
     assert "| predicted (replayer; costs measured) |" in report and "| measured (train: median of 2 steps" in report
     assert "![predicted timeline](timeline.png)" in report
 
