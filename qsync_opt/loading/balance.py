@@ -24,17 +24,8 @@ import time
 
 from qsync_opt.errors import InfeasibleError, SpecError
 from qsync_opt.loading.balance_exact import build_problem, load_solver, solve_exact
-from qsync_opt.loading.balance_heuristics import (
-    LS_GAP,
-    fit_within,
-    improve,
-    improve_wide,
-    karmarkar_karp,
-    kk_parts,
-    lpt,
-    multifit,
-    stride,
-)
+from qsync_opt.loading.balance_heuristics import fit_within, karmarkar_karp, kk_parts, lpt, multifit, stride
+from qsync_opt.loading.balance_search import LS_GAP, improve, improve_wide
 from qsync_opt.loading.balance_model import (
     WEIGHT_BITS,
     Instance,
