@@ -114,20 +114,16 @@ def warm_up(backend: str = "highs", freeze: bool = False) -> None:
     `gc.freeze()`: every object alive now (torch, the model, the framework) moves to the collector's permanent
     generation and is never scanned again. `repack` pauses the collector during a decision, so the collection its
     allocations trigger runs as the collector resumes, before the call returns; a full collection in a process
-    holding torch takes 100-200 ms (the call returned 155-199 ms after its decision on 2 of 240 calls at 50 ms in each
-    of two runs of `benchmarks/rollout.py`, 2026-12-03, before this collection and before CP-SAT's models were freed
-    on return); frozen, one costs about 1 ms. With both, the committed `--repack-only` run returned at most 0.7 ms
-    after deciding in 480 calls, frozen or not; a process that keeps allocating still makes a full collection due
-    now and then, which only the freeze makes cheap. The cost of freezing: objects alive at the freeze that later
+    holding torch takes 100-200 ms; frozen, about 1 ms (docs/rollout.md has the measurements). A process that keeps
+    allocating still makes a full collection due now and then, which only the freeze makes cheap. The cost of freezing: objects alive at the freeze that later
     become cyclic garbage are never freed (refcounting still frees the rest): freeze once, at start-up, after loading
     what the process keeps."""
     w = [RepackWorker("a", 100, 2, 10.0, 0.01), RepackWorker("b", 100, 2, 10.0, 0.01)]
     repack(RepackState(w, [RepackTraj("t0", "a", 10, 10), RepackTraj("t1", "b", 10, 10)], 0.9), backend=backend,
            time_limit_s=1.0, form="full")
-    # A full collection now, off the tick: the import left many new long-lived objects, which made the next full
-    # collection due within the first few dozen decisions (CP-SAT: 127-130 ms, 115-130 ms after deciding, on one of
-    # the first 30 calls in each of three runs of `benchmarks/rollout.py --repack-only`, 2026-12-04). Before a
-    # freeze, it also keeps the garbage of start-up out of the permanent generation.
+    # A full collection now, off the tick: the import left many new long-lived objects, which would make the next
+    # full collection due within the first few dozen decisions. Before a freeze, it also keeps the garbage of
+    # start-up out of the permanent generation.
     gc.collect()
     if freeze:
         gc.freeze()

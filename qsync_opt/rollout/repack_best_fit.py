@@ -134,9 +134,8 @@ class OutOfTime(Exception):
 def _pack(state: RepackState, keep: set[str], deadline: float | None = None) -> dict[str, str] | None:
     """Best-fit's placement of the freed workers' trajectories onto the kept ones: freed worker by freed worker from
     the least loaded up, each one's largest first, to its tightest fit; None if one does not fit. So a program's plan
-    differs from best-fit's only in which workers it frees. (A global best-fit decreasing over all freed
-    trajectories, the order until 2026-12-03, packed the same keep sets 0.3-0.6% worse end to end in the simulator:
-    64 A100, 50 steps, seeds 0-2.) With a `deadline` (a perf_counter instant) it raises OutOfTime once past it: under
+    differs from best-fit's only in which workers it frees (a global best-fit decreasing over all freed
+    trajectories packs the same keep sets worse: docs/rollout.md). With a `deadline` (a perf_counter instant) it raises OutOfTime once past it: under
     the tail guard one packing took 1 to 16 ms on the same 64-worker, 2,000-trajectory state, so its time cannot be
     foreseen."""
     caps = state.caps()

@@ -34,9 +34,8 @@ def note_lateness(backend: str, seconds: float) -> None:
 
 def stop_latency(backend: str, floor_s: float, cap_s: float) -> float:
     """What to keep back from a solve's deadline for `backend`'s overshoot of it: the latest of its last STOP_WINDOW
-    solves in this process, at least `floor_s`, at most `cap_s`. Each backend stops at its own pace (measured on
-    the repack timing state at 50 ms, 2026-12-03: SCIP up to 5.9 ms late, HiGHS 3.3, CP-SAT 2.0, CBC 1.4), and
-    a loaded machine stretches that; a fixed reserve was too small for SCIP on one call in 30."""
+    solves in this process, at least `floor_s`, at most `cap_s`. Each backend overshoots a deadline at its own
+    pace, and a loaded machine stretches that, so no fixed reserve fits all (docs/rollout.md has the figures)."""
     with _late_lock:
         seen = max(_late.get(backend, ()), default=0.0)
     return min(cap_s, max(floor_s, seen))

@@ -82,10 +82,9 @@ class StopRequests:
 def stop_at_deadline(options: SolveOptions, stop):
     """Call `stop()` from a thread once `options.deadline` has passed, and again every STOP_REPEAT_S until the solve
     inside returns (nothing without a deadline). For solvers that can be stopped from another thread and overshoot
-    their own limit: SCIP (`InterruptSolve`) once returned 57 ms into a 50 ms repack decision; CP-SAT
-    (`stop_search`). Repeated, because a request that arrives before the solver has entered its search is dropped:
-    OR-Tools builds SCIP's model inside `Solve`, and a SCIP interrupted 2 ms into a build of 300 rows ran on to its
-    own 1 s limit (stopped at 9.8 ms with the request repeated; a scratch run, 2026-12-03).
+    their own limit: SCIP (`InterruptSolve`), CP-SAT (`stop_search`). Repeated, because a request that arrives before
+    the solver has entered its search is dropped: OR-Tools builds SCIP's model inside `Solve`, and a request sent
+    during that build is lost, leaving SCIP to run on to its own limit.
 
     Yields a `StopRequests`: its `sent` says, once the solve has returned, whether a stop was requested, so a backend
     can tell a solver that failed from one it stopped (SCIP may answer an interrupt with ABNORMAL)."""

@@ -180,9 +180,7 @@ def release(m) -> None:
     here) keeps its 61 pre-PEP 8 aliases (AddBoolOr, ...) in its instance dict as closures over its own bound methods:
     a reference cycle, so every model, its whole proto with it, stayed alive until the next collection (368 objects
     per solve; HiGHS, SCIP and CBC leave none). Under `rollout.repack`'s paused collector that collection runs after
-    the decision, inside the call. The calls that returned 8-15 ms after deciding in `benchmarks/rollout.py
-    --repack-only` (2026-12-04) were full collections of what the benchmark held, not this cycle alone: freeing the
-    model on return left them as they were until that was fixed too. The aliases are never called here."""
+    the decision, inside the call. The aliases are never called here."""
     vars(m).clear()
 
 

@@ -80,9 +80,8 @@ def solve(problem: Problem, options: SolveOptions) -> RawResult:
     }.get(code, "error")
     message = ""
     if code == s.ABNORMAL and stops.sent:
-        # Interrupted at the caller's deadline, SCIP sometimes answers ABNORMAL rather than NOT_SOLVED (16 of 400
-        # already-late 3-variable solves beside two busy cores, 0 of 400 on an idle machine; a scratch run,
-        # 2026-12-03). It was stopped, not broken: nothing is proven and no solution is read.
+        # Interrupted at the caller's deadline, SCIP sometimes answers ABNORMAL rather than NOT_SOLVED (more often on
+        # a busy machine). It was stopped, not broken: nothing is proven and no solution is read.
         status, message = "unknown", "stopped at the deadline before SCIP reported a solution (SCIP: ABNORMAL)"
     values = {n: x.solution_value() for n, x in xs.items()} if status in ("optimal", "feasible") else None
     bound = obj.BestBound() if status in ("optimal", "feasible") else None
