@@ -7,7 +7,7 @@ from pydantic import BaseModel
 
 from qsync_opt.cli import commands
 from qsync_opt.cli.spec_doc import field_lines
-from qsync_opt.jobs import JOB_MODELS, KINDS
+from qsync_opt.jobs import KINDS
 from qsync_opt.spec.errors import model_in
 
 
@@ -38,7 +38,7 @@ def test_spec_kind_lists_every_field_of_that_kind(capsys, kind):
     assert commands.main(["spec", "--kind", kind]) == 0
     out = capsys.readouterr().out
     keys = {line.split(" ")[0] for line in out.splitlines() if line and not line.startswith((" ", "#"))}
-    assert keys == set(_paths(JOB_MODELS[kind]))
+    assert keys == set(_paths(KINDS[kind].job_model))
     assert all(f"# kind: {other}" not in out for other in KINDS if other != kind)
 
 
@@ -50,6 +50,6 @@ def test_the_kind_flag_offers_exactly_the_registered_kinds(capsys):
 
 
 def test_preset_names_are_listed_as_the_whole_choice():
-    lines = field_lines(JOB_MODELS["serving"])
+    lines = field_lines(KINDS["serving"].job_model)
     preset = lines[lines.index(next(x for x in lines if x.startswith("serving.model.preset"))) + 2]
     assert "opt-30b" in preset and "llama-3-70b" in preset and "a string" not in preset

@@ -1,4 +1,6 @@
-"""`qsync-opt`: solve | devices | models | spec | train | bench | profile | predict | indicate.
+"""`qsync-opt`: solve | run | report | spec | devices | models | train | bench | profile | predict | indicate.
+
+`solve`, `run`, `report` and `spec` take a job of any kind: each is a lookup in the registry (qsync_opt/jobs.py).
 
 Exit codes: 0 ok, 2 bad input (message, no traceback), 3 infeasible, 4 `train` or `run` stopped
 by a signal (SIGTERM/SIGINT) at any point (the message says what was kept and how to continue),
@@ -24,6 +26,7 @@ from qsync_opt.console import make_console, styled
 from rich.table import Table
 
 from qsync_opt.errors import InfeasibleError, ModelError, QSyncError, RuntimeSetupError, SpecError
+from qsync_opt.jobs import KINDS
 from qsync_opt.runtime.process_exit import Stopped, stop_on_signals
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_STOPPED, EXIT_MISSES_BOUNDS = 0, 1, 2, 3, 4, 5
@@ -86,10 +89,16 @@ def _dispatch(args) -> int:
 
 
 @contextlib.contextmanager
-def _progress(console: Console, logger: str = "qsync_opt.rollout.plan"):
-    """Print `logger`'s INFO lines (a rollout plan's policies as each is simulated: the repack program's can take
-    minutes) on `console`, dimmed, while the block runs; a library caller configures logging itself."""
+def _progress(console: Console, kind):
+    """Print the INFO lines of the kind's progress logger (`Kind.progress_log`: a rollout plan's policies as each
+    is simulated, which can take minutes) on `console`, dimmed, while the block runs; a library caller configures
+    logging itself."""
     import logging
+
+    if kind.progress_log is None:
+        yield
+        return
+    logger = kind.progress_log
 
     class _ToConsole(logging.Handler):
         def emit(self, record):
@@ -136,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
     m.set_defaults(func=_cmd_models)
 
     sp = sub.add_parser("spec", help="document every field of a job spec, for every kind (or one: --kind)")
-    sp.add_argument("--kind", choices=("training", "serving", "rollout"),
+    sp.add_argument("--kind", choices=tuple(KINDS),
                     help="document this kind's spec only (default: every kind)")
     sp.set_defaults(func=_cmd_spec)
 
@@ -170,6 +179,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--rounds", type=int, default=1, help="rollout --real: interleaved rounds of every policy (default 1)")
     r.set_defaults(func=_cmd_run)
 
+    rp = sub.add_parser("report", help="print a saved plan of any kind (a file from `solve -o`, or a `run` folder)")
+    rp.add_argument("plan", help="plan file (.json or .yaml), or the output folder of `qsync-opt run`")
+    rp.add_argument("--verbose", action="store_true", help="also print the solver's internal notes")
+    rp.set_defaults(func=_cmd_report)
+
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(metavar="WHAT")
     bs = bsub.add_parser("solvers", help="time every backend on zoo and synthetic instances")
@@ -195,11 +209,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_solve(args) -> int:
     from qsync_opt import jobs
-    from qsync_opt.training.report import print_plan
-
-    out = _console(stderr=args.json)
+    from qsync_opt.solver.backends.quiet import fd1_redirected
     from qsync_opt.spec.load import Override
 
+    out = _console(stderr=args.json)
     overrides, flags = {}, {}
     for flag, key, value in (("--backend", "solver.backend", args.backend),
                              ("--time-limit", "solver.time_limit_s", args.time_limit),
@@ -210,36 +223,18 @@ def _cmd_solve(args) -> int:
         return _solve_problem(args, overrides, out)
     if not args.spec:
         raise SpecError("solve needs a SPEC path (or --problem FILE)")
-    from qsync_opt.solver.backends.quiet import fd1_redirected
-
     # an error in a flag's value names the flag, not the spec line it replaces
-    overrides = {key: Override(value, flags[key]) for key, value in overrides.items()}
+    job = jobs.load_spec(args.spec, **{key: Override(value, flags[key]) for key, value in overrides.items()})
+    kind = jobs.kind_of_job(job)
     # with --json, whatever a library prints from C goes to stderr: stdout carries the plan alone
-    with fd1_redirected(2) if args.json else contextlib.nullcontext(), _progress(_console(stderr=True)):
-        plan = jobs.solve(args.spec, export_problem=args.export_problem, **overrides)
-    from qsync_opt.rollout.plan import RolloutPlan
-
-    if isinstance(plan, RolloutPlan):
-        from qsync_opt.rollout.plan import print_plan as print_rollout_plan
-
-        print_rollout_plan(plan, out)
-        if args.output:
-            out.print(f"plan written to {plan.save(args.output)}")
-        if args.json:
-            sys.stdout.write(plan.to_json() + "\n")
-        return EXIT_OK
-    if getattr(plan, "kind", None) == "serving":
-        from qsync_opt.serving.report import print_serving_plan
-
-        print_serving_plan(plan, out)
-    else:
-        print_plan(plan, out, verbose=args.verbose)
+    with fd1_redirected(2) if args.json else contextlib.nullcontext(), _progress(_console(stderr=True), kind):
+        plan = jobs.solve(job, export_problem=args.export_problem)
+    kind.report(plan, out, verbose=args.verbose)
     if args.output:
-        path = plan.save(args.output)
-        out.print(f"plan written to {path}")
+        out.print(f"plan written to {plan.save(args.output)}")
     if args.json:
         sys.stdout.write(plan.to_json() + "\n")
-    if not plan.meets_bounds:
+    if plan.meets_bounds is False:
         _console(stderr=True).print(styled("warning:", "bold yellow", "the plan misses a bound (meets_bounds: false); "
                                            "see the solver notes"))
         if args.strict:
@@ -337,7 +332,6 @@ def _cmd_models(args) -> int:
 
 def _cmd_spec(args) -> int:
     from qsync_opt.cli.spec_doc import document
-    from qsync_opt.jobs import KINDS
 
     print(document([args.kind] if args.kind else list(KINDS)))
     return EXIT_OK
@@ -368,60 +362,27 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_run(args) -> int:
+    from qsync_opt import jobs
+
     with stop_on_signals():  # SIGTERM/SIGINT at any stage: `Stopped`, exit 4 (_dispatch)
-        return _cmd_run_stoppable(args)
-
-
-def _cmd_run_stoppable(args) -> int:
-    from qsync_opt.spec.load import read_document
-
-    if read_document(args.spec)[0].get("kind") == "rollout":
-        return _run_rollout(args)
-    for flag, given in (("--real", args.real), ("--rounds", args.rounds != 1)):
-        if given:
-            raise SpecError(f"{flag}: for a rollout spec's real run on Ray actors (drop {flag})")
-    from qsync_opt.training.run import run
-
-    stages = run(args.spec, args.output, start=args.start, steps=args.steps, emulate=args.emulate)
-    print(f"report: {stages['report']}")
+        kind = jobs.kind(jobs.kind_of_file(args.spec))
+        with _progress(_console(stderr=True), kind):
+            paths = jobs.run(args.spec, args.output, steps=args.steps, start=args.start, emulate=args.emulate,
+                             real=args.real, rounds=args.rounds, console=_console())
+    out = _console()
+    for what, path in paths.items():
+        out.print(f"{what}: {path}", highlight=False)
     return EXIT_OK
 
 
-def _run_rollout(args) -> int:
-    """`qsync-opt run` on a rollout spec: the plan (every policy simulated), its timeline and KV-utilisation PNGs and
-    report.md in the output folder. The real run on Ray actors is `qsync_opt.rollout.run` and benchmarks/rollout.py."""
-    from qsync_opt.jobs import load_spec
-    from qsync_opt.rollout.plan import print_plan
-    from qsync_opt.rollout.run_report import run_report
+def _cmd_report(args) -> int:
+    from qsync_opt import jobs
 
-    for flag, given in (("--from", args.start), ("--emulate", args.emulate)):
-        if given:
-            raise SpecError(f"{flag}: for a training job's stages; a rollout run simulates every policy and draws it "
-                            f"(drop {flag})")
-    if args.steps is not None and args.steps < 1:
-        raise SpecError(f"--steps {args.steps}: simulated trainer steps must be at least 1")
-    if args.rounds < 1:
-        raise SpecError(f"--rounds {args.rounds}: the real run needs at least 1 round")
-    job = load_spec(args.spec)
-    if args.steps is not None:  # the plan, the pictures and the real run alike
-        job = job.model_copy(update={"rollout": job.rollout.model_copy(update={"steps": args.steps})})
-    if args.real:
-        from qsync_opt.rollout.ray_run import _need_ray, check_runs_here
-
-        _need_ray()  # the extra is missing: say so before simulating anything
-        check_runs_here(job)
-    out = _console()
-    with _progress(_console(stderr=True)):
-        plan, paths = run_report(job, args.output, steps=args.steps)
-    print_plan(plan, out, real_pending=args.real)
-    if args.real:
-        from qsync_opt.rollout.run_report import write_measured
-
-        out.print(f"real run here: {args.rounds} round(s) of every policy on Ray actors ...")
-        paths.update(write_measured(job, args.output, args.rounds, out, plan=plan))
-    for what in ("plan", "timeline", "kv", "report", "measured"):
-        if what in paths:
-            out.print(f"{what}: {paths[what]}")
+    path = Path(args.plan)
+    if path.is_dir() and (path / "plan.json").is_file():  # a `qsync-opt run` folder
+        path = path / "plan.json"
+    kind, plan = jobs.load_plan(path)
+    kind.report(plan, _console(), verbose=args.verbose)
     return EXIT_OK
 
 

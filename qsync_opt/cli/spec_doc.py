@@ -14,14 +14,6 @@ from pydantic import BaseModel
 from qsync_opt.cli.spec_forms import accepted_forms
 from qsync_opt.spec.errors import model_in
 
-INTRO = {
-    "training": "QSync: synchronous data-parallel training; weak device groups get just enough low-precision "
-                "operators to keep pace with the training groups.",
-    "serving": "LLM-PQ: an LLM on a pipeline of unlike GPUs; layer partition, per-layer bit-width and micro-batch "
-               "sizes chosen together.",
-    "rollout": "Laminar: RL rollouts on a hybrid fleet; trajectory-level asynchrony, relayed weights and repack of "
-               "long-tail trajectories, every policy simulated.",
-}
 
 
 def _presets(key: str) -> list[str] | None:
@@ -89,10 +81,12 @@ def field_lines(model: type[BaseModel], prefix: str = "", seen: frozenset = froz
 
 def document(kinds: list[str]) -> str:
     """The spec documentation of each kind in `kinds`, each under a heading with its example."""
-    from qsync_opt.jobs import JOB_MODELS
+    from qsync_opt.jobs import KINDS
 
     parts = []
-    for kind in kinds:
-        head = f"# kind: {kind}" + (" (the default)" if kind == "training" else "")
-        parts.append("\n".join([head, f"# {INTRO[kind]}", *field_lines(JOB_MODELS[kind])]))
+    default = next(iter(KINDS))
+    for name in kinds:
+        k = KINDS[name]
+        head = f"# kind: {name}" + (" (the default)" if name == default else "")
+        parts.append("\n".join([head, f"# {k.summary}; example: {k.example}", *field_lines(k.job_model)]))
     return "\n\n".join(parts)

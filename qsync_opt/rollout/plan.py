@@ -18,6 +18,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from qsync_opt.errors import SpecError
+from qsync_opt.io import atomic_write_text
+from qsync_opt.spec.load import read_text_file
+
 from qsync_opt.rollout.bounds import ceiling
 from qsync_opt.rollout.costs import all_worker_costs, sync_costs
 from qsync_opt.rollout.simulate import VARIANTS, SimResult, simulate
@@ -266,10 +270,24 @@ class RolloutPlan(BaseModel):
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
 
+    @property
+    def meets_bounds(self) -> None:
+        """None: a rollout spec sets no bound a plan could miss (its policies are simulated and ranked)."""
+        return None
+
     def save(self, path: str | Path) -> Path:
-        p = Path(path)
-        p.write_text(self.to_json())
-        return p
+        """Write the plan's JSON atomically."""
+        return atomic_write_text(Path(path), self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RolloutPlan":
+        """Read a plan `save` wrote."""
+        text = read_text_file(Path(path), "plan file", "a plan written by `qsync-opt solve ROLLOUT_SPEC -o plan.json`")
+        try:
+            return cls.model_validate_json(text)
+        except ValueError as e:
+            raise SpecError(f"plan file {str(path)!r} is not a rollout plan ({e.__class__.__name__}: "
+                            f"{str(e).splitlines()[0]}); write it again with `qsync-opt solve SPEC -o FILE`") from None
 
 
 WORKER_MODULE = "qsync_opt.rollout.sim_worker"

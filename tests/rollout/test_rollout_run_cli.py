@@ -90,8 +90,8 @@ def test_real_run_writes_measured_beside_predicted(tmp_path, capsys):
 @pytest.mark.parametrize("spec, args, named", [
     (SPEC, ["--rounds", "0"], "--rounds 0"),
     (str(Path(SPEC).parent / "rollout_laminar.yaml"), ["--real"], "rollout.model: the real run builds llama-3-8b"),
-    (str(Path(SPEC).parent / "cpu_tiny.yaml"), ["--real"], "--real: for a rollout spec"),
-    (str(Path(SPEC).parent / "cpu_tiny.yaml"), ["--rounds", "3"], "--rounds: for a rollout spec"),
+    (str(Path(SPEC).parent / "cpu_tiny.yaml"), ["--real"], "--real: a training run does not take it"),
+    (str(Path(SPEC).parent / "cpu_tiny.yaml"), ["--rounds", "3"], "--rounds: a training run does not take it"),
 ])
 def test_real_run_options_exit_2_before_anything_runs(tmp_path, capsys, spec, args, named, monkeypatch):
     from qsync_opt.rollout import ray_run

@@ -1,0 +1,70 @@
+"""The rollout kind (Laminar): every rollout policy simulated on a hybrid fleet, one recommended; `run --real` also
+runs them here on Ray actors."""
+
+from __future__ import annotations
+
+import math
+
+from qsync_opt.errors import SpecError
+from qsync_opt.kind import Kind, RunRequest
+from qsync_opt.rollout.plan import RolloutPlan, print_plan
+from qsync_opt.rollout.spec import RolloutJob
+
+
+def plan(job: RolloutJob, budget, export_problem=None) -> RolloutPlan:
+    from qsync_opt.rollout.plan import solve  # import cost: the simulator and its repack solvers
+
+    return solve(job)
+
+
+def report(plan: RolloutPlan, console, verbose: bool = False) -> None:
+    print_plan(plan, console)
+
+
+def run(job: RolloutJob, request: RunRequest) -> dict[str, str]:
+    """The plan (every policy simulated), its timeline and KV-utilisation PNGs and report.md in request.out; with
+    `real`, every policy also runs here on Ray actors for `rounds` interleaved rounds (measured.csv)."""
+    if request.steps is not None and request.steps < 1:
+        raise SpecError(f"--steps {request.steps}: simulated trainer steps must be at least 1")
+    if request.rounds < 1:
+        raise SpecError(f"--rounds {request.rounds}: the real run needs at least 1 round")
+    if request.steps is not None:  # the plan, the pictures and the real run alike
+        job = job.model_copy(update={"rollout": job.rollout.model_copy(update={"steps": request.steps})})
+    if request.real:
+        from qsync_opt.rollout.ray_run import _need_ray, check_runs_here  # optional extra: ray
+
+        _need_ray()  # the extra is missing: say so before simulating anything
+        check_runs_here(job)
+    from qsync_opt.rollout.run_report import run_report, write_measured  # import cost: matplotlib
+
+    made, paths = run_report(job, request.out, steps=request.steps)
+    out = request.console
+    if out is not None:
+        print_plan(made, out, real_pending=request.real)
+    if request.real:
+        if out is not None:
+            out.print(f"real run here: {request.rounds} round(s) of every policy on Ray actors ...")
+        paths.update(write_measured(job, request.out, request.rounds, out, plan=made))
+    return {what: str(paths[what]) for what in ARTEFACTS if what in paths}
+
+
+ARTEFACTS = ("plan", "timeline", "kv", "report", "measured")
+"""What `run` writes, in the order it lists them."""
+
+
+KIND = Kind(
+    name="rollout",
+    summary="trajectory-level asynchrony, weight relay and long-tail repack for RL rollouts on a hybrid fleet "
+            "(Laminar): every policy simulated, one recommended",
+    job_model=RolloutJob,
+    example="examples/rollout_cpu_tiny.yaml",
+    plan=plan,
+    report=report,
+    load_plan=RolloutPlan.load,
+    run=run,
+    stages=("simulate", "draw", "report"),
+    run_options=frozenset({"real", "rounds"}),
+    solver_section=False,
+    progress_log="qsync_opt.rollout.plan",
+    time_limit_s=lambda job: math.inf,  # each repack decision has its own limit: rollout.solver.time_limit_s
+)

@@ -1,0 +1,45 @@
+"""The training kind (QSync): per-operator precisions for synchronous data-parallel training on unlike devices."""
+
+from __future__ import annotations
+
+from qsync_opt.kind import Kind, RunRequest
+from qsync_opt.training.plan import Plan
+from qsync_opt.training.run import STAGES
+from qsync_opt.training.spec import JobSpec
+
+
+def plan(job: JobSpec, budget, export_problem=None) -> Plan:
+    from qsync_opt.training.data_plane import with_data_plane  # import cost: the planner pulls torch
+    from qsync_opt.training.pipeline import solve  # import cost: torch, the tracer and the solvers
+
+    return with_data_plane(job, solve(job, export_problem=export_problem))
+
+
+def report(plan: Plan, console, verbose: bool = False) -> None:
+    from qsync_opt.training.report import print_plan  # import cost: the report tables pull the predictor
+
+    print_plan(plan, console, verbose=verbose)
+
+
+def run(job: JobSpec, request: RunRequest) -> dict[str, str]:
+    from qsync_opt.training.run import run as run_stages  # import cost: torch and the runtime
+
+    stages = run_stages(request.spec_path, request.out, start=request.start, steps=request.steps,
+                        emulate=request.emulate)
+    return {"report": stages["report"]}
+
+
+KIND = Kind(
+    name="training",
+    summary="per-operator precisions and batch split for synchronous data-parallel training on unlike devices "
+            "(QSync)",
+    job_model=JobSpec,
+    example="examples/cpu_tiny.yaml",
+    plan=plan,
+    report=report,
+    load_plan=Plan.load,
+    run=run,
+    stages=tuple(STAGES),
+    run_options=frozenset({"start", "emulate"}),
+    exports_problem=True,
+)
