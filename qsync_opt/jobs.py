@@ -61,12 +61,12 @@ def load_spec(source: "str | Path | dict | BaseModel", **overrides: Any) -> Base
         return source
     data, text, origin = read_document(source)
     k = kind(kind_of(data, origin, tuple(KINDS)))
-    if not k.solver_section:
+    if k.no_solver_section is not None:
         for dotted, value in overrides.items():
             if dotted.startswith("solver."):
                 given = value.source if isinstance(value, Override) else f"override {dotted}={value!r}"
-                raise SpecError(f"{given}: a {k.name} spec has no top-level solver; set its solver settings in "
-                                f"{origin} (`qsync-opt spec --kind {k.name}` lists them)")
+                raise SpecError(f"{given}: a {k.name} spec has no top-level solver ({k.no_solver_section}): set it "
+                                f"in {origin}")
     return validate(k.job_model, data, text, origin, overrides)
 
 

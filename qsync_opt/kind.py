@@ -84,8 +84,9 @@ class Kind:
     """The stages `run` goes through, in order."""
     run_options: frozenset[str] = field(default_factory=frozenset)
     """RunRequest fields (keys of RUN_FLAGS) this kind's run honours."""
-    solver_section: bool = True
-    """Whether the spec has a top-level `solver:` (the CLI's --backend/--time-limit/--gap set it)."""
+    no_solver_section: str | None = None
+    """None when the spec has a top-level `solver:` (the CLI's --backend/--time-limit/--gap set it); else why not
+    and where its solver settings are, which a `solver.*` override is refused with."""
     exports_problem: bool = False
     """Whether `plan` can also save its integer program (`solve --export-problem`)."""
     progress_log: str | None = None

@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import json
+import logging
 import os
 import shlex
 import sys
@@ -22,12 +24,26 @@ from typing import NoReturn
 
 from rich.console import Console
 
-from qsync_opt.console import make_console, styled
 from rich.table import Table
 
+from qsync_opt import jobs
+from qsync_opt.cli.models import summary
+from qsync_opt.cli.predict import register as register_predictor_verbs
+from qsync_opt.cli.spec_doc import document
+from qsync_opt.console import make_console, styled
 from qsync_opt.errors import InfeasibleError, ModelError, QSyncError, RuntimeSetupError, SpecError
+from qsync_opt.hardware.device import catalog
+from qsync_opt.io import atomic_write_text
 from qsync_opt.jobs import KINDS
+from qsync_opt.models.zoo import ZOO
+from qsync_opt.precision import PEAK_KEY, PRECISIONS
 from qsync_opt.runtime.process_exit import Stopped, stop_on_signals
+from qsync_opt.solver.backends import EXACT, available
+from qsync_opt.solver.backends.base import SolveOptions
+from qsync_opt.solver.backends.quiet import fd1_redirected
+from qsync_opt.solver.files import load_problem
+from qsync_opt.spec.load import Override
+from qsync_opt.training.runtime.torchrun import train_rank, under_torchrun
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_STOPPED, EXIT_MISSES_BOUNDS = 0, 1, 2, 3, 4, 5
 
@@ -93,8 +109,6 @@ def _progress(console: Console, kind):
     """Print the INFO lines of the kind's progress logger (`Kind.progress_log`: a rollout plan's policies as each
     is simulated, which can take minutes) on `console`, dimmed, while the block runs; a library caller configures
     logging itself."""
-    import logging
-
     if kind.progress_log is None:
         yield
         return
@@ -201,17 +215,11 @@ def _parser() -> argparse.ArgumentParser:
     bs.add_argument("--limit-check", type=float, help="also time a whole no-plan call under this limit (--quick: 0.05)")
     bs.set_defaults(func=_cmd_bench_solvers)
 
-    from qsync_opt.cli.predict import register  # profile | predict | indicate
-
-    register(sub)
+    register_predictor_verbs(sub)  # profile | predict | indicate
     return p
 
 
 def _cmd_solve(args) -> int:
-    from qsync_opt import jobs
-    from qsync_opt.solver.backends.quiet import fd1_redirected
-    from qsync_opt.spec.load import Override
-
     out = _console(stderr=args.json)
     overrides, flags = {}, {}
     for flag, key, value in (("--backend", "solver.backend", args.backend),
@@ -244,13 +252,7 @@ def _cmd_solve(args) -> int:
 
 def _solve_problem(args, overrides: dict, out) -> int:
     """`solve --problem FILE`: re-solve a saved program; -o writes and --json prints the result."""
-    import json
-
-    from qsync_opt.io import atomic_write_text
-    from qsync_opt.solver.backends import EXACT, available
-    from qsync_opt.solver.backends.base import SolveOptions
-    from qsync_opt.solver.files import load_problem
-    from qsync_opt.training.program.solve import DEFAULT_BACKEND, solve_problem
+    from qsync_opt.training.program.solve import DEFAULT_BACKEND, solve_problem  # import cost: the program compiler
 
     backend = overrides.get("solver.backend", "default")
     allowed = [*EXACT, "greedy", "default"]
@@ -269,8 +271,6 @@ def _solve_problem(args, overrides: dict, out) -> int:
     opts = SolveOptions(time_limit_s=overrides.get("solver.time_limit_s", 60.0),
                         rel_gap=overrides.get("solver.rel_gap", 1e-4))
     if args.json:
-        from qsync_opt.solver.backends.quiet import fd1_redirected
-
         with fd1_redirected(2):
             r = solve_problem(problem, backend, opts)
     else:
@@ -294,9 +294,6 @@ def _solve_problem(args, overrides: dict, out) -> int:
 
 
 def _cmd_devices(args) -> int:
-    from qsync_opt.hardware.device import catalog
-    from qsync_opt.precision import PRECISIONS, PEAK_KEY
-
     # columns are the precision names a spec and a plan use (fp8_e4m3 and fp8_e5m2 share one rate)
     t = Table(title="device catalog (dense peak TFLOP/s or TOP/s; '-' = no native path)", title_justify="left")
     for col in ("device", "memory GB", "GB/s", *PRECISIONS, "source"):
@@ -314,10 +311,6 @@ def _cmd_devices(args) -> int:
 
 
 def _cmd_models(args) -> int:
-    from qsync_opt.models.zoo import ZOO
-
-    from qsync_opt.cli.models import summary
-
     t = Table(title="model zoo (random weights, no downloads)", title_justify="left",
               caption="operators: the Linear/Conv/Embedding modules a plan gives a precision (functional matmuls "
                       "the tracer finds, e.g. attention, come on top; `solve` counts them all)", caption_justify="left")
@@ -331,15 +324,11 @@ def _cmd_models(args) -> int:
 
 
 def _cmd_spec(args) -> int:
-    from qsync_opt.cli.spec_doc import document
-
     print(document([args.kind] if args.kind else list(KINDS)))
     return EXIT_OK
 
 
 def _cmd_train(args) -> int:
-    from qsync_opt.training.runtime.torchrun import under_torchrun
-
     if args.start_timeout is not None and args.start_timeout <= 0:
         raise SpecError(f"--start-timeout: got {args.start_timeout:g}; give a positive number of seconds")
     if args.threads is not None and args.threads < 1:
@@ -349,11 +338,9 @@ def _cmd_train(args) -> int:
     if args.checkpoint_every < 0:
         raise SpecError(f"--checkpoint-every: got {args.checkpoint_every}; give 0 (only at the end) or more")
     if under_torchrun():
-        from qsync_opt.training.runtime.torchrun import train_rank
-
         return train_rank(args)
     with stop_on_signals():  # a stop at any point is exit 4 (launch says what was kept)
-        from qsync_opt.training.runtime.launch import launch
+        from qsync_opt.training.runtime.launch import launch  # import cost: torch.distributed and the runtime
 
         return launch(args.spec, args.plan, steps=args.steps, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                       checkpoint_every=args.checkpoint_every, metrics_dir=args.metrics_dir,
@@ -362,8 +349,6 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from qsync_opt import jobs
-
     with stop_on_signals():  # SIGTERM/SIGINT at any stage: `Stopped`, exit 4 (_dispatch)
         kind = jobs.kind(jobs.kind_of_file(args.spec))
         with _progress(_console(stderr=True), kind):
@@ -376,8 +361,6 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_report(args) -> int:
-    from qsync_opt import jobs
-
     path = Path(args.plan)
     if path.is_dir() and (path / "plan.json").is_file():  # a `qsync-opt run` folder
         path = path / "plan.json"
@@ -387,7 +370,7 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_bench_solvers(args) -> int:
-    from qsync_opt.training.bench_solvers import run_benchmark
+    from qsync_opt.training.bench_solvers import run_benchmark  # import cost: matplotlib
 
     split = lambda text, conv=str: [conv(x) for x in text.split(",")] if text else None  # noqa: E731
     run_benchmark(out_dir=Path(args.out), instances_dir=args.instances, quick=args.quick,

@@ -13,6 +13,7 @@ from functools import cache
 import torch
 
 from qsync_opt.models.zoo import get_entry
+from qsync_opt.runtime.apply import selectable_modules
 
 _DTYPE = {torch.float32: "float32", torch.int64: "int64 token ids"}
 
@@ -27,8 +28,6 @@ class ZooSummary:
 
 @cache
 def summary(name: str) -> ZooSummary:
-    from qsync_opt.runtime.apply import selectable_modules
-
     entry = get_entry(name)
     inputs = entry.example_inputs(2, device="meta")
     shapes = ", ".join("(B, " + ", ".join(map(str, x.shape[1:])) + ") " + _DTYPE.get(x.dtype, str(x.dtype))

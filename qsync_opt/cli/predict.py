@@ -6,11 +6,17 @@ function, so schedulers can call the same code without the CLI.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from rich.table import Table
 
+from qsync_opt.console import make_console
+from qsync_opt.io import atomic_write_text
+from qsync_opt.spec.load import Override
 from qsync_opt.training import run_stages
+from qsync_opt.training.predictor.profile import default_profile_path
+from qsync_opt.training.spec import load_spec
 
 
 def register(sub) -> None:
@@ -37,14 +43,11 @@ def register(sub) -> None:
 
 
 def _console():
-    from qsync_opt.console import make_console as make
-
-    return make()
+    return make_console()
 
 
 def cmd_profile(args) -> int:
-    from qsync_opt.training.predictor.profile import default_profile_path
-    from qsync_opt.training.predictor.profiler import profile_spec
+    from qsync_opt.training.predictor.profiler import profile_spec  # import cost: the profiler's kernels
 
     out = _console()
     path = Path(args.output) if args.output else default_profile_path()
@@ -67,7 +70,7 @@ def cmd_profile(args) -> int:
 
 
 def cmd_predict(args) -> int:
-    from qsync_opt.training.predictor.timeline_export import write_chrome_trace, write_png
+    from qsync_opt.training.predictor.timeline_export import write_chrome_trace, write_png  # import cost: matplotlib
 
     out = _console()
     spec, ctx, tl = run_stages.predict_plan(args.spec, args.plan)
@@ -89,14 +92,9 @@ def cmd_predict(args) -> int:
 
 
 def cmd_indicate(args) -> int:
-    import json
-
-    from qsync_opt.io import atomic_write_text
-    from qsync_opt.training.predictor.indicators import compute_indicator
-    from qsync_opt.training.spec import load_spec
+    from qsync_opt.training.predictor.indicators import compute_indicator  # import cost: the indicators' autograd
 
     out = _console()
-    from qsync_opt.spec.load import Override
 
     overrides = {"indicator.method": Override(args.method, f"--method {args.method}")} if args.method else {}
     spec = load_spec(args.spec, **overrides)

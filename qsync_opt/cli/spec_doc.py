@@ -12,6 +12,12 @@ from typing import Literal, get_args, get_origin
 from pydantic import BaseModel
 
 from qsync_opt.cli.spec_forms import accepted_forms
+from qsync_opt.hardware.cluster import INTERCONNECTS
+from qsync_opt.hardware.device import catalog
+from qsync_opt.jobs import KINDS
+from qsync_opt.precision import PRECISIONS
+from qsync_opt.serving.spec import PRESETS
+from qsync_opt.solver.spec import BACKEND_NAMES
 from qsync_opt.spec.errors import model_in
 
 
@@ -19,24 +25,14 @@ from qsync_opt.spec.errors import model_in
 def _presets(key: str) -> list[str] | None:
     """Named values a field takes by its dotted path, or None: a complete list where one exists."""
     if key.endswith("solver.backend") and key != "rollout.solver.backend":  # rollout's backend is a Literal
-        from qsync_opt.solver.spec import BACKEND_NAMES
-
         return list(BACKEND_NAMES)
     if key in ("cluster.interconnect", "rollout.relay_link"):
-        from qsync_opt.hardware.cluster import INTERCONNECTS
-
         return list(INTERCONNECTS)
     if key.endswith("model.preset"):
-        from qsync_opt.serving.spec import PRESETS
-
         return list(PRESETS)
     if key in ("cluster.groups.device.peak_tflops", "cluster.groups.device.efficiency"):
-        from qsync_opt.precision import PRECISIONS
-
         return list(PRECISIONS)  # the names plans use; fp8_e4m3 and fp8_e5m2 share one rate
     if key == "cluster.groups.device":
-        from qsync_opt.hardware.device import catalog
-
         return [*catalog(), "{inline device}"]
     return None
 
@@ -81,8 +77,6 @@ def field_lines(model: type[BaseModel], prefix: str = "", seen: frozenset = froz
 
 def document(kinds: list[str]) -> str:
     """The spec documentation of each kind in `kinds`, each under a heading with its example."""
-    from qsync_opt.jobs import KINDS
-
     parts = []
     default = next(iter(KINDS))
     for name in kinds:

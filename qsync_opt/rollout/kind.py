@@ -64,7 +64,8 @@ KIND = Kind(
     run=run,
     stages=("simulate", "draw", "report"),
     run_options=frozenset({"real", "rounds"}),
-    solver_section=False,
+    no_solver_section="its policies are simulated; the repack program's solver is rollout.solver (backend: highs | "
+                      "cbc | scip | cpsat, time_limit_s per decision)",
     progress_log="qsync_opt.rollout.plan",
     time_limit_s=lambda job: math.inf,  # each repack decision has its own limit: rollout.solver.time_limit_s
 )
