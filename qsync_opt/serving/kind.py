@@ -35,7 +35,8 @@ def run(job: ServingJob, request: RunRequest) -> dict[str, str]:
     paths = {"plan": str(made.save(out / "plan.json"))}
     buf = io.StringIO()
     report(made, Console(file=buf, width=120, color_system=None, highlight=False))
-    text = f"# {job.name}: serving plan\n\n```\n{buf.getvalue().rstrip()}\n```\n"
+    printed = "\n".join(line.rstrip() for line in buf.getvalue().rstrip().splitlines())
+    text = f"# {job.name}: serving plan\n\n```\n{printed}\n```\n"
     paths["report"] = str(atomic_write_text(out / "report.md", text))
     if request.console is not None:
         report(made, request.console)
