@@ -36,8 +36,8 @@ name = "cpsat"
 SCALE_BITS = 32
 OBJECTIVE_BITS = 40
 """Rows and objective keep this many bits: the relaxed copy's bound is then within ~1e-9 of
-the real optimum, so CP-SAT can prove small programs optimal in plan units (at 24 bits its
-bounds were 2e-6 off). Sums stay far inside CP-SAT's 64-bit range."""
+the real optimum, so CP-SAT can prove small programs optimal in plan units (fewer bits leave
+bounds too loose for that: docs/program.md). Sums stay far inside CP-SAT's 64-bit range."""
 _BIG = 2**50
 
 
