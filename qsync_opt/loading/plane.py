@@ -52,7 +52,7 @@ SPEC_POLICY = {"none": "stride", "tokens": "tokens", "attention": "ours"}
 STATE_VERSION = 1
 MIN_GAIN_S = 0.010
 """Default `min_gain_s`: about what the exact stage costs at the default work budget (CP-SAT,
-0.02 deterministic seconds) on one CPU core, 9-12 ms for 16 samples over 2 ranks."""
+0.02 deterministic seconds) on one CPU core (docs/loading.md, "Balancer", has the measurement)."""
 
 
 @dataclass(frozen=True)

@@ -400,8 +400,8 @@ def dense_during_calls(module: nn.Module) -> Iterator[None]:
     """While a submodule runs (not while fx traces or torch.export captures it), its zero-stride placeholders are swapped
     for contiguous zeros: CPU kernels (oneDNN convolution) take a slow path on stride-0 weights.
     One module's tensors at a time, freed when its forward returns. Parameters are views of one
-    zero buffer per dtype, zeroed once (a forward only reads them; BERT-base's 201 fresh zero
-    tensors cost 0.6 s); buffers, which a forward may update in place (batch-norm statistics),
+    zero buffer per dtype, zeroed once (a forward only reads them, and fresh zeros per tensor
+    are slow on large models: docs/concurrency.md); buffers, which a forward may update in place (batch-norm statistics),
     get their own zeros."""
     pools: dict[torch.dtype, torch.Tensor] = {}
 

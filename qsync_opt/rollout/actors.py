@@ -162,8 +162,7 @@ class _Rollout:
                         del self.slots[tid]
                 steps += 1
                 # the CPU-time read is a system call, where a loaded machine switches this process out: read it
-                # before the wall clock, or that wait falls between the logged steps (measured: 25-50% of a call's
-                # time under 4 actors on 2 cores went unlogged when the wall clock was read first)
+                # before the wall clock, or that wait falls between the logged steps (docs/rollout.md)
                 cpu = time.thread_time() - c0
                 self.step_log.append((len(tids), total, time.perf_counter() - t0, busy, cpu, t0, lmax))
                 if finished:

@@ -137,8 +137,8 @@ def calibrate(job, results: dict):
     overhead_ms = 1e3 * float(C[:, 0].mean()) if len(C) else 0.0
     P = np.asarray(pre, dtype=float)
     # one admission: a constant, plus a line per sequence in its tokens (dt = c + m·a + b·Σtokens). Fitted per
-    # sequence alone (dt / m), an admission's constant was spread over its sequences: the 14-sequence admissions of
-    # trajectory-async were charged 55-70% over their wall, sync's 4-sequence ones 15% under
+    # sequence alone (dt / m), an admission's constant would be spread over its sequences, overcharging large
+    # admissions and undercharging small ones (docs/rollout.md)
     pc = np.linalg.lstsq(np.c_[np.ones(len(P)), P[:, 0], P[:, 0] * P[:, 1]], P[:, 2] * 1e3, rcond=None)[0]
     if pc[0] < 0 or pc[1] < 0:  # no admission-size spread to separate them: the per-sequence line alone
         pa, pre_call = np.linalg.lstsq(np.c_[np.ones(len(P)), P[:, 1]], P[:, 2] * 1e3 / P[:, 0], rcond=None)[0], 0.0

@@ -295,7 +295,7 @@ WORKER_MODULE = "qsync_opt.rollout.sim_worker"
 
 PARALLEL_AFTER_S = 0.5
 """`simulate_variants` runs the rest in worker processes when its first variant took at least this long: a worker
-pays about 1.5 s importing the package (the CLI's Laminar example: 39 s of simulation over 7 variants)."""
+pays the package's import first, which only a long simulation wins back (docs/rollout.md)."""
 
 
 def simulate_variants(job, variants=VARIANTS, processes: int | None = None, **kw) -> dict[str, SimResult]:

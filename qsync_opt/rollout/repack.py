@@ -75,9 +75,9 @@ __all__ = ["FULL_LIMIT", "Move", "RepackResult", "RepackState", "RepackTraj", "R
            "brute_force", "evaluate", "repack", "warm_up"]
 
 SOLVER_SLACK_S = 0.003
-"""Kept back from the solver's deadline for its overshoot of its own limit, at least (a HiGHS solve returned 2.4 ms
-past it in a scratch trace of `benchmarks/rollout.py`'s repack timing: 64 workers, 2,000 trajectories, 50 ms); more
-once a backend has been seen later than that (repack_program.stop_latency), up to SLACK_CAP of the limit."""
+"""Kept back from the solver's deadline for its overshoot of its own limit, at least (HiGHS's overshoot on the repack
+timing state: docs/rollout.md); more once a backend has been seen later than that (repack_program.stop_latency), up
+to SLACK_CAP of the limit."""
 
 SLACK_CAP = 0.2
 """The most of a call's limit kept back for a backend's overshoot: one outlier must not starve every later solve."""
@@ -99,8 +99,9 @@ def repack(state: RepackState, method: Literal["program", "best-fit"] = "program
 
     The limit is a deadline for the whole call: the backend's model conversion counts against it
     (SolveOptions.deadline) and Python's cyclic collector is paused for the call (a full collection in a
-    process holding torch took 100-134 ms here, twice the default budget). The first call with a backend
-    in a process imports it (CP-SAT: about 0.3 s): `warm_up(backend)` at start-up moves that off the tick.
+    process holding torch can take longer than the default budget: docs/rollout.md). The first call with a
+    backend in a process imports it (CP-SAT's import alone can outlast a tick): `warm_up(backend)` at start-up
+    moves that off the tick.
     """
     with _collector_paused():
         return _repack(state, method, backend, time_limit_s, form, max_rounds)
@@ -114,9 +115,10 @@ def warm_up(backend: str = "highs", freeze: bool = False) -> None:
     `gc.freeze()`: every object alive now (torch, the model, the framework) moves to the collector's permanent
     generation and is never scanned again. `repack` pauses the collector during a decision, so the collection its
     allocations trigger runs as the collector resumes, before the call returns; a full collection in a process
-    holding torch takes 100-200 ms; frozen, about 1 ms (docs/rollout.md has the measurements). A process that keeps
-    allocating still makes a full collection due now and then, which only the freeze makes cheap. The cost of freezing: objects alive at the freeze that later
-    become cyclic garbage are never freed (refcounting still frees the rest): freeze once, at start-up, after loading
+    holding torch can take longer than a decision's budget, a frozen one a small part of it (docs/rollout.md has the
+    measurements). A process that keeps allocating still makes a full collection due now and then, which only the
+    freeze makes cheap. The cost of freezing: objects alive at the freeze that later become cyclic garbage are never
+    freed (refcounting still frees the rest): freeze once, at start-up, after loading
     what the process keeps."""
     w = [RepackWorker("a", 100, 2, 10.0, 0.01), RepackWorker("b", 100, 2, 10.0, 0.01)]
     repack(RepackState(w, [RepackTraj("t0", "a", 10, 10), RepackTraj("t1", "b", 10, 10)], 0.9), backend=backend,
@@ -196,8 +198,7 @@ def _repack(state: RepackState, method: str, backend: str, time_limit_s: float, 
         # signed on the true gap (as solver.solve does): CP-SAT's own status speaks for a rounded copy
         proven = bound is not None and obj >= bound - 1e-6 * max(1.0, abs(bound))
     else:
-        # its objective comes back with it: evaluating it again here (about 1 ms on 2,000 trajectories) was past the
-        # reserve and put a 50 ms call over its deadline
+        # its objective comes back with it, so the plan is not evaluated again here: that would run past the reserve
         placement, bound, proven, obj = _aggregate(state, backend, time_limit_s, start, t0, max_rounds, pack_s,
                                                    post_s, base)
     if bound is not None:

@@ -135,9 +135,9 @@ def _pack(state: RepackState, keep: set[str], deadline: float | None = None) -> 
     """Best-fit's placement of the freed workers' trajectories onto the kept ones: freed worker by freed worker from
     the least loaded up, each one's largest first, to its tightest fit; None if one does not fit. So a program's plan
     differs from best-fit's only in which workers it frees (a global best-fit decreasing over all freed
-    trajectories packs the same keep sets worse: docs/rollout.md). With a `deadline` (a perf_counter instant) it raises OutOfTime once past it: under
-    the tail guard one packing took 1 to 16 ms on the same 64-worker, 2,000-trajectory state, so its time cannot be
-    foreseen."""
+    trajectories packs the same keep sets worse: docs/rollout.md). With a `deadline` (a perf_counter instant) it
+    raises OutOfTime once past it: under the tail guard a packing's time varies too widely, even on one state, to be
+    foreseen (docs/rollout.md)."""
     caps = state.caps()
     kv, n = _loads(state)
     bins = _Bins(state, [w for w in keep], kv, n, caps)

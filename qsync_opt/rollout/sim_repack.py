@@ -22,8 +22,8 @@ SIM_ROUNDS = 4
 """Solve-and-pack rounds of the aggregate form per simulated repack (deterministic)."""
 SIM_HANG_S = 120.0
 """Clock limit of a simulated repack: a hang detector only (a solve that reaches it is counted, since its plan then
-depends on the machine's speed). 20 s was too tight: full-form states of 1,200-1,500 pairs on the T4 fleet take
-10-13 s with HiGHS at load 6, and one passed 20 s at load 24."""
+depends on the machine's speed), set well above the slowest full-form solve seen on a loaded machine
+(docs/rollout.md)."""
 
 
 def useful_frees(waiting: int, mean_need: float, current: list[tuple[int, float]],
@@ -67,9 +67,9 @@ class RepackTick:
 
     def _tail_guard(self) -> bool:
         """The program repacks under RepackState.tail_guard: its objective prices a freed worker's drain but not a
-        receiver's longer one, and without the guard it moved twice best-fit's tails onto receivers (Σ receiver
-        drain extension 38,100 s against 17,200 s on the 64 A100 + 64 L4 fleet) and lost end to end. Best-fit is
-        Laminar's heuristic as published, without it."""
+        receiver's longer one, and without the guard it moved longer tails onto receivers than best-fit and lost end
+        to end (docs/rollout.md, "Why the program lost end to end, and the tail guard"). Best-fit is Laminar's
+        heuristic as published, without it."""
         return self.repack_method == "program"
 
     def _useful_frees(self, ws: list[_Worker]) -> int:

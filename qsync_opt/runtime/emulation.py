@@ -6,7 +6,7 @@ CPU implementation kernels/dispatch.py names for its precision, priced at the ra
 catalog's `cpu-local` entry. The expected slowdown of a group is, over the precisions its plan
 uses, the worst ratio of the device's achieved rate to the host's for the implementation that
 runs there; a precision the host has no rate for (fp16 on a CPU without AMX-FP16: oneDNN runs
-it about 100x below fp32) has no bound. `train` and `run` announce every emulated group before
+it far below fp32, docs/devices.md) has no bound. `train` and `run` announce every emulated group before
 any rank starts, and refuse a slowdown above EMULATION_LIMIT unless asked (`--emulate` or
 `runtime.emulate: true`).
 """

@@ -12,8 +12,8 @@ static destructors.
 After a clean `destroy_process_group`, interpreter shutdown can still destroy a joinable
 gloo/c10d thread, and std::terminate then aborts the process ("terminate called without an
 active exception", SIGABRT): a rank that finished its work is reported killed and its launcher
-stops the others. Seen in training ranks, in the predictor harness's ranks (1 in ~40 DDP
-measurements) and in the profiler's spawned all-reduce / DDP-step ranks (about 1 in 5).
+stops the others. Seen in training ranks, in the predictor harness's ranks and in the
+profiler's spawned all-reduce / DDP-step ranks (docs/run.md has how often).
 Every file a caller needs must be closed before this is called.
 """
 

@@ -35,7 +35,7 @@ BOUNDARY = "fp32"
 
 def _mm(a, b):
     """torch.matmul(a, b); fp16 on CPU is laid out as A row-major, B transposed-row-major, the one
-    layout torch's CPU backend runs fast in fp16 (others are 3-20x slower at 512x1024x1024)."""
+    layout torch's CPU backend runs fast in fp16 (others are several times slower: docs/devices.md)."""
     if a.dtype == torch.float16 and a.device.type == "cpu":
         a, b = a.contiguous(), b.transpose(-1, -2).contiguous().transpose(-1, -2)
     return torch.matmul(a, b)

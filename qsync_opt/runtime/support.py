@@ -3,7 +3,7 @@
 Today the answer combines the device catalog (formats with a native path, `DeviceSpec.supports`)
 with the formats this runtime emulates on that kind of device: int4 through the int8 GEMM,
 fp8 as a rounded round trip around a wider GEMM, tf32 as fp32. On CPUs fp16 has neither (no
-fp16 GEMM path: oneDNN runs it about 100x slower than fp32 without AMX-FP16), so a plan asking
+fp16 GEMM path: oneDNN runs it far slower than fp32 without AMX-FP16, docs/devices.md), so a plan asking
 for it is refused rather than trained silently. The per-device implementation table built
 from the kernels' dispatch code is meant to answer here later, so callers never change.
 """

@@ -1,8 +1,8 @@
 """MPS and LP files of a Problem, written so stock solvers get our optimum, and read back.
 
 The objective is written *scaled* (the compiler's power of two, exact in floating point):
-in plan units, indicator costs run from 9e-14 to 3e-2, under the absolute tolerances of
-HiGHS and CBC, which then returned 1.09x to ~1,500x the optimum and called it optimal.
+in plan units, indicator costs span many decades, down under the absolute tolerances of
+HiGHS and CBC, which then return plans far from the optimum and call them optimal (docs/program.md).
 Scaled, the largest cost is about 2**20, and a solver with default settings finds the
 optimum. The unit (multiply the solver's objective by it to get plan units) is written in a
 comment at the top of the file (`* objective_unit = ...` in MPS, `\\ objective_unit = ...` in

@@ -221,7 +221,8 @@ def run_benchmark(out_dir: Path, instances_dir: str | None = None, quick: bool =
 def limit_rows(n: int, limit: float) -> list[dict]:
     """The whole call under a tiny limit, on a DAG with no plan (bounds halved): wall vs limit + build.
 
-    Before the shared budget, the diagnosis's side-solves ran on their own 60 s limits (125-290 s)."""
+    The diagnosis of the missing plan draws on the same budget, so the row shows whether the whole call keeps to
+    it (docs/program.md)."""
     from dataclasses import replace
 
     from qsync_opt.solver.budget import Budget

@@ -83,9 +83,7 @@ def cbc_threads(threads: int | None) -> int | None:
     """The `threads` to hand PuLP: None (CBC's serial code) for one thread. `-threads 1` does not mean serial
     to CBC: it starts its threaded branch-and-bound with one worker, whose master waits on the worker with a
     10-second timed wait (CbcThread::waitThread); a missed wake-up then stalls the solve 10 s with no CPU used
-    and CBC reports "Stopped on time limit". Seen here on rollout.repack (benchmarks/rollout.py's repack timing,
-    64 workers x 2,000 trajectories, 1 s limit): with `-threads 1` about 7 of 110 calls took 10.0-10.3 s (CBC's
-    own CPU 0.01 s), without it none of 90."""
+    and CBC reports "Stopped on time limit" (docs/rollout.md has the calls it stalled)."""
     return threads if threads is not None and threads > 1 else None
 
 

@@ -13,7 +13,7 @@ smallest scale of the rows they appear in (those rows then all use S). The objec
 rounded to nearest; `scaling["objective_error"]` bounds, for any plan, how far its CP-SAT
 objective can be from its real one (objective rounding plus the row error carried by T).
 CP-SAT's answer is optimal for the tightened model only: its "OPTIMAL" proves nothing
-about the real program (BERT-base at 220 ms: 4% off the true optimum). So a second, relaxed
+about the real program (it can be percents off the true optimum: docs/program.md). So a second, relaxed
 copy (coefficients rounded down, right-hand sides up) is solved with the time left: every
 real plan satisfies it, so its bound, less the objective's rounding, bounds the real optimum,
 and its plan, if the real rows accept it, competes with the tightened one. This backend
@@ -36,8 +36,8 @@ name = "cpsat"
 SCALE_BITS = 32
 OBJECTIVE_BITS = 40
 """Rows and objective keep this many bits: the relaxed copy's bound is then within ~1e-9 of
-the real optimum, so CP-SAT can prove small programs optimal in plan units (at 24 bits its
-bounds were 2e-6 off). Sums stay far inside CP-SAT's 64-bit range."""
+the real optimum, so CP-SAT can prove small programs optimal in plan units (fewer bits leave
+bounds too loose for that: docs/program.md). Sums stay far inside CP-SAT's 64-bit range."""
 _BIG = 2**50
 
 
@@ -176,10 +176,10 @@ def _run(lm: LinearModel, sm: "ScaledModel", options: SolveOptions, hint: dict[s
 
 
 def release(m) -> None:
-    """Let `m` be freed when its last reference goes, not by the cyclic collector. OR-Tools' CpModel (9.12 on; 9.15
-    here) keeps its 61 pre-PEP 8 aliases (AddBoolOr, ...) in its instance dict as closures over its own bound methods:
-    a reference cycle, so every model, its whole proto with it, stayed alive until the next collection (368 objects
-    per solve; HiGHS, SCIP and CBC leave none). Under `rollout.repack`'s paused collector that collection runs after
+    """Let `m` be freed when its last reference goes, not by the cyclic collector. OR-Tools' CpModel (from 9.12) keeps
+    its pre-PEP 8 aliases (AddBoolOr, ...) in its instance dict as closures over its own bound methods: a reference
+    cycle, so every model, its whole proto with it, stays alive until the next collection (HiGHS, SCIP and CBC leave
+    none; docs/rollout.md). Under `rollout.repack`'s paused collector that collection runs after
     the decision, inside the call. The aliases are never called here."""
     vars(m).clear()
 

@@ -1,6 +1,6 @@
 """HiGHS through highspy directly: the model goes in as sparse arrays, with no PuLP in between.
 
-PuLP builds one Python object per coefficient (~20 s at 5,000 ops x 5 precisions x 4 groups);
+PuLP builds one Python object per coefficient (slow on large programs: docs/program.md);
 `highs_model.build_lp` writes the same LinearModel as row-wise arrays with numpy, and
 `Highs.passModel` takes them at once. Status, bound and gap come from
 `Highs.getModelStatus()` / `getInfo()`; the greedy plan goes in with `Highs.setSolution`.

@@ -2,9 +2,8 @@
 
 `qsync-opt train` runs every rank of a local cluster on this machine at the same time; on a
 CPU they share cores, caches and memory bandwidth (and, on a shared machine, whatever else
-runs). Timed one group at a time, each group's ops ran on an otherwise idle machine and
-under-priced the real step (measured on cpu_tiny, 2 ranks on 2 cores at load 4: the
-co-located fp32 step of a rank 1.7x its step alone). So one process per local rank runs at
+runs). Timed one group at a time, each group's ops would run on an otherwise idle machine and
+under-price the real step (docs/predictor.md has the measurement). So one process per local rank runs at
 once: a profiling process per distinct section (group env, threads, local batch), and a
 companion for every other rank, which only runs that group's whole fp32 training step. A
 process that finishes keeps running that step until every profiler is done, so no group is

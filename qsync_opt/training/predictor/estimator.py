@@ -1,10 +1,9 @@
 """The profiler's robust time estimator, adaptive so that slow or steady calls stop early.
 
 Median over blocks of the minimum of a few timed calls: the minimum rejects preemption by
-other processes within a block, the median rejects a block that was slow throughout. On a
-shared machine most of the profiler's time went to ops that take 50-250 ms a call (bf16 and
-int8 without native support) and to whole training steps, timed 28 times each although
-their block minima agreed within a few percent after three. So:
+other processes within a block, the median rejects a block that was slow throughout. Most of
+a profile's time goes to slow calls (formats without native support, whole training steps),
+whose block minima agree within a few percent after a few blocks (docs/predictor.md). So:
 
 - warm-up: one call; two more only when it was fast (< SLOW_MS): a slow call has already
   selected its kernels and touched its memory;

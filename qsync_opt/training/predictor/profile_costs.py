@@ -18,10 +18,10 @@ the sum this module predicts for that uniform plan, gap_p, is what isolated ops 
 contention). Each selectable op's forward and backward at p are scaled by
 1 + gap_p / S_p (S_p: their sum at p), i.e. the gap is shared in proportion to each op's
 measured time. It happens inside the step, before the gradients are ready, so in a lockstep
-it delays the all-reduce and not the optimizer. (Charged to the optimizer figure, the fast
-group's gap landed after the slow group's all-reduce: on cpu_tiny at load 5, 89 ms added to
-a 324 ms lockstep. Spread evenly, a negative gap of a slow format drove its small ops to
-0 ms, cheaper than fp32, and the solver picked them.) Uniform plans are then costed at
+it delays the all-reduce and not the optimizer. (Charged to the optimizer figure, a fast
+group's gap would land after the slow group's all-reduce and lengthen the lockstep; spread
+evenly, a negative gap of a slow format could drive its small ops to 0 ms, cheaper than fp32,
+for the solver to pick: docs/predictor.md.) Uniform plans are then costed at
 their measured steps, mixed plans by this split. A profile's gloo all-reduce fit α + β·bytes replaces the
 interconnect preset's figures for a cluster whose ranks all run here.
 

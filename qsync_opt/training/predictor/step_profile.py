@@ -114,8 +114,8 @@ def step_median_ms(step, *, warmup: int = STEP_WARMUP, calls: int | None = None)
     """Median of `calls` consecutive timed steps after `warmup` untimed ones: the statistic
     `train` reports (run_stages.measured_iteration_ms), so a whole step measured here and the
     iteration a training then shows are read alike. Not the profiler's median of block minima:
-    a minimum rejects the preemption a real step pays on a shared machine (on the emulated
-    hybrid job it read the fp32 DDP step at 80 ms where training showed 115-121 ms)."""
+    a minimum rejects the preemption a real step pays on a shared machine, and under-reads the
+    step a training then shows (docs/predictor.md)."""
     import statistics
 
     return statistics.median(step_times_ms(step, warmup=warmup, calls=calls))
@@ -131,8 +131,8 @@ def lockstep_median_ms(per_rank: list[list[float]]) -> float:
 
 def measure_steps(spec, module: nn.Module, group: str, gg: OpGraph, precisions) -> dict[str, float]:
     """precision -> ms of one whole training step of `group`'s first rank with every selectable op
-    at that precision (step_median_ms; the adaptive estimator gave a 10-60 ms step one or two
-    calls per block)."""
+    at that precision (step_median_ms: the adaptive estimator would time a whole step too few times
+    per block)."""
     rank = spec.cluster.first_rank(group)
     return {p: step_median_ms(make_step(spec, module, rank, gg, p)) for p in precisions}
 

@@ -32,11 +32,11 @@ GREEDY_ALWAYS_CHOICES = 2000
 """Up to this many choices greedy always runs to the end (milliseconds), so no solve returns a
 plan worse than QSync's; above, it is cut at its share (seconds per group at 5,000 ops)."""
 CHECK_S_PER_VARIABLE = 3e-6
-"""Encoding and checking a warm start (measured ~2 us per variable)."""
+"""Encoding and checking a warm start, seconds per variable (above the measured cost: docs/program.md)."""
 POST_S_PER_VARIABLE = 2e-5
-"""Kept back from the solver's grant for what its time limit does not stop: HiGHS ran 1.3-1.8 s
-past a 2 s limit on a 25k-column model (load 7, 2 cores), and signing, decoding and evaluating
-the plan take ~1.5 us per variable."""
+"""Kept back from the solver's grant, seconds per variable, for what its time limit does not stop: a
+solver's overrun of its own limit on a large model, and signing, decoding and evaluating the plan
+(docs/program.md has the measurements)."""
 
 
 @dataclass(frozen=True)

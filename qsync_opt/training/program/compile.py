@@ -191,7 +191,7 @@ class _Names:
         return self._groups.get(name) or self._get(self._groups, name)
 
     def _get(self, table: dict[str, str], name: str) -> str:
-        used = self._used[id(table)]  # kept beside the table: rebuilding it per name was O(n²) (4 s at 5,000 ops)
+        used = self._used[id(table)]  # kept beside the table: rebuilding it per name would be O(n²)
         base = re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_") or "op"
         cand, k = base, 1
         while cand in used:

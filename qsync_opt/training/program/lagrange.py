@@ -145,7 +145,7 @@ def solve_dual(ga: GroupArrays, deadline: float, target_gap: float = 1e-4, max_p
     spread = float(np.nansum(np.nanmax(finite, axis=1) - np.nanmin(finite, axis=1)))
     scale = max(spread, 1e-300)
     box = np.array([scale if a else 0.0 for a in ga.active])
-    grid = [0.0, scale / 16, scale / 4]  # measured optima lie near 0.05-0.2 x the indicator spread
+    grid = [0.0, scale / 16, scale / 4]  # spans where the optima lie (docs/program.md)
     pts = [(a, b) for a in (grid if ga.active[0] else [0.0]) for b in (grid if ga.active[1] else [0.0])]
     lam = np.array(pts, dtype=np.float64)
     cuts, best = [], (-math.inf, None)

@@ -40,8 +40,8 @@ class Chainlike:
         return max(self.width ** len(b) for b in self.bags)
 
     def pass_seconds(self, batch: int) -> float:
-        """Rough time of one DP pass and decode: per-op numpy overhead plus table work
-        (measured on 2 shared cores: 35-60 us per op, 30-50 ns per table entry and batch entry)."""
+        """Rough time of one DP pass and decode: per-op numpy overhead plus table work per table
+        entry and batch entry (constants above the measured costs: docs/program.md)."""
         return 6e-5 * self.n + 4e-8 * batch * sum(self.width ** len(b) for b in self.bags)
 
 

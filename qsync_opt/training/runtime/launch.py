@@ -273,7 +273,7 @@ RUNS_DIR = "qsync-runs"
 
 def default_metrics_dir(spec, metrics_dir: str | None, checkpoint_dir: str | None) -> str:
     """--metrics-dir; else beside the checkpoints (CKPT/metrics); else a named run folder
-    ./qsync-runs/<spec name>-<UTC time>/ (before: a random /tmp/qsync-run-* nobody could find)."""
+    ./qsync-runs/<spec name>-<UTC time>/, in the working directory."""
     if metrics_dir:
         return str(metrics_dir)
     if checkpoint_dir:
