@@ -5,12 +5,12 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from solver_cases import exact_params
 
 from qsync_opt.errors import SolverError
 from qsync_opt.solver.backends import SolveOptions, get_backend
 from qsync_opt.solver.backends.linear import linearize
 from qsync_opt.solver.problem import Problem
+from tests.training.program.solver_cases import exact_params
 
 
 def _two_choices(pair_coef: float, obj_x: dict[str, float]) -> Problem:

@@ -52,7 +52,7 @@ _SUMSQ_CHUNK = 1 << 14
 def _sum_of_squares(flat: torch.Tensor) -> float:
     """Σx² without an x*x copy (whose allocation faults in every page of a tensor's size again):
     float32 dot products over chunks of 2^14, summed in double, within 1e-6 of the exact sum
-    (tests/predictor/test_indicator_stats.py); one dot over a whole embedding is not, its float32
+    (tests/training/predictor/test_indicator_stats.py); one dot over a whole embedding is not, its float32
     accumulators drift. How far a dot drifts depends on the CPU's BLAS kernel: chunks of 2^18 met
     the test's 1e-6 on an AMX machine and missed it on an AVX-512 one without AMX."""
     return sum(float(torch.dot(c, c)) for c in flat.split(_SUMSQ_CHUNK))

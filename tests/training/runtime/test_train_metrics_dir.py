@@ -7,7 +7,7 @@ import pytest
 
 from qsync_opt.cli import commands as cli
 from qsync_opt.training.runtime import launch
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = str(ROOT / "examples" / "cpu_tiny.yaml")
 
 

@@ -157,7 +157,7 @@ def test_plan_reports_build_and_solve_time_and_keeps_the_limit_budget(prepared):
     assert plan.solver.build_s > 0 and plan.solver.solve_s > 0
     assert plan.meets_bounds
     # solver time is charged to the one budget of time_limit_s (20 s here, ~1 s used: a hang detector, not a
-    # timing check); tests/test_solve_budget.py checks every grant against what was left, without a clock
+    # timing check); tests/training/test_solve_budget.py checks every grant against what was left, without a clock
     assert plan.solver.solve_s <= SPEC["solver"]["time_limit_s"]
     assert plan.solver.build_s + plan.solver.solve_s <= plan.solver.wall_s * (1 + 1e-6) + 1e-3
 

@@ -10,7 +10,7 @@ import pytest
 from qsync_opt.cli.commands import main
 from qsync_opt.training.plan import Plan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "examples" / "cpu_tiny.yaml")
 
 

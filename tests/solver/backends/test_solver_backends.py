@@ -8,7 +8,6 @@ import sys
 import textwrap
 
 import pytest
-from solver_cases import AVAILABLE, backend_params, exact_params
 
 from qsync_opt.errors import SolverError
 from qsync_opt.solver.backends import BACKENDS, EXACT, SolveOptions, available, get_backend
@@ -16,6 +15,7 @@ from qsync_opt.solver.problem import Problem
 from qsync_opt.training.program.random_instances import synthetic
 from qsync_opt.training.program.solve import DEFAULT_BACKEND, solve_instance
 from qsync_opt.training.program.compile import compile_training
+from tests.training.program.solver_cases import AVAILABLE, backend_params, exact_params
 
 
 def test_registry_lists_known_backends_and_their_status():

@@ -64,7 +64,7 @@ def test_batch_split_auto_names_the_best_split_it_saw_and_a_bound_that_works_the
 
 
 def _resnet18(t4_precisions=None):
-    """QSync's case (tests/test_pipeline.py): resnet18 on 2 V100 + 2 T4 at the edge boundary, where the
+    """QSync's case (tests/training/test_pipeline.py): resnet18 on 2 V100 + 2 T4 at the edge boundary, where the
     T4s keep pace only with lowered operators."""
     t4 = {"name": "t4", "device": "T4", "count": 2, **({"precisions": t4_precisions} if t4_precisions else {})}
     return load_spec({**SPEC, "model": {"name": "resnet18"}, "runtime": {"boundary": "edge"},

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from rt_jobs import make_plan, write_spec
 
 from qsync_opt.errors import RuntimeSetupError
 from qsync_opt.runtime.data import SyntheticTask
 from qsync_opt.training.runtime.launch import _free_port, rank_envs, run_job, spawn_ranks, validate
 from qsync_opt.training.runtime.trainer import build_rank_model, loss_weight
+from tests.runtime.rt_jobs import make_plan, write_spec
 
 pytestmark = pytest.mark.timeout(240)
 

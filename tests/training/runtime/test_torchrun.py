@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = ROOT / "examples" / "cpu_tiny.yaml"
 pytestmark = [pytest.mark.timeout(600),
               pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None

@@ -29,7 +29,7 @@ from qsync_opt.training.program.solve import solve_instance
 from qsync_opt.training.program.compile import compile_training
 from qsync_opt.training.spec import load_spec
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")

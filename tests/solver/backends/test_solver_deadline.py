@@ -7,11 +7,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from solver_cases import AVAILABLE
 
 from qsync_opt.solver.backends import SolveOptions, get_backend
 from qsync_opt.solver.backends.base import seconds_left
 from qsync_opt.solver.problem import Problem
+from tests.training.program.solver_cases import AVAILABLE
 
 
 def _problem() -> Problem:
