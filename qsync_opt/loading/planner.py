@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from qsync_opt.errors import QSyncError, SpecError
 from qsync_opt.loading import balance as B
 from qsync_opt.loading.cost import CostModel
 from qsync_opt.loading.engine import LocalEngine
@@ -33,11 +34,23 @@ def rank_model(job: LoadingJob, lengths: Sequence[np.ndarray]) -> tuple[list[flo
     return [min(t) / x for x in t], costs
 
 
+def opening_sources(e: Exception) -> SpecError:
+    """The error of a source whose dataset could not be made from its kwargs (a built-in source's generator
+    refusing a value, or too many samples to hold)."""
+    return SpecError(f"sources: a source could not be opened ({type(e).__name__}: {str(e).strip()}); check its "
+                     "kwargs (`qsync-opt spec --kind loading` lists what each built-in source takes)")
+
+
 def open_local(job: LoadingJob) -> tuple[LocalEngine, list[float], CostModel | list[CostModel]]:
     """The in-process engine of `job` with its ranks' speeds and cost, and those."""
-    engine = LocalEngine(job.mix(), global_batch=job.global_batch, speeds=[1.0] * len(job.ranks),
-                         cost=job.rank_costs() if any(r.cost is not None for r in job.ranks) else job.cost.model(),
-                         backend=job.balancer.backend)
+    try:
+        engine = LocalEngine(job.mix(), global_batch=job.global_batch, speeds=[1.0] * len(job.ranks),
+                             cost=job.rank_costs() if any(r.cost is not None for r in job.ranks) else job.cost.model(),
+                             backend=job.balancer.backend)
+    except QSyncError:  # names its field already
+        raise
+    except (ValueError, TypeError, MemoryError) as e:
+        raise opening_sources(e) from None
     speeds, cost = rank_model(job, [s.lengths for s in engine.sources])
     engine.plane.speeds, engine.plane.cost = speeds, cost  # the plane reads both at each step
     return engine, speeds, cost

@@ -21,11 +21,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from qsync_opt.errors import SpecError
+from qsync_opt.errors import QSyncError, SpecError
 from qsync_opt.io import atomic_write_text
 from qsync_opt.loading.engine import open_engine
 from qsync_opt.loading.plan import LoadingPlan
-from qsync_opt.loading.planner import plan_loading
+from qsync_opt.loading.planner import opening_sources, plan_loading
 from qsync_opt.loading.report import print_loading_plan
 from qsync_opt.loading.spec import LoadingJob
 from qsync_opt.solver.budget import Budget
@@ -52,8 +52,13 @@ def serve(job: LoadingJob, plan: LoadingPlan, steps: int) -> list[Served]:
     """`steps` global batches from the job's engine, each rank's share read by that rank's consumer thread; the
     rows in (step, rank) order. SpecError when a rank reads other token counts than the plane's index says."""
     cost = job.rank_costs() if any(r.cost is not None for r in job.ranks) else job.cost.model()
-    engine = open_engine(job.mix(), global_batch=job.global_batch, speeds=[r.speed for r in plan.ranks], cost=cost,
-                         backend=job.balancer.backend)
+    try:
+        engine = open_engine(job.mix(), global_batch=job.global_batch, speeds=[r.speed for r in plan.ranks],
+                             cost=cost, backend=job.balancer.backend)
+    except QSyncError:  # names its field already
+        raise
+    except (ValueError, TypeError, MemoryError) as e:
+        raise opening_sources(e) from None
     rows: list[Served] = []
     failed: list[BaseException] = []
     lock = threading.Lock()

@@ -19,7 +19,10 @@ from qsync_opt.hardware.device import find_device
 from qsync_opt.loading.cost import CostModel
 from qsync_opt.spec.base import SpecModel
 
-EXACT_BACKENDS = ("cpsat", "highs", "cbc", "scip")
+MAX_GLOBAL_BATCH = 1_000_000
+"""Most samples in one global batch (the balancer holds each one's cost on every rank class)."""
+MAX_PLANNED_SAMPLES = 1_000_000
+"""Most samples `solve` splits, planned steps x global batch (each step is balanced in turn)."""
 
 
 class SampleCost(SpecModel):
@@ -119,13 +122,13 @@ class LoadingJob(SpecModel):
     (required when one is)."""
     ranks: list[Rank] = Field(min_length=1)
     """The consumers, in rank order."""
-    global_batch: int = Field(ge=1)
+    global_batch: int = Field(ge=1, le=MAX_GLOBAL_BATCH)
     """Samples per step, over all ranks."""
     steps: int = Field(default=10, ge=1)
     """Global batches `run` serves (`run --steps` overrides it)."""
     horizon: int | None = Field(default=None, ge=1)
     """Steps `solve` plans, the first of `steps` (default: all of them)."""
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
     """Seed of the per-source shuffles and the per-step shuffle of the mix."""
     max_step_ms: float | None = Field(default=None, gt=0)
     """A bound: the slowest rank's predicted time in every planned step at most this (the plan says whether
@@ -143,6 +146,11 @@ class LoadingJob(SpecModel):
         for i, r in enumerate(self.ranks):
             if names.index(r.name) != i:
                 raise ValueError(f"ranks.{i}.name: {r.name!r} is listed twice; rank names must be unique")
+        planned = self.planned_steps * self.global_batch
+        if planned > MAX_PLANNED_SAMPLES:
+            what = "horizon" if self.horizon is not None and self.horizon < self.steps else "steps"
+            raise ValueError(f"{what} x global_batch = {planned:,} samples to plan, more than {MAX_PLANNED_SAMPLES:,}; "
+                             f"lower {what}{'' if what == 'horizon' else ' or set horizon (the steps solve plans)'}")
         by_speed = [i for i, r in enumerate(self.ranks) if r.speed is not None]
         if by_speed and self.cost is None:
             raise ValueError(f"ranks.{by_speed[0]}.speed: a rank given by speed needs the shared curve `cost` "
