@@ -32,7 +32,7 @@ def read_document(source: "str | Path | dict | BaseModel") -> tuple[dict, str | 
 
     A one-line string that names an existing path is read as that path; one that YAML reads as a
     bare word (`examples/cpu_tiny`) is a path that does not exist, and is reported so. A plan
-    written by `qsync-opt solve` (training, serving or rollout) is refused as a plan, with where
+    written by `qsync-opt solve` (of any kind: PLAN_MARKS) is refused as a plan, with where
     it goes instead, rather than checked field by field against a spec schema.
     """
     if isinstance(source, BaseModel):
