@@ -52,7 +52,7 @@ def open_local(job: LoadingJob) -> tuple[LocalEngine, list[float], CostModel | l
     except (ValueError, TypeError, MemoryError) as e:
         raise opening_sources(e) from None
     speeds, cost = rank_model(job, [s.lengths for s in engine.sources])
-    engine.plane.speeds, engine.plane.cost = speeds, cost  # the plane reads both at each step
+    engine.plane.speeds = speeds  # the plane reads them at each step
     return engine, speeds, cost
 
 

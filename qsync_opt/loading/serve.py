@@ -31,7 +31,8 @@ from qsync_opt.loading.spec import LoadingJob
 from qsync_opt.solver.budget import Budget
 
 SERVED_COLUMNS = ("step", "rank", "name", "samples", "tokens", "predicted_s", "read_s", "ids")
-"""served.csv: one row per step and rank; ids are the rank's samples as source:index, space-separated."""
+"""served.csv: one row per step and rank; ids are the rank's samples as S:I (sample I of source S, S its position
+in the spec's sources from 0), space-separated, in the order the rank read them."""
 QUEUE_DEPTH = 2
 """Steps a rank's consumer may be behind the coordinator (a trainer's prefetch depth)."""
 
@@ -105,13 +106,12 @@ def serve(job: LoadingJob, plan: LoadingPlan, steps: int) -> list[Served]:
 
 
 def served_csv(job: LoadingJob, rows: list[Served]) -> str:
-    names = [s.name for s in job.sources]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(SERVED_COLUMNS)
     for x in rows:
         w.writerow([x.step, x.rank, job.ranks[x.rank].name, len(x.ids), x.tokens, f"{x.predicted_s:.6g}",
-                    f"{x.read_s:.6g}", " ".join(f"{names[s]}:{i}" for s, i in x.ids)])
+                    f"{x.read_s:.6g}", " ".join(f"{s}:{i}" for s, i in x.ids)])
     return buf.getvalue()
 
 
@@ -136,7 +136,9 @@ def report_md(job: LoadingJob, plan: LoadingPlan, rows: list[Served], steps: int
         mine = [x for x in rows if x.rank == r]
         lines.append(f"| {rank.name} | {sum(len(x.ids) for x in mine)} | {sum(x.tokens for x in mine)} | "
                      f"{sum(x.predicted_s for x in mine):.4g} | {sum(x.read_s for x in mine):.3g} |")
-    lines += ["", f"The served split equals the plan's in {same} of the {planned} planned steps served (a split the "
+    sources = ", ".join(f"{i} {s.name}" for i, s in enumerate(job.sources))
+    lines += ["", f"served.csv: a row per step and rank; ids S:I is sample I of source S ({sources}).", "",
+              f"The served split equals the plan's in {same} of the {planned} planned steps served (a split the "
               "time limit stopped may differ).", ""]
     return "\n".join(lines)
 
