@@ -126,7 +126,8 @@ class LoadingPlan(_Record):
         out = []
         for r in range(len(self.ranks)):
             got = [s.ranks[r] for s in self.split]
-            out.append(RankStep(samples=round(sum(g.samples for g in got) / n), tokens=round(sum(g.tokens for g in got) / n),
+            out.append(RankStep(samples=round(sum(g.samples for g in got) / n),
+                                tokens=round(sum(g.tokens for g in got) / n),
                                 predicted_s=sum(g.predicted_s for g in got) / n))
         return out
 
@@ -149,4 +150,5 @@ class LoadingPlan(_Record):
             return cls.model_validate(data)
         except (ValueError, yaml.YAMLError) as e:
             raise SpecError(f"plan file {str(path)!r} is not a loading plan ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0]}); write one with `qsync-opt solve LOADING_SPEC -o plan.json`") from None
+                            f"{str(e).splitlines()[0]}); write one with `qsync-opt solve LOADING_SPEC -o "
+                            "plan.json`") from None

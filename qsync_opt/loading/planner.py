@@ -26,8 +26,8 @@ def rank_model(job: LoadingJob, lengths: Sequence[np.ndarray]) -> tuple[list[flo
     """The speeds and the cost the data plane takes: every rank by speed -> those speeds and the shared curve
     (divided by each); a rank with its own curve -> one curve per rank, each speed the fastest rank's seconds for
     a sample of the sources' mean length over this rank's (`lengths`: every source's sample lengths)."""
-    if all(r.speed is not None for r in job.ranks):
-        return [float(r.speed) for r in job.ranks], job.cost.model()
+    if job.by_speed:
+        return [float(r.speed) for r in job.ranks], job.plane_cost()
     costs = job.rank_costs()
     mean = float(np.concatenate([np.asarray(x, dtype=float) for x in lengths]).mean())
     t = [c(mean) for c in costs]
@@ -45,7 +45,7 @@ def open_local(job: LoadingJob) -> tuple[LocalEngine, list[float], CostModel | l
     """The in-process engine of `job` with its ranks' speeds and cost, and those."""
     try:
         engine = LocalEngine(job.mix(), global_batch=job.global_batch, speeds=[1.0] * len(job.ranks),
-                             cost=job.rank_costs() if any(r.cost is not None for r in job.ranks) else job.cost.model(),
+                             cost=job.plane_cost(),
                              backend=job.balancer.backend)
     except QSyncError:  # names its field already
         raise

@@ -48,8 +48,8 @@ def rank_table(plan: LoadingPlan) -> Table:
 def summary_lines(plan: LoadingPlan) -> list[str]:
     s = plan.summary
     lines = [
-        f"predicted step time {s.step_s * 1e3:.2f} ms (mean over {s.steps} steps); lower bound {s.bound_s * 1e3:.2f} ms, "
-        f"gap {s.gap:.1%}",
+        f"predicted step time {s.step_s * 1e3:.2f} ms (mean over {s.steps} steps); lower bound "
+        f"{s.bound_s * 1e3:.2f} ms, gap {s.gap:.1%}",
         f"even split by count: {s.even_s * 1e3:.2f} ms per step; the balanced split is {s.speedup:.2f}x faster",
         f"balancer: {s.optimal_steps} of {s.steps} steps proven optimal"
         + (f", {s.time_limited_steps} stopped at the time limit" if s.time_limited_steps else ""),

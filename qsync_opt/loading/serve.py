@@ -52,10 +52,9 @@ class Served:
 def serve(job: LoadingJob, plan: LoadingPlan, steps: int) -> list[Served]:
     """`steps` global batches from the job's engine, each rank's share read by that rank's consumer thread; the
     rows in (step, rank) order. SpecError when a rank reads other token counts than the plane's index says."""
-    cost = job.rank_costs() if any(r.cost is not None for r in job.ranks) else job.cost.model()
     try:
         engine = open_engine(job.mix(), global_batch=job.global_batch, speeds=[r.speed for r in plan.ranks],
-                             cost=cost, backend=job.balancer.backend)
+                             cost=job.plane_cost(), backend=job.balancer.backend)
     except QSyncError:  # names its field already
         raise
     except (ValueError, TypeError, MemoryError) as e:
@@ -83,7 +82,8 @@ def serve(job: LoadingJob, plan: LoadingPlan, steps: int) -> list[Served]:
             except BaseException as e:  # noqa: BLE001  (re-raised by the coordinator)
                 failed.append(e)
 
-    threads = [threading.Thread(target=consume, args=(r,), name=f"rank-{r}", daemon=True) for r in range(len(job.ranks))]
+    threads = [threading.Thread(target=consume, args=(r,), name=f"rank-{r}", daemon=True)
+               for r in range(len(job.ranks))]
     for t in threads:
         t.start()
     try:

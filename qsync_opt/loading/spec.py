@@ -178,6 +178,16 @@ class LoadingJob(SpecModel):
                        engine=self.engine, plan_work_limit=b.work_limit, plan_time_limit_ms=b.time_limit_ms,
                        plan_min_gain_ms=b.min_gain_ms, mix_seed=self.seed)
 
+    @property
+    def by_speed(self) -> bool:
+        """Whether every rank is given by a speed (the data plane then divides one curve by each)."""
+        return all(r.speed is not None for r in self.ranks)
+
+    def plane_cost(self) -> CostModel | list[CostModel]:
+        """The cost the data plane takes: the shared curve when every rank is given by a speed, else one curve
+        per rank (`rank_costs`)."""
+        return self.cost.model() if self.by_speed else self.rank_costs()
+
     def rank_costs(self) -> list[CostModel]:
         """Every rank's seconds per sample c_r(L), in rank order."""
         return [r.cost.model() if r.cost is not None else self.cost.model(r.speed) for r in self.ranks]

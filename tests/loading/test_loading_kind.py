@@ -19,6 +19,7 @@ from qsync_opt.cli.commands import main
 from qsync_opt.errors import SpecError
 from qsync_opt.loading.engine import LocalEngine
 from qsync_opt.loading.plan import LoadingPlan
+from qsync_opt.solver.budget import Budget
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "loading_cpu_mix.yaml"
@@ -30,9 +31,10 @@ def small(**changes) -> dict:
     """A small loading spec: two sources, three ranks by speed on one curve."""
     doc = {
         "kind": "loading", "name": "small",
-        "sources": [{"name": "short", "builtin": "synthetic-lm", "kwargs": {"num_samples": 300, "median": 64, "seed": 1},
-                     "weight": 3},
-                    {"name": "long", "builtin": "synthetic-lm", "kwargs": {"num_samples": 100, "median": 400, "seed": 2}}],
+        "sources": [{"name": "short", "builtin": "synthetic-lm", "weight": 3,
+                     "kwargs": {"num_samples": 300, "median": 64, "seed": 1}},
+                    {"name": "long", "builtin": "synthetic-lm",
+                     "kwargs": {"num_samples": 100, "median": 400, "seed": 2}}],
         "cost": {"c0": 1e-4, "a": 5e-6, "b": 1e-9},
         "ranks": [{"name": "fast", "speed": 1.0}, {"name": "mid", "speed": 0.5}, {"name": "slow", "speed": 0.25}],
         "global_batch": 16, "steps": 4,
@@ -43,8 +45,7 @@ def small(**changes) -> dict:
 
 def plane_steps(job, speeds, steps: int):
     """The data plane's step plans for `job`, opened as a trainer would (LocalEngine), independently of the plan."""
-    cost = job.rank_costs() if any(r.cost is not None for r in job.ranks) else job.cost.model()
-    engine = LocalEngine(job.mix(), global_batch=job.global_batch, speeds=speeds, cost=cost,
+    engine = LocalEngine(job.mix(), global_batch=job.global_batch, speeds=speeds, cost=job.plane_cost(),
                          backend=job.balancer.backend)
     return [engine.next_batch() for _ in range(steps)]
 
@@ -217,5 +218,19 @@ def test_run_on_ray_serves_what_the_inprocess_run_serves(tmp_path, ray_local):
         doc = small(engine=engine, balancer={"backend": None})  # heuristic split: no solver import in the actor
         spec.write_text(yaml.safe_dump(doc, sort_keys=False))
         paths = jobs.run(spec, tmp_path / engine, steps=3)
-        served[engine] = [{k: v for k, v in row.items() if k != "read_s"} for row in csv.DictReader(open(paths["served"]))]
+        rows = csv.DictReader(open(paths["served"]))
+        served[engine] = [{k: v for k, v in row.items() if k != "read_s"} for row in rows]
     assert served["ray"] == served["inprocess"]
+
+
+def test_every_step_draws_its_time_limit_from_the_plans_budget():
+    k = jobs.KINDS["loading"]
+    job = jobs.load_spec(small(balancer={"time_limit_ms": 500}))
+    budget = k.budget(job)
+    assert budget.limit_s == pytest.approx(job.planned_steps * 0.5)
+    plan = k.plan(job, budget)
+    assert [label for label, _, _ in budget.grants] == [f"balance step {t}" for t in range(job.planned_steps)]
+    assert all(given <= left for _, given, left in budget.grants)
+    spent = k.plan(job, Budget(0.0))  # nothing left: the deterministic heuristics alone, every step still split
+    assert len(spent.split) == len(plan.split)
+    assert all(s.makespan_s <= s.even_s * (1 + TOL) for s in spent.split)
