@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from qsync_opt.errors import QSyncError, SpecError
+from qsync_opt.errors import InfeasibleError, QSyncError, SpecError
 from qsync_opt.loading import balance as B
 from qsync_opt.loading.cost import CostModel
 from qsync_opt.loading.engine import LocalEngine
@@ -90,6 +90,22 @@ def step_split(plane: DataPlane, sp: StepPlan) -> StepSplit:
                      status=sp.status, method=sp.method, time_limited=bool(sp.detail.get("time_limited")))
 
 
+def next_batch(engine, step: int) -> StepPlan:
+    """The engine's next step plan; a batch no split can fit is InfeasibleError naming the step and the loading
+    spec's fields (the balancer names a training spec's)."""
+    try:
+        return engine.next_batch()
+    except InfeasibleError as e:
+        spelled = {"data.token_cap": "balancer.token_cap"}
+
+        def respell(text: str) -> str:
+            for old, new in spelled.items():
+                text = text.replace(old, new)
+            return text
+
+        raise InfeasibleError(f"step {step}: {respell(e.args[0])}", [respell(d) for d in e.diagnosis]) from None
+
+
 def summarise(split: Sequence[StepSplit]) -> Summary:
     total = sum(s.makespan_s for s in split)
     bound = sum(s.bound_s for s in split)
@@ -113,7 +129,7 @@ def plan_loading(job: LoadingJob, budget: Budget | None = None) -> LoadingPlan:
         for t in range(job.planned_steps):
             granted = budget.grant(f"balance step {t}", limit) if budget is not None else limit
             plane.time_limit_s = granted if granted is not None else MIN_STEP_LIMIT_S
-            sp = engine.next_batch()
+            sp = next_batch(engine, t)
             if budget is not None:
                 budget.charge(sp.plan_s)
             split.append(step_split(plane, sp))

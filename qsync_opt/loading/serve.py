@@ -25,7 +25,7 @@ from qsync_opt.errors import QSyncError, SpecError
 from qsync_opt.io import atomic_write_text
 from qsync_opt.loading.engine import open_engine
 from qsync_opt.loading.plan import LoadingPlan
-from qsync_opt.loading.planner import opening_sources, plan_loading
+from qsync_opt.loading.planner import next_batch, opening_sources, plan_loading
 from qsync_opt.loading.report import print_loading_plan
 from qsync_opt.loading.spec import LoadingJob
 from qsync_opt.solver.budget import Budget
@@ -87,10 +87,10 @@ def serve(job: LoadingJob, plan: LoadingPlan, steps: int) -> list[Served]:
     for t in threads:
         t.start()
     try:
-        for _ in range(steps):
+        for step in range(steps):
             if failed:
                 break
-            sp = engine.next_batch()
+            sp = next_batch(engine, step)
             for r, inbox in enumerate(inboxes):
                 slots = sp.rank_slots(r)
                 inbox.put((sp.step, [sp.samples[i] for i in slots], [sp.lengths[i] for i in slots], sp.predicted[r]))

@@ -234,3 +234,11 @@ def test_every_step_draws_its_time_limit_from_the_plans_budget():
     spent = k.plan(job, Budget(0.0))  # nothing left: the deterministic heuristics alone, every step still split
     assert len(spent.split) == len(plan.split)
     assert all(s.makespan_s <= s.even_s * (1 + TOL) for s in spent.split)
+
+
+def test_a_batch_no_split_fits_is_infeasible_naming_the_loading_field(tmp_path, capsys):
+    spec = tmp_path / "capped.yaml"
+    spec.write_text(yaml.safe_dump(small(balancer={"token_cap": 100}), sort_keys=False))
+    assert main(["solve", str(spec)]) == 3
+    err = capsys.readouterr().err
+    assert "step 0: balance:" in err and "balancer.token_cap" in err and "data.token_cap" not in err
