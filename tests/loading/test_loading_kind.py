@@ -242,3 +242,27 @@ def test_a_batch_no_split_fits_is_infeasible_naming_the_loading_field(tmp_path, 
     assert main(["solve", str(spec)]) == 3
     err = capsys.readouterr().err
     assert "step 0: balance:" in err and "balancer.token_cap" in err and "data.token_cap" not in err
+
+
+def test_a_stop_while_serving_is_exit_4_and_leaves_the_plan_alone(tmp_path, capsys):
+    """SIGINT while the ranks read (sent by a source on its 40th read): exit 4, plan.json whole, no served.csv."""
+    (tmp_path / "stopper.py").write_text(
+        "import os, signal\n"
+        "class Stopper:\n"
+        "    lengths = [8] * 400\n"
+        "    reads = 0\n"
+        "    def __len__(self):\n        return 400\n"
+        "    def __getitem__(self, i):\n"
+        "        Stopper.reads += 1\n"
+        "        if Stopper.reads == 40:\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "        return [0] * 8\n"
+        "def make():\n    return Stopper()\n")
+    doc = small(sources=[{"name": "stopper", "import": "stopper:make", "lengths": "from_source"}], horizon=1)
+    spec = tmp_path / "stop.yaml"
+    spec.write_text(yaml.safe_dump(doc, sort_keys=False))
+    out = tmp_path / "out"
+    assert main(["run", str(spec), "-o", str(out), "--steps", "40"]) == 4
+    assert "Traceback" not in capsys.readouterr().err
+    assert LoadingPlan.load(out / "plan.json").summary.steps == 1
+    assert sorted(p.name for p in out.iterdir()) == ["plan.json"]
