@@ -51,7 +51,8 @@ class Served:
 
 def serve(job: LoadingJob, plan: LoadingPlan, steps: int) -> list[Served]:
     """`steps` global batches from the job's engine, each rank's share read by that rank's consumer thread; the
-    rows in (step, rank) order. SpecError when a rank reads other token counts than the plane's index says."""
+    rows in (step, rank) order. SpecError naming the source's lengths when a rank reads a sample of another length
+    than the index the plane split by."""
     try:
         engine = open_engine(job.mix(), global_batch=job.global_batch, speeds=[r.speed for r in plan.ranks],
                              cost=job.plane_cost(), backend=job.balancer.backend)
@@ -75,8 +76,11 @@ def serve(job: LoadingJob, plan: LoadingPlan, steps: int) -> list[Served]:
                 read_s = time.perf_counter() - t0
                 got = [len(x) for x in samples]
                 if got != lengths:
-                    raise SpecError(f"ranks.{r} ({job.ranks[r].name}) step {step}: read samples of {got} tokens, the "
-                                    f"index says {lengths}; a source's lengths do not match its samples")
+                    i = next(j for j, (a, b) in enumerate(zip(got, lengths)) if a != b)
+                    s, idx = ids[i]
+                    raise SpecError(f"sources.{s}.lengths: sample {idx} of source {job.sources[s].name!r} holds "
+                                    f"{got[i]} tokens, its lengths say {lengths[i]} (rank {job.ranks[r].name!r} read "
+                                    f"it at step {step}); give the lengths of the samples the source returns")
                 with lock:
                     rows.append(Served(step, r, tuple(ids), sum(got), predicted, read_s))
             except BaseException as e:  # noqa: BLE001  (re-raised by the coordinator)

@@ -183,7 +183,7 @@ def test_run_serves_every_sample_of_each_global_batch_to_exactly_one_rank(tmp_pa
 
 
 def test_run_leaves_no_half_written_artefact_when_a_source_lies(tmp_path, capsys):
-    """A source whose samples are not as long as its lengths say: exit 2 naming the rank, no served.csv."""
+    """A source whose samples are not as long as its lengths say: exit 2 naming its lengths, no served.csv."""
     (tmp_path / "liar.py").write_text(
         "class Liar:\n"
         "    lengths = [5] * 40\n"
@@ -196,7 +196,8 @@ def test_run_leaves_no_half_written_artefact_when_a_source_lies(tmp_path, capsys
     out = tmp_path / "out"
     assert main(["run", str(spec), "-o", str(out), "--steps", "2"]) == 2
     err = capsys.readouterr().err
-    assert "ranks." in err and "do not match" in err and "Traceback" not in err
+    assert "sources.0.lengths: sample" in err and "holds 3 tokens, its lengths say 5" in err
+    assert "Traceback" not in err
     assert (out / "plan.json").is_file()
     assert not (out / "served.csv").exists() and not (out / "report.md").exists()
     assert [p.name for p in out.iterdir()] == ["plan.json"]  # no temporary file left either
