@@ -18,12 +18,13 @@ from pydantic import BaseModel
 
 from qsync_opt.errors import SpecError
 from qsync_opt.kind import RUN_FLAGS, Kind, Planned, RunRequest
+from qsync_opt.loading.kind import KIND as LOADING
 from qsync_opt.rollout.kind import KIND as ROLLOUT
 from qsync_opt.serving.kind import KIND as SERVING
 from qsync_opt.spec.load import Override, kind_of, plan_kind, read_document, read_text_file, validate
 from qsync_opt.training.kind import KIND as TRAINING
 
-KINDS: Mapping[str, Kind] = {k.name: k for k in (TRAINING, SERVING, ROLLOUT)}
+KINDS: Mapping[str, Kind] = {k.name: k for k in (TRAINING, SERVING, ROLLOUT, LOADING)}
 """kind name -> Kind, in the order `qsync-opt spec` documents them (the default kind first)."""
 
 SOLVER_SHORTHANDS = ("backend", "time_limit_s", "rel_gap", "threads", "seed")

@@ -32,7 +32,7 @@ def read_document(source: "str | Path | dict | BaseModel") -> tuple[dict, str | 
 
     A one-line string that names an existing path is read as that path; one that YAML reads as a
     bare word (`examples/cpu_tiny`) is a path that does not exist, and is reported so. A plan
-    written by `qsync-opt solve` (training, serving or rollout) is refused as a plan, with where
+    written by `qsync-opt solve` (of any kind: PLAN_MARKS) is refused as a plan, with where
     it goes instead, rather than checked field by field against a spec schema.
     """
     if isinstance(source, BaseModel):
@@ -64,11 +64,13 @@ PLAN_MARKS: tuple[tuple[str, tuple[str, ...], str], ...] = (
      "(ServingPlan.load reads it)"),
     ("rollout", ("recommended", "policies", "spec_policy"), "`qsync-opt run` on the rollout spec draws and "
      "reports it"),
+    ("loading", ("loading_plan_version", "split", "summary"), "it records the data plane's split of a loading "
+     "spec's global batches (`qsync-opt report` prints it)"),
 )
 
 
 def plan_kind(data: Any) -> str | None:
-    """The kind of plan `data` is ('training', 'serving', 'rollout'), or None when it is no plan."""
+    """The kind of plan `data` is (a kind named in PLAN_MARKS), or None when it is no plan."""
     if not isinstance(data, dict):
         return None
     for kind, keys, _ in PLAN_MARKS:

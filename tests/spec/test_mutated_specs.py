@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from qsync_opt import jobs
 from qsync_opt.cli.commands import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,6 +155,14 @@ FAST_IDS = [
     "serving_opt30b_t4_v100:serving.model.preset:number",
     "serving_opt30b_t4_v100:serving:rename",
     "serving_opt30b_t4_v100:name:unknown-name",
+    "loading_cpu_mix:ranks:emptied",
+    "loading_cpu_mix:ranks.2.speed:negative",
+    "loading_cpu_mix:ranks.3.device:unknown-name",
+    "loading_cpu_mix:global_batch:huge",
+    "loading_cpu_mix:cost:delete",
+    "loading_cpu_mix:balancer.policy:number",
+    "loading_cpu_mix:balancer:rename",
+    "loading_cpu_mix:sources.0.kwargs:scalar",
 ]
 BY_ID = {m[0]: m for m in ALL}
 FAST = [BY_ID[i] for i in FAST_IDS]
@@ -162,7 +171,7 @@ FAST = [BY_ID[i] for i in FAST_IDS]
 def _solve(tmp_path, capsys, doc: dict) -> tuple[int, str]:
     spec = tmp_path / "mutant.yaml"
     spec.write_text(yaml.safe_dump(doc, sort_keys=False))
-    extra = [] if doc.get("kind") == "rollout" else ["--time-limit", "2"]
+    extra = ["--time-limit", "2"] if jobs.KINDS[doc.get("kind", "training")].solver_section else []
     capsys.readouterr()
     code = main(["solve", str(spec), *extra])  # a traceback would raise out of main
     return code, capsys.readouterr().err
@@ -183,7 +192,7 @@ def test_the_fast_set_covers_every_example_kind_and_mutation():
     assert len(FAST) >= 45
     assert {m[0].split(":")[0] for m in FAST} == {ex.stem for ex in EXAMPLES}
     kinds = {yaml.safe_load(ex.read_text()).get("kind", "training") for ex in EXAMPLES}
-    assert kinds == {"training", "serving", "rollout"}
+    assert kinds == set(jobs.KINDS)
     assert {"delete", "negative", "zero", "huge", "string", "unknown-name", "emptied", "scalar", "rename"} <= {
         m[2] for m in FAST}
 
