@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from qsync_opt.kind import Kind, RunRequest
 from qsync_opt.loading.plan import LoadingPlan
+from qsync_opt.loading.report import print_loading_plan
 from qsync_opt.loading.spec import LoadingJob
 
 STAGES = ("plan", "serve", "report")
@@ -18,8 +19,6 @@ def plan(job: LoadingJob, budget, export_problem=None) -> LoadingPlan:
 
 
 def report(plan: LoadingPlan, console, verbose: bool = False) -> None:
-    from qsync_opt.loading.report import print_loading_plan  # import cost: rich's tables
-
     print_loading_plan(plan, console)
 
 
@@ -42,6 +41,7 @@ KIND = Kind(
     load_plan=LoadingPlan.load,
     run=run,
     stages=STAGES,
-    solver_section=False,
+    no_solver_section="each global batch is split by the data plane's balancer: balancer.backend, "
+                      "balancer.time_limit_ms per step",
     time_limit_s=lambda job: job.planned_steps * job.balancer.time_limit_ms / 1000.0,
 )

@@ -87,7 +87,7 @@ def test_report_names_a_file_that_is_no_plan(tmp_path, capsys):
 
 def _branches_on_kinds(path: Path) -> list[str]:
     """Comparisons against a kind's name and isinstance checks against a kind's job or plan model."""
-    models = {k.job_model.__name__ for k in jobs.KINDS.values()} | {"Plan", "ServingPlan", "RolloutPlan"}
+    models = {k.job_model.__name__ for k in jobs.KINDS.values()} | {"Plan", "ServingPlan", "RolloutPlan", "LoadingPlan"}
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Compare):

@@ -171,7 +171,7 @@ FAST = [BY_ID[i] for i in FAST_IDS]
 def _solve(tmp_path, capsys, doc: dict) -> tuple[int, str]:
     spec = tmp_path / "mutant.yaml"
     spec.write_text(yaml.safe_dump(doc, sort_keys=False))
-    extra = ["--time-limit", "2"] if jobs.KINDS[doc.get("kind", "training")].solver_section else []
+    extra = ["--time-limit", "2"] if jobs.KINDS[doc.get("kind", "training")].no_solver_section is None else []
     capsys.readouterr()
     code = main(["solve", str(spec), *extra])  # a traceback would raise out of main
     return code, capsys.readouterr().err
