@@ -89,6 +89,8 @@ def decisions(plan: dict) -> dict:
                            "decode_micro_batch": b["decode_micro_batch"],
                            "stages": [_pick(s, SERVING_STAGE) for s in b["stages"]]} for b in plan["baselines"]],
         }
+    if "loading_plan_version" in plan:  # the data plane's split: integer heuristics, no clock in its decisions
+        return {"kind": "loading", **{k: v for k, v in plan.items() if k != "loading_plan_version"}}
     if "policies" in plan:
         return {
             "kind": "rollout", "name": plan["name"], "model": plan["model"], "batch": plan["batch"],
