@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qsync_opt.io import atomic_write_text
+from qsync_opt.models.from_spec import build_from_spec
 
 FIELDS = ("step", "train_loss", "test_loss", "test_accuracy", "test_samples", "test_perplexity")
 
@@ -116,8 +117,6 @@ class Evaluator:
         if self.log is None:
             return None
         if self._plain is None:
-            from qsync_opt.models.from_spec import build_from_spec
-
             state = torch.random.get_rng_state()
             try:
                 self._plain = build_from_spec(self.spec)
