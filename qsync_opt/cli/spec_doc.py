@@ -35,7 +35,7 @@ def _presets(key: str) -> list[str] | None:
 
         return list(INTERCONNECTS)
     if key.endswith("model.preset"):
-        from qsync_opt.serving.spec import PRESETS
+        from qsync_opt.llm.config import PRESETS
 
         return list(PRESETS)
     if key in ("cluster.groups.device.peak_tflops", "cluster.groups.device.efficiency"):
