@@ -15,8 +15,8 @@ from qsync_opt.cli.spec_forms import accepted_forms
 from qsync_opt.hardware.cluster import INTERCONNECTS
 from qsync_opt.hardware.device import catalog
 from qsync_opt.jobs import KINDS
+from qsync_opt.llm.config import PRESETS
 from qsync_opt.precision import PRECISIONS
-from qsync_opt.serving.spec import PRESETS
 from qsync_opt.solver.spec import BACKEND_NAMES
 from qsync_opt.spec.errors import model_in
 

@@ -19,16 +19,8 @@ __all__ = ["BUILTIN", "DataSpec", "DatasetTask", "EvalLog", "build_task", "check
 
 
 def __getattr__(name: str):
-    if name in ("DatasetTask", "build_task"):
-        from qsync_opt.data import task
+    if name not in ("DatasetTask", "build_task", "EvalLog", "evaluate", "check_data"):
+        raise AttributeError(name)
+    from qsync_opt.data import check, evaluation, task  # import cost: torch (kept off `import qsync_opt.data`)
 
-        return getattr(task, name)
-    if name in ("EvalLog", "evaluate"):
-        from qsync_opt.data import evaluation as ev
-
-        return getattr(ev, name)
-    if name == "check_data":
-        from qsync_opt.data.check import check_data
-
-        return check_data
-    raise AttributeError(name)
+    return getattr({"check_data": check, "EvalLog": evaluation, "evaluate": evaluation}.get(name, task), name)

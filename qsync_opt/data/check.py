@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from qsync_opt.errors import SpecError
-from qsync_opt.data.task import build_task
-
-if TYPE_CHECKING:  # a training job's sections are read by duck typing; only annotations name it
-    from qsync_opt.training.spec import JobSpec
+from qsync_opt.data.task import DataJob, build_task
+from qsync_opt.models.from_spec import build_from_spec
 
 
-def check_data(spec: JobSpec):
+def check_data(spec: DataJob):
     """Build the task, run two training samples through the plain model; return the task.
 
     Raises SpecError naming `data...` when the data cannot be loaded, its samples do not fit the
     model's input, or its labels are out of range of the model's outputs.
     """
-    from qsync_opt.models.from_spec import build_from_spec
-
     task = build_task(spec)
     where = "data" if getattr(spec, "data", None) is not None else "data (synthetic default)"
     try:

@@ -14,12 +14,16 @@ import io
 import json
 import math
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qsync_opt.data.task import DataJob
+from qsync_opt.hardware.cluster import Cluster
 from qsync_opt.io import atomic_write_text
+from qsync_opt.models.from_spec import build_from_spec
 
 FIELDS = ("step", "train_loss", "test_loss", "test_accuracy", "test_samples", "test_perplexity")
 
@@ -80,13 +84,20 @@ def read_eval(folder: "str | Path", stem: str = "eval") -> list[dict]:
     return [json.loads(line) for line in f.read_text().splitlines() if line.strip()] if f.exists() else []
 
 
+class EvalJob(DataJob, Protocol):
+    """What the evaluator reads of a job: `DataJob`'s sections, and the cluster (which ranks lead a group)."""
+
+    @property
+    def cluster(self) -> Cluster: ...
+
+
 class Evaluator:
     """The trainer's hook: on rank 0, every `data.eval_every` steps and after the last, evaluate
     a plain fp32 copy of the master weights and log it. With data.eval_groups the first rank of
     each group also evaluates its own model as it runs (quantized modules included). Other ranks
     do nothing (they wait at the next all-reduce)."""
 
-    def __init__(self, spec, task, folder, rank: int, *, resume: bool = False, total_steps: int | None = None):
+    def __init__(self, spec: EvalJob, task, folder, rank: int, *, resume: bool = False, total_steps: int | None = None):
         data = getattr(spec, "data", None)
         self.spec, self.task, self.rank = spec, task, rank
         self.every = data.eval_every if data is not None else 0
@@ -116,8 +127,6 @@ class Evaluator:
         if self.log is None:
             return None
         if self._plain is None:
-            from qsync_opt.models.from_spec import build_from_spec
-
             state = torch.random.get_rng_state()
             try:
                 self._plain = build_from_spec(self.spec)

@@ -15,8 +15,6 @@ an exact tie of teacher logits.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from collections import OrderedDict
 
 import torch
@@ -24,9 +22,9 @@ import torch.nn.functional as F
 
 from qsync_opt.models.from_spec import build_from_spec as build_model
 from qsync_opt.models.from_spec import input_maker
-
-if TYPE_CHECKING:  # a training job's sections are read by duck typing; only annotations name it
-    from qsync_opt.training.spec import JobSpec
+from qsync_opt.models.private_rng import private_rng
+from qsync_opt.models.spec import ModelJob
+from qsync_opt.models.zoo import get_entry
 
 CHUNK = 64
 CALIB_CHUNKS = 4
@@ -47,18 +45,15 @@ def shard(local_batches: list[int], rank: int) -> tuple[int, int]:
 class SyntheticTask:
     """Inputs by global index, teacher labels, and the loss; the same on every rank."""
 
-    def __init__(self, spec: JobSpec, *, cache_chunks: int = 8, test_samples: int = 1024):
-        self.spec = spec
+    def __init__(self, spec: ModelJob, *, cache_chunks: int = 8, test_samples: int = 1024):
         self.test_samples = test_samples
         self.seed = spec.training.seed if spec.training else 0
         self._make_inputs = input_maker(spec)
-        from qsync_opt.models.private_rng import private_rng
-
         with private_rng(self.seed + _TEACHER_SEED_OFFSET):  # never torch's global RNG (thread-safe)
             self.teacher = build_model(spec).eval()
         for p in self.teacher.parameters():
             p.requires_grad_(False)
-        self._lm = spec.model.name is not None and _zoo_entry(spec).task == "language_modelling"
+        self._lm = spec.model.name is not None and get_entry(spec.model.name).task == "language_modelling"
         self._cache: OrderedDict[int, tuple[tuple[torch.Tensor, ...], torch.Tensor]] = OrderedDict()
         self._cache_chunks = cache_chunks
         self._calibration: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -143,8 +138,3 @@ class SyntheticTask:
         """Mean cross-entropy over samples (and positions, for language models)."""
         return F.cross_entropy(output.reshape(-1, output.size(-1)).float(), targets.reshape(-1))
 
-
-def _zoo_entry(spec: JobSpec):
-    from qsync_opt.models.zoo import get_entry
-
-    return get_entry(spec.model.name)

@@ -8,7 +8,7 @@ continues with the very samples it would have read.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -16,10 +16,20 @@ from torch.utils.data import Dataset, TensorDataset, default_collate
 
 from qsync_opt.errors import SpecError
 from qsync_opt.data import builtin
+from qsync_opt.data.config import DataSpec
 from qsync_opt.data.imported import load_datasets
+from qsync_opt.data.synthetic import SyntheticTask
+from qsync_opt.data.text import pysource
+from qsync_opt.models.spec import ModelJob
+from qsync_opt.models.zoo import get_entry
 
-if TYPE_CHECKING:  # a training job's sections are read by duck typing; only annotations name it
-    from qsync_opt.training.spec import JobSpec
+
+class DataJob(ModelJob, Protocol):
+    """What the data layer reads of a job: `ModelJob`'s model and training sections, and its data
+    section (absent or None: the synthetic teacher task). A training `JobSpec` is one."""
+
+    @property
+    def data(self) -> DataSpec | None: ...
 
 
 class DatasetTask:
@@ -84,13 +94,11 @@ class DatasetTask:
         return F.cross_entropy(output.reshape(-1, output.size(-1)).float(), targets.reshape(-1))
 
 
-def build_task(spec: JobSpec):
+def build_task(spec: DataJob):
     """The spec's data: its `data:` section, or the synthetic teacher task when it has none."""
     data = getattr(spec, "data", None)
     seed = spec.training.seed if spec.training else 0
     if data is None or data.source == "synthetic":
-        from qsync_opt.data.synthetic import SyntheticTask
-
         kw = dict(data.kwargs) if data is not None else {}
         bad = sorted(set(kw) - {"test_samples"})
         if bad:
@@ -100,14 +108,12 @@ def build_task(spec: JobSpec):
         train, test = load_datasets(data.import_, dict(data.kwargs))
         return DatasetTask(train, test, seed=seed, input_shape=data.input_shape, source=data.import_)
     if data.name == "pysource":
-        from qsync_opt.data.text import pysource
-
         kw = dict(data.kwargs)
         bad = sorted(set(kw) - {"seq_len", "train_bytes", "test_bytes"})
         if bad:
             raise SpecError(f"data.kwargs: {bad} are not options of data set 'pysource'; it accepts "
                             "['seq_len', 'train_bytes', 'test_bytes']")
-        kw.setdefault("seq_len", _sequence_length(spec))
+        kw.setdefault("seq_len", sequence_length(spec))
         vocab = spec.model.kwargs.get("vocab_size")
         if isinstance(vocab, int) and vocab < 256:
             raise SpecError(f"model.kwargs.vocab_size: {vocab} is below the 256 byte values of data set 'pysource'; "
@@ -120,15 +126,13 @@ def build_task(spec: JobSpec):
     return DatasetTask(TensorDataset(xtr, ytr), TensorDataset(xte, yte), seed=seed, input_shape=shape, source=data.name)
 
 
-def _sequence_length(spec: JobSpec) -> int:
+def sequence_length(spec: ModelJob) -> int:
     """The model's sequence length: training.seq_len, an imported model's input_shape, or the zoo default."""
     if spec.training and spec.training.seq_len:
         return spec.training.seq_len
     if spec.model.input_shape:
         return int(spec.model.input_shape[-1])
     if spec.model.name is not None:
-        from qsync_opt.models.zoo import get_entry
-
         seq = get_entry(spec.model.name).defaults.get("seq_len")
         if seq:
             return int(seq)

@@ -43,7 +43,8 @@ def is_test_file(name: str) -> bool:
     return hashlib.sha256(name.encode()).digest()[0] < TEST_CUT
 
 
-def _read(files: list[Path], budget: int) -> bytes:
+def read_files(files: list[Path], budget: int) -> bytes:
+    """The first `budget` bytes of `files` read one after another (all of them, if shorter)."""
     out, have = [], 0
     for f in files:
         if have >= budget:
@@ -72,8 +73,8 @@ def pysource(seq_len: int = 64, train_bytes: int = 1_000_000, test_bytes: int = 
     files = stdlib_files()
     train = [f for f in files if not is_test_file(f.name)]
     test = [f for f in files if is_test_file(f.name)]
-    xtr, ytr = _windows(_read(train, train_bytes), seq_len, "train_bytes")
-    xte, yte = _windows(_read(test, test_bytes), seq_len, "test_bytes")
+    xtr, ytr = _windows(read_files(train, train_bytes), seq_len, "train_bytes")
+    xte, yte = _windows(read_files(test, test_bytes), seq_len, "test_bytes")
     return xtr, ytr, xte, yte
 
 

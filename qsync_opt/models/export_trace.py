@@ -8,7 +8,7 @@ FQNs: `export_graph` rebuilds, from the ATen graph, the same kind of fx graph th
 tracer makes. Every call of a module the tracer treats as a leaf (nn.Linear, nn.Embedding,
 norms, activations, transformers' Conv1D, user leaf_modules, ...) becomes one `call_module`
 node at that module's FQN; every other ATen op stays a `call_function` under the module it
-ran in. `trace_walk._build` then walks it exactly as it walks an fx trace (same naming, edges,
+ran in. `trace_walk.build_op_graph` then walks it exactly as it walks an fx trace (same naming, edges,
 FLOPs and bytes), with one difference: functional GEMMs (`torch.matmul`, `F.linear` outside
 a module) stay non-selectable, because the runtime can only swap modules and an exported
 model cannot be rewritten by fx (`pinned_notes` says so in the plan).
@@ -31,6 +31,7 @@ from torch import nn
 
 from qsync_opt.errors import ModelError
 from qsync_opt.models import flops
+from qsync_opt.models.graph import SELECTABLE_KINDS
 from qsync_opt.models.hf_types import is_hf_conv1d
 from qsync_opt.models.layers import FUNCTIONAL_LAYERS, MatMul
 
@@ -188,7 +189,7 @@ def _describe_val(v):
 
 
 class ExportedView:
-    """What `trace_walk._build` needs of a GraphModule: `.graph`, `get_submodule`, attribute access."""
+    """What `trace_walk.build_op_graph` needs of a GraphModule: `.graph`, `get_submodule`, attribute access."""
 
     def __init__(self, module: nn.Module, graph: fx.Graph):
         self._module, self.graph = module, graph
@@ -208,7 +209,7 @@ def _stack_paths(n: fx.Node) -> list[tuple[str, str]]:
 
 def export_graph(module: nn.Module, inputs: Sequence, is_user_leaf: Callable[[nn.Module, str], bool],
                  model_name: str = "custom") -> tuple[ExportedView, dict[str, tuple]]:
-    """(graph view, node values) in the shape `trace_walk._build` consumes, from torch.export."""
+    """(graph view, node values) in the shape `trace_walk.build_op_graph` consumes, from torch.export."""
     ep = export_program(module, inputs, model_name, is_user_leaf)
     out_spec = ep.call_spec.out_spec
     if out_spec is not None and out_spec.type is not None:
@@ -314,8 +315,6 @@ def _float_like(n: fx.Node) -> bool:
 
 def pinned_notes(graph) -> list[str]:
     """Plan notes for operators the planner keeps at fp32 although their kind is a GEMM or attention."""
-    from qsync_opt.models.graph import SELECTABLE_KINDS
-
     notes = []
     functional = [n.name for n in graph.nodes
                   if n.kind in SELECTABLE_KINDS and not n.selectable and "@" not in n.name]

@@ -139,7 +139,8 @@ class OpCost:
     saved_bytes: int
 
 
-def _numel(shape) -> int:
+def numel(shape) -> int:
+    """Elements of a tensor of `shape` (1 for a scalar)."""
     return math.prod(shape) if shape else 1
 
 
@@ -154,13 +155,13 @@ def op_cost(
     window: int | None = None,
 ) -> OpCost:
     """Analytic cost of one op (rules in the module docstring). `window` = pooling kernel area."""
-    out = _numel(output_shape)
-    ins = [_numel(s) for s in input_shapes]
+    out = numel(output_shape)
+    ins = [numel(s) for s in input_shapes]
     first_in = ins[0] if ins else 0
     bias = out if has_bias else 0
 
     if kind in ("conv1d", "conv2d") and weight_shape is not None:
-        fwd = 2 * out * _numel(weight_shape[1:]) + bias
+        fwd = 2 * out * numel(weight_shape[1:]) + bias
         return OpCost(fwd, 2 * fwd, 4 * first_in)
     if kind == "linear" and weight_shape is not None:
         fwd = 2 * out * weight_shape[-1] + bias
@@ -183,7 +184,7 @@ def op_cost(
     if kind == "sdpa" and input_shapes:  # fused attention: QK^T and PV products
         q = input_shapes[0]
         k = input_shapes[1] if len(input_shapes) > 1 else q
-        fwd = 4 * _numel(q) * (k[-2] if len(k) > 1 else 1)
+        fwd = 4 * numel(q) * (k[-2] if len(k) > 1 else 1)
         return OpCost(fwd, 2 * fwd, 4 * (sum(ins[:3]) + out))
     if kind == "leaf":
         rows = first_in // input_shapes[0][-1] if input_shapes and input_shapes[0] else 1
@@ -204,7 +205,7 @@ def pool_window(module_or_kwargs) -> int | None:
     k = getattr(module_or_kwargs, "kernel_size", None)
     if k is None or isinstance(module_or_kwargs, (nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool1d)):
         return None
-    return _numel(k) if isinstance(k, (tuple, list)) else int(k) ** _pool_dims(module_or_kwargs)
+    return numel(k) if isinstance(k, (tuple, list)) else int(k) ** _pool_dims(module_or_kwargs)
 
 
 def _pool_dims(module) -> int:

@@ -6,24 +6,21 @@ become an nn.Module and example inputs, so the planner traces exactly what the r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from qsync_opt.errors import ModelError, QSyncError, SpecError
+from qsync_opt.models import zoo_hf
 from qsync_opt.models.output_select import select_output
+from qsync_opt.models.spec import ModelJob
 from qsync_opt.models.zoo import build_model, get_entry, load_factory
-
-if TYPE_CHECKING:  # a training job's sections are read by duck typing; only annotations name it
-    from qsync_opt.training.spec import JobSpec
 
 InputMaker = Callable[[int, "torch.Generator | None"], tuple[torch.Tensor, ...]]
 
 
-def build_from_spec(spec: JobSpec) -> nn.Module:
+def build_from_spec(spec: ModelJob) -> nn.Module:
     """The spec's model with random weights (seed torch first for reproducibility).
 
     A zoo model whose constructor fails on the spec's `model.kwargs` (`num_labels: -7`: a tensor of
@@ -61,11 +58,9 @@ def build_from_spec(spec: JobSpec) -> nn.Module:
     return select_output(module, spec.model.output)
 
 
-def warm_imports(spec: JobSpec) -> None:
+def warm_imports(spec: ModelJob) -> None:
     """Import the modules `build_from_spec(spec)` will import, without building anything (errors are
     left for the build itself to report)."""
-    from qsync_opt.models import zoo_hf
-
     try:
         if spec.model.name is not None:
             if spec.model.name in zoo_hf.SPECS:
@@ -76,7 +71,7 @@ def warm_imports(spec: JobSpec) -> None:
         pass
 
 
-def input_maker(spec: JobSpec) -> InputMaker:
+def input_maker(spec: ModelJob) -> InputMaker:
     """`make(batch, generator) -> forward args` for the spec's model."""
     if spec.model.name is not None:
         entry = get_entry(spec.model.name)

@@ -20,7 +20,9 @@ from torch import nn
 
 from qsync_opt.errors import RuntimeSetupError
 from qsync_opt.models import flops
+from qsync_opt.models.from_spec import input_maker
 from qsync_opt.models.layers import FunctionalConv2d, FunctionalLinear, MatMul
+from qsync_opt.models.spec import ModelJob
 from qsync_opt.models.trace import op_names, symbolic_trace
 
 REWRITABLE = {"matmul": "matmul", "bmm": "bmm", "linear": "linear", "conv2d": "conv2d"}
@@ -104,13 +106,12 @@ def _register(gm: fx.GraphModule, fqn: str, new: nn.Module) -> None:
     owner.add_module(leaf, new)
 
 
-def applicable_model(module: nn.Module, spec, plan_or_mapping) -> nn.Module:
+def applicable_model(module: nn.Module, spec: ModelJob, plan_or_mapping) -> nn.Module:
     """`module`, rewritten so every FQN the plan names (any group) that is not already a module exists.
 
     The trainer and the launcher's dry run call this before `apply_plan`; a plan without
     functional ops leaves the module untouched.
     """
-    from qsync_opt.models.from_spec import input_maker
     if hasattr(plan_or_mapping, "groups"):  # a whole plan
         wanted = {fqn for g in plan_or_mapping.groups.values() for fqn in g.precisions}
     else:

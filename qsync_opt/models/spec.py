@@ -1,8 +1,8 @@
-"""The `model:` section of a training spec: a zoo name, or a factory in the user's own code."""
+"""The `model:` section of a training spec, and what the shared layers read of a job around it."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import Field, model_validator
 
@@ -38,3 +38,24 @@ class ModelSpec(_Model):
         if self.import_ is not None and ":" not in self.import_:
             raise ValueError(f"model.import must look like 'pkg.module:factory', got {self.import_!r}")
         return self
+
+
+class TrainingSettings(Protocol):
+    """What the shared layers read of a job's training section: its seed and its sequence length."""
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def seq_len(self) -> int | None: ...
+
+
+class ModelJob(Protocol):
+    """What `models.from_spec` and the synthetic data read of a job: its model section, and its training
+    section (seed; `seq_len` sizes a sequence model's inputs) or None. A training `JobSpec` is one."""
+
+    @property
+    def model(self) -> ModelSpec: ...
+
+    @property
+    def training(self) -> TrainingSettings | None: ...

@@ -28,17 +28,9 @@ from qsync_opt.errors import ModelError, SpecError
 from qsync_opt.models.capture_lock import capturing
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.models.layers import FUNCTIONAL_LAYERS, MatMul
-from qsync_opt.models.trace_walk import (
-    MAX_MERGES,
-    _build,
-    _carries_data,
-    _classify,
-    _enclosing,
-    _name,
-)
+from qsync_opt.models.trace_walk import MAX_MERGES, build_op_graph, enclosing_module
 
-__all__ = ["MAX_MERGES", "TRACE_BATCH", "op_names", "record_shapes", "symbolic_trace", "trace",
-           "_build", "_carries_data", "_classify", "_enclosing", "_name"]
+__all__ = ["MAX_MERGES", "TRACE_BATCH", "op_names", "record_shapes", "symbolic_trace", "trace"]
 
 _CULPRIT = "_qsync_trace_culprit"
 
@@ -82,7 +74,7 @@ class _Recorder(fx.Interpreter):
         try:
             result = super().run_node(n)
         except Exception as e:
-            where = _enclosing(n)
+            where = enclosing_module(n)
             reason = str(e).split("\n\nWhile executing")[0].strip()
             raise ModelError(
                 f"running the example inputs through the traced model failed at "
@@ -203,11 +195,12 @@ def trace(
             on_export()
         return _trace_exported(module, inputs, leaf_modules, model_name, int(first.shape[0]), fx_error)
     values = record_shapes(gm, inputs)
-    return _build(gm, values, model_name, int(first.shape[0]))
+    return build_op_graph(gm, values, model_name, int(first.shape[0]))
 
 
 def _trace_exported(module, inputs, leaf_modules, model_name, batch_size, fx_error) -> OpGraph:
     """The OpGraph from torch.export (models/export_trace.py); if that fails too, both reasons in one error."""
+    # import cost: the torch.export path is loaded only for models fx cannot trace
     from qsync_opt.models.export_trace import OutputNotATensor, export_graph
 
     try:
@@ -219,11 +212,11 @@ def _trace_exported(module, inputs, leaf_modules, model_name, batch_size, fx_err
         raise ModelError(f"{fx_error} torch.export could not capture it either: {e}") from e
     from dataclasses import replace
 
-    return replace(_build(view, values, model_name, batch_size, pin_functional=True), captured_by="export")
+    return replace(build_op_graph(view, values, model_name, batch_size, pin_functional=True), captured_by="export")
 
 
 def op_names(gm: fx.GraphModule, inputs: Sequence) -> dict[str, str]:
     """fx node name -> OpNode name for every kept op of `gm`: the names a plan uses, computed as trace does."""
     names: dict[str, str] = {}
-    _build(gm, record_shapes(gm, tuple(inputs)), "names", 1, names_out=names)
+    build_op_graph(gm, record_shapes(gm, tuple(inputs)), "names", 1, names_out=names)
     return names

@@ -21,7 +21,7 @@ from qsync_opt.models.hf_types import is_hf_conv1d
 from qsync_opt.models.layers import FUNCTIONAL_LAYERS
 
 
-def _enclosing(n: fx.Node) -> str:
+def enclosing_module(n: fx.Node) -> str:
     stack = n.meta.get("nn_module_stack")
     if stack:
         path = list(stack.values())[-1][0]
@@ -29,17 +29,17 @@ def _enclosing(n: fx.Node) -> str:
     return "root"
 
 
-def _carries_data(values, n: fx.Node) -> bool:
+def carries_data(values, n: fx.Node) -> bool:
     return values[n.name][0] in ("tensor", "tensors", "param")
 
 
 def _numel_of(values, n: fx.Node) -> int:
     kind, shape, _ = values[n.name]
     shapes = shape if kind == "tensors" else (shape,)
-    return sum(flops._numel(s) for s in shapes)
+    return sum(flops.numel(s) for s in shapes)
 
 
-def _build(gm: fx.GraphModule, values: dict, model_name: str, batch_size: int, names_out: dict | None = None,
+def build_op_graph(gm: fx.GraphModule, values: dict, model_name: str, batch_size: int, names_out: dict | None = None,
            pin_functional: bool = False) -> OpGraph:
     """The OpGraph of an fx graph; `pin_functional`: functional GEMMs are not selectable (no module to swap)."""
     nodes = list(gm.graph.nodes)
@@ -61,13 +61,13 @@ def _build(gm: fx.GraphModule, values: dict, model_name: str, batch_size: int, n
         return tuple(dict.fromkeys(x for g in groups for x in g))
 
     for n in nodes:
-        data_in = [u for u in n.all_input_nodes if _carries_data(values, u)]
+        data_in = [u for u in n.all_input_nodes if carries_data(values, u)]
         kind_v = values.get(n.name, ("other", (), None))
         is_tensor = kind_v[0] in ("tensor", "tensors")
         act[n.name] = (n.op == "placeholder" and is_tensor) or (
             is_tensor and any(act[u.name] for u in data_in)
         )
-        op = _classify(gm, n, values, act, data_in)
+        op = classify_op(gm, n, values, act, data_in)
         act[n.name] = act[n.name] or (op is not None and is_tensor)  # an op's output is an activation
         if op is None:  # dropped: pass data-flow through
             kept_src[n.name] = union(kept_src.get(u.name, ()) for u in data_in)
@@ -76,7 +76,7 @@ def _build(gm: fx.GraphModule, values: dict, model_name: str, batch_size: int, n
             param_src[n.name] = union([own, *(param_src.get(u.name, ()) for u in data_in)])
             continue
         kind, module, ins = op
-        name, repeated = _name(n, used, counters)
+        name, repeated = name_op(n, used, counters)
         names[n.name] = name
         selectable = flops.is_selectable(kind) and not repeated and not (pin_functional and module is None)
         targets = union(param_src.get(u.name, ()) for u in data_in)
@@ -128,7 +128,7 @@ def _merge_sources(sel_src, data_in, act, merge: bool) -> dict[str, int]:
     return out
 
 
-def _classify(gm, n: fx.Node, values, act, data_in):
+def classify_op(gm, n: fx.Node, values, act, data_in):
     """(kind, module or None, costed input nodes) for a kept op; None for a dropped node."""
     if n.op in ("placeholder", "output", "get_attr"):
         return None
@@ -149,7 +149,7 @@ def _classify(gm, n: fx.Node, values, act, data_in):
     return flops.function_kind(n.target), None, ins
 
 
-def _name(n: fx.Node, used: set[str], counters: dict) -> tuple[str, bool]:
+def name_op(n: fx.Node, used: set[str], counters: dict) -> tuple[str, bool]:
     if n.op == "call_module":
         base, k = str(n.target), 0
         name = base
@@ -158,7 +158,7 @@ def _name(n: fx.Node, used: set[str], counters: dict) -> tuple[str, bool]:
             name = f"{base}@{k}"
         used.add(name)
         return name, k > 0
-    encl, fn = _enclosing(n), flops.function_name(n.target)
+    encl, fn = enclosing_module(n), flops.function_name(n.target)
     k = counters.get((encl, fn), 0)
     while f"{encl}.{fn}_{k}" in used:
         k += 1
@@ -215,7 +215,7 @@ def _make_node(n, name, kind, selectable, module, ins, values, new_params, depth
     elif kind == "pool" and "adaptive" not in flops.function_name(n.target):
         ks = n.args[1] if len(n.args) > 1 else n.kwargs.get("kernel_size", 1)
         dims = 1 if flops.function_name(n.target).endswith("1d") else 2
-        window = flops._numel(ks) if isinstance(ks, (tuple, list)) else int(ks) ** dims
+        window = flops.numel(ks) if isinstance(ks, (tuple, list)) else int(ks) ** dims
     if weight_shape is None and new_params:
         weight_shape = tuple(new_params[0].shape)
     pcount = sum(p.numel() for p in new_params)

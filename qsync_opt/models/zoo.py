@@ -24,7 +24,9 @@ from torch import nn
 
 from qsync_opt.errors import SpecError
 from qsync_opt.models import zoo_cnn as cnn
+from qsync_opt.models import zoo_hf  # transformers-built BERT / GPT-2 / Llama; imports transformers lazily
 from qsync_opt.models import zoo_transformer as tr
+from qsync_opt.spec.importing import resolve_callable
 
 Task = Literal["classification", "language_modelling"]
 InputKind = Literal["image", "signal", "tokens"]
@@ -131,8 +133,6 @@ def _entries() -> dict[str, ModelEntry]:
         ModelEntry("tiny-gpt2", gpt2(vocab_size=1000, hidden=64, layers=2, heads=2, max_positions=128),
                    "language_modelling", "tokens", "2-layer GPT-2, hidden 64", tiny_tok),
     ]
-    from qsync_opt.models import zoo_hf  # transformers-built BERT / GPT-2 / Llama; imports transformers lazily
-
     rows += zoo_hf.entries(ModelEntry)
     return {e.name: e for e in rows}
 
@@ -168,6 +168,4 @@ def build_model(name: str, **kwargs) -> nn.Module:
 
 def load_factory(path: str) -> Callable[..., nn.Module]:
     """Resolve 'pkg.module:factory' (the spec's model.import) to a callable that builds a module."""
-    from qsync_opt.spec.importing import resolve_callable
-
     return resolve_callable(path, "model.import")

@@ -19,6 +19,7 @@ from typing import Any
 from torch import nn
 
 from qsync_opt.errors import SpecError
+from qsync_opt.models.output_select import select_output
 
 #: name -> (transformers model class, config class, config defaults, zoo task, description, input defaults)
 _BERT_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
@@ -64,8 +65,6 @@ def need_transformers(what: str):
 
 def build_hf(name: str, **kwargs: Any) -> nn.Module:
     """Zoo model `name` (a key of SPECS) with random weights, returning logits."""
-    from qsync_opt.models.output_select import select_output
-
     model_cls, config_cls, defaults, *_ = SPECS[name]
     T = need_transformers(f"model.name {name!r}")
     attn = kwargs.pop("attn_implementation", "sdpa")

@@ -1,11 +1,11 @@
-"""Rollout costs from the serving kind's cost model (one model, not a copy).
+"""Rollout costs from the shared LLM cost model, `qsync_opt.llm.costs` (the one serving prices with).
 
 Per rollout worker (device, weight bit-width):
 
-* decode step t(B, ΣL): the serving model's decode-layer time for a micro-batch of B sequences
+* decode step t(B, ΣL): the LLM cost model's decode-layer time for a micro-batch of B sequences
   at mean past length ΣL/B (its KV reads are linear in B·ctx = ΣL, so this is exact for them),
   times the layers, plus the LM head;
-* prefill of m prompts of L tokens: the serving prefill-layer time at micro-batch m;
+* prefill of m prompts of L tokens: its prefill-layer time at micro-batch m;
 * KV bytes per token (FP16, every layer) and the KV room left after the weights at the
   bit-width, runtime overhead and one prefill's activations;
 * weight sync: a global broadcast of the bf16 weights over the cluster interconnect (every rollout
@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from qsync_opt.serving import costs as sc
-from qsync_opt.serving.spec import TransformerConfig
+from qsync_opt.llm import costs as llm
+from qsync_opt.llm.config import TransformerConfig
 
 LINE_SPAN = 4096.0
 """Tokens between the two points that fix each line of t(ΣL) at fixed B."""
@@ -32,13 +32,13 @@ LINE_SPAN = 4096.0
 
 def model_params(cfg: TransformerConfig) -> float:
     """Parameters of the whole model (layers' linears + embeddings / LM head)."""
-    emb = sc.embedding_bytes(cfg) / 2
-    return cfg.get("layers") * sum(sc.linear_params(cfg)) + emb
+    emb = llm.embedding_bytes(cfg) / 2
+    return cfg.get("layers") * sum(llm.linear_params(cfg)) + emb
 
 
 def model_bytes(cfg: TransformerConfig, bits: int) -> float:
     """Weights of the whole model at `bits` (embeddings and head stay FP16)."""
-    return cfg.get("layers") * sc.weight_bytes(cfg, bits) + sc.embedding_bytes(cfg)
+    return cfg.get("layers") * llm.weight_bytes(cfg, bits) + llm.embedding_bytes(cfg)
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class WorkerCosts:
         return max(c[0] + c[1] * s, c[2] + c[3] * s)
 
     def decode_ms_direct(self, batch: int, total_ctx: float) -> float:
-        """decode_ms straight from the serving model (no line fit): what tests compare against."""
+        """decode_ms straight from the LLM cost model (no line fit): what tests compare against."""
         return _decode_ms(self._cfg, self._dev, self.bits, int(batch), max(total_ctx, batch))
 
     def prefill_ms(self, m: int, tokens: float) -> float:
@@ -89,9 +89,9 @@ class WorkerCosts:
         if not ls:
             return 0.0
         m, tok, sq = len(ls), sum(ls), sum(x * x for x in ls)
-        w = sc.Workload(prompt_len=tok / m, gen_tokens=0, global_batch=m)  # the head reads Σ L hidden states
-        return (self._cfg.get("layers") * sc.prefill_layer_ms_lengths(self._cfg, self._dev, self.bits, tok, sq)
-                + sc.head_ms(self._cfg, w, self._dev, m, "prefill"))
+        w = llm.Workload(prompt_len=tok / m, gen_tokens=0, global_batch=m)  # the head reads Σ L hidden states
+        return (self._cfg.get("layers") * llm.prefill_layer_ms_lengths(self._cfg, self._dev, self.bits, tok, sq)
+                + llm.head_ms(self._cfg, w, self._dev, m, "prefill"))
 
     def full_rate(self, batch: int, mean_ctx: float) -> float:
         """Tokens/s at a steady batch of `batch` sequences of mean context `mean_ctx`."""
@@ -99,13 +99,13 @@ class WorkerCosts:
 
 
 def _decode_ms(cfg, dev, bits: int, batch: int, total_ctx: float) -> float:
-    w = sc.Workload(prompt_len=total_ctx / batch, gen_tokens=0, global_batch=batch)
-    layer = sc.decode_layer_ms(cfg, w, dev, bits, batch)
-    return cfg.get("layers") * layer + sc.head_ms(cfg, w, dev, batch, "decode")
+    w = llm.Workload(prompt_len=total_ctx / batch, gen_tokens=0, global_batch=batch)
+    layer = llm.decode_layer_ms(cfg, w, dev, bits, batch)
+    return cfg.get("layers") * layer + llm.head_ms(cfg, w, dev, batch, "decode")
 
 
 def _decode_lines(cfg, dev, bits: int, batch: int) -> tuple[float, float, float, float]:
-    """The serving model's decode step at fixed B as max of two lines in ΣL, read off four points.
+    """The LLM cost model's decode step at fixed B as max of two lines in ΣL, read off four points.
 
     Its kernel time is max(FLOPs / rate, bytes / bandwidth) + constants, and at fixed B both FLOPs
     and bytes are affine in ΣL (B · mean context), so t(ΣL) is exactly the larger of a line through
@@ -121,8 +121,8 @@ def _decode_lines(cfg, dev, bits: int, batch: int) -> tuple[float, float, float,
 
 
 def _prefill_ms(cfg, dev, bits: int, m: int, tokens: int) -> float:
-    w = sc.Workload(prompt_len=tokens, gen_tokens=0, global_batch=m)
-    return cfg.get("layers") * sc.prefill_layer_ms(cfg, w, dev, bits, m) + sc.head_ms(cfg, w, dev, m, "prefill")
+    w = llm.Workload(prompt_len=tokens, gen_tokens=0, global_batch=m)
+    return cfg.get("layers") * llm.prefill_layer_ms(cfg, w, dev, bits, m) + llm.head_ms(cfg, w, dev, m, "prefill")
 
 
 def worker_costs(job, wg) -> WorkerCosts:
@@ -131,10 +131,10 @@ def worker_costs(job, wg) -> WorkerCosts:
     g = next(g for g in job.cluster.groups if g.name == wg.group)
     dev = g.device_spec
     cfg = r.model
-    kvt = cfg.get("layers") * sc.kv_bytes(cfg, sc.Workload(1, 0, 1))
+    kvt = cfg.get("layers") * llm.kv_bytes(cfg, llm.Workload(1, 0, 1))
     wbytes = model_bytes(cfg, wg.bits)
-    act = sc.activation_peak_bytes(cfg, sc.Workload(r.workload.max_prompt(), 0, 1), 1)
-    room = sc.capacity_bytes(dev, r.memory_fraction, r.runtime_overhead_gb) - wbytes - act
+    act = llm.activation_peak_bytes(cfg, llm.Workload(r.workload.max_prompt(), 0, 1), 1)
+    room = llm.capacity_bytes(dev, r.memory_fraction, r.runtime_overhead_gb) - wbytes - act
     link = r.relay
     pull = link.latency_us * 1e-6 + wbytes / (link.bandwidth_gbs * 1e9)
     return WorkerCosts(g.name, dev.name, int(wg.bits), g.count, kvt, room / kvt, wbytes, pull, cfg, dev)

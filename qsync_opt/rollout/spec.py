@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from qsync_opt.serving.spec import BitWidth, TransformerConfig
+from qsync_opt.llm.config import BitWidth, TransformerConfig
 from qsync_opt.spec.base import SpecModel as _Model
 from qsync_opt.hardware.cluster import INTERCONNECTS, Cluster, Interconnect
 from qsync_opt.spec.load import read_document, validate

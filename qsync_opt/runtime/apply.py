@@ -8,26 +8,57 @@ module, so an all-fp32 plan costs nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol, Union
 
 import torch
 from torch import nn
 
 from qsync_opt.errors import RuntimeSetupError
-from qsync_opt.models.fingerprint import fingerprint_mismatch, op_signature
+from qsync_opt.models.fingerprint import GraphFingerprint, fingerprint_mismatch, op_signature
+from qsync_opt.models.flops import MODULE_KINDS
 from qsync_opt.models.hf_types import is_hf_conv1d
-
-if TYPE_CHECKING:  # plans are read by their shape (is_plan); only annotations name the training Plan
-    from qsync_opt.training.plan import Plan
 from qsync_opt.precision import PRECISIONS
 from qsync_opt.runtime.qfunctions import BOUNDARY
 from qsync_opt.runtime.qmodules import SWAPPABLE, QuantizedModule
 from qsync_opt.runtime.recipe import Recipe
+from qsync_opt.runtime.support import precision_refusal
+
+
+
+class GroupPrecisions(Protocol):
+    """One group's part of a plan: the precision of each operator it names, by FQN."""
+
+    @property
+    def precisions(self) -> Mapping[str, str]: ...
+
+
+class PrecisionPlan(Protocol):
+    """What `apply_plan` reads of a whole plan (a training `Plan` is one): a FQN -> precision map per
+    group, the runtime boundary it was costed for, the fingerprint of the graph it was solved for (or
+    None), and the job and model names its errors quote."""
+
+    @property
+    def groups(self) -> Mapping[str, GroupPrecisions]: ...
+
+    @property
+    def boundary(self) -> str: ...
+
+    @property
+    def fingerprint(self) -> GraphFingerprint | None: ...
+
+    @property
+    def job(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+
+PlanOrMapping = Union[PrecisionPlan, GroupPrecisions, Mapping[str, str]]
+"""What `apply_plan` takes: a whole plan (with a group), one group's plan, or a FQN -> precision map."""
 
 _FUNCTIONAL = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)*_\d+$")
 
@@ -64,17 +95,17 @@ def current_precisions(module: nn.Module) -> dict[str, str]:
 
 
 def is_plan(obj) -> bool:
-    """A whole plan (a training Plan, or anything shaped like one: per-group `groups`, a `fingerprint`)."""
+    """A whole plan (a `PrecisionPlan`: per-group `groups`, a `fingerprint`)."""
     return not isinstance(obj, Mapping) and hasattr(obj, "groups") and hasattr(obj, "fingerprint")
 
 
 def is_group_plan(obj) -> bool:
-    """One group's plan (a GroupPlan: its `precisions` map)."""
+    """One group's plan (a `GroupPrecisions`: its `precisions` map)."""
     return not isinstance(obj, Mapping) and hasattr(obj, "precisions") and not hasattr(obj, "groups")
 
 
-def resolve_mapping(plan_or_mapping, group: str | None) -> dict[str, str]:
-    """A plain FQN -> precision map from a Plan (+ group), a GroupPlan, or a mapping."""
+def resolve_mapping(plan_or_mapping: PlanOrMapping, group: str | None) -> dict[str, str]:
+    """A plain FQN -> precision map from a whole plan (+ group), one group's plan, or a mapping."""
     if is_plan(plan_or_mapping):
         if group is None:
             if len(plan_or_mapping.groups) != 1:
@@ -96,7 +127,7 @@ def resolve_mapping(plan_or_mapping, group: str | None) -> dict[str, str]:
         f"plan_or_mapping has type {type(plan_or_mapping).__name__}; pass a Plan, a GroupPlan or a dict FQN -> precision")
 
 
-def check_boundary(plan: Plan) -> None:
+def check_boundary(plan: PrecisionPlan) -> None:
     """Refuse a plan costed for another runtime.boundary than the one this runtime implements
     ('fp32': every quantized operator returns fp32), whose predicted times would not hold here."""
     if plan.boundary != BOUNDARY:
@@ -104,10 +135,10 @@ def check_boundary(plan: Plan) -> None:
             f"plan for job {plan.job!r} was costed for runtime.boundary={plan.boundary!r}, but this runtime "
             f"returns fp32 from every quantized operator (boundary {BOUNDARY!r}); re-solve the spec with "
             f"runtime.boundary: {BOUNDARY} (the default)")
+
+
 def module_fingerprint_ops(module: nn.Module) -> dict[str, str]:
     """FQN -> 'kind[weight shape]' of every swappable module, as `plan.graph_fingerprint` writes it."""
-    from qsync_opt.models.flops import MODULE_KINDS
-
     out = {}
     for fqn, m in selectable_modules(module).items():
         cls = base_type(m)
@@ -121,7 +152,7 @@ def module_fingerprint_ops(module: nn.Module) -> dict[str, str]:
     return out
 
 
-def check_fingerprint(module: nn.Module, plan: Plan) -> None:
+def check_fingerprint(module: nn.Module, plan: PrecisionPlan) -> None:
     """RuntimeSetupError naming the first difference when `plan` was solved for another model."""
     if plan.fingerprint is None:
         return
@@ -178,7 +209,7 @@ def _check_options(**given):
 
 def apply_plan(
     module: nn.Module,
-    plan_or_mapping,
+    plan_or_mapping: PlanOrMapping,
     group: str | None = None,
     *,
     dry_run: bool = False,
@@ -206,8 +237,6 @@ def apply_plan(
         check_fingerprint(module, plan_or_mapping)
     problems = _problems(module, mapping, strict)
     if device is not None:
-        from qsync_opt.runtime.support import precision_refusal
-
         problems += [f"{fqn}: {why}" for fqn, p in mapping.items() if p in PRECISIONS
                      and (why := precision_refusal(device, p)) is not None]
     if problems:

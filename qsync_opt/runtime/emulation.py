@@ -16,15 +16,35 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import Protocol
 
 from qsync_opt.errors import RuntimeSetupError
+from qsync_opt.hardware.cluster import Cluster
 from qsync_opt.hardware.device import DeviceSpec, catalog
 from qsync_opt.kernels.dispatch import implementation
+from qsync_opt.runtime.apply import PrecisionPlan
 
 EMULATION_LIMIT = 10.0
 """Refuse (unless asked) an emulation expected to run more than this many times slower."""
 HOST_DEVICE = "cpu-local"
 """The catalog entry that prices this CPU when it stands in for a GPU."""
+
+
+class EmulateSetting(Protocol):
+    """A job's runtime section, as emulation reads it: whether the spec asks for emulation."""
+
+    @property
+    def emulate(self) -> bool: ...
+
+
+class ClusterJob(Protocol):
+    """What emulation reads of a job: its cluster, and its runtime section's `emulate`."""
+
+    @property
+    def cluster(self) -> Cluster: ...
+
+    @property
+    def runtime(self) -> EmulateSetting: ...
 
 
 @dataclass(frozen=True)
@@ -62,7 +82,8 @@ def _achieved(device: DeviceSpec, precision: str) -> tuple[float, str]:
     return device.achieved_flops(precision, "linear") / 1e12, impl.label  # calibrated where measured
 
 
-def emulated_groups(spec, plan=None, *, cuda: bool | None = None) -> list[Emulation]:
+def emulated_groups(spec: ClusterJob, plan: PrecisionPlan | None = None, *,
+                    cuda: bool | None = None) -> list[Emulation]:
     """The spec's groups whose device is a GPU while this machine has no CUDA, with their expected slowdown."""
     cuda = cuda_here() if cuda is None else cuda
     if cuda:
@@ -88,7 +109,8 @@ def emulated_groups(spec, plan=None, *, cuda: bool | None = None) -> list[Emulat
     return out
 
 
-def check_emulation(spec, plan=None, *, emulate: bool = False, log=print, cuda: bool | None = None) -> list[Emulation]:
+def check_emulation(spec: ClusterJob, plan: PrecisionPlan | None = None, *, emulate: bool = False, log=print,
+                    cuda: bool | None = None) -> list[Emulation]:
     """Announce the emulated groups; refuse one slower than EMULATION_LIMIT unless `emulate`
     (or the spec's runtime.emulate). Returns the emulated groups."""
     found = emulated_groups(spec, plan, cuda=cuda)

@@ -18,6 +18,7 @@ from qsync_opt.models.layers import FunctionalConv2d, FunctionalLinear, MatMul
 from qsync_opt.models.hf_types import is_hf_conv1d
 from qsync_opt.runtime.casts import Quantized, StraightThrough, cast, quantize
 from qsync_opt.runtime.qfunctions import ConvOp, LinearOp, MatMulOp, QuantizedGemm
+from qsync_opt.runtime.qmodules_hf import quantized_conv1d_class
 from qsync_opt.runtime.recipe import Recipe
 
 _LINEAR, _MATMUL = LinearOp(), MatMulOp()
@@ -166,8 +167,6 @@ class _SwapTable(dict):
 
     def _lazy(self, key) -> None:
         if isinstance(key, type) and not dict.__contains__(self, key) and is_hf_conv1d(key):
-            from qsync_opt.runtime.qmodules_hf import quantized_conv1d_class
-
             self[key] = quantized_conv1d_class(key, QuantizedModule)
 
     def __contains__(self, key) -> bool:

@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass
 
 from qsync_opt.hardware.device import DeviceSpec
+from qsync_opt.llm import costs as C
 from qsync_opt.serving.spec import ServingSpec
 from qsync_opt.serving.program import ServingInstance, StageData
-from qsync_opt.serving import costs as C
 COST_SOURCE = (
     "roofline from the device catalog: prefill at the FP16 tensor rate, decode at memory bandwidth "
     "(weights at their bit-width + KV reads at the mean context), weight-only dequantisation on the CUDA cores"

@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from qsync_opt.errors import SpecError
-from qsync_opt.serving.spec import TransformerConfig
+from qsync_opt.llm.config import TransformerConfig
 
 FFN_WEIGHT = 4.0
 

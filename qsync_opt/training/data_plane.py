@@ -46,9 +46,9 @@ def flop_curve(spec: JobSpec):
 
 
 def reference_length(spec: JobSpec) -> int:
-    from qsync_opt.data.task import _sequence_length
+    from qsync_opt.data.task import sequence_length
 
-    return _sequence_length(spec)
+    return sequence_length(spec)
 
 
 def group_speeds(spec: JobSpec, plan: Plan, flops=None):

@@ -7,7 +7,7 @@ import random
 import pytest
 from rollout_cases import job_dict
 
-from qsync_opt.serving import costs as sc
+from qsync_opt.llm import costs as sc
 from qsync_opt.rollout.costs import (
     all_worker_costs,
     migration_s,

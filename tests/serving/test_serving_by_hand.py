@@ -10,8 +10,8 @@ import pytest
 from serving_cases import random_instance
 
 from qsync_opt.hardware.device import DeviceSpec
-from qsync_opt.serving import costs as C
-from qsync_opt.serving.spec import TransformerConfig
+from qsync_opt.llm import costs as C
+from qsync_opt.llm.config import TransformerConfig
 from qsync_opt.serving.program import Assignment, ServingInstance, StageData, evaluate
 from qsync_opt.serving.baselines import adabits, even_sizes, pipeedge, uniform
 from qsync_opt.serving.bounds import brute_force

@@ -14,7 +14,7 @@ from qsync_opt.serving.instance import build, micro_batch_sizes
 from qsync_opt.serving.quality import layer_omegas
 from qsync_opt.serving.plan import ServingPlan
 from qsync_opt.serving.planner import expand
-from qsync_opt.serving.spec import PRESETS, TransformerConfig
+from qsync_opt.llm.config import PRESETS, TransformerConfig
 from qsync_opt.serving.program import solve_serving
 from qsync_opt.serving.bounds import brute_force
 from qsync_opt.solver.backends.base import SolveOptions

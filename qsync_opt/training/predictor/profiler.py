@@ -83,14 +83,14 @@ def fx_nodes(gm: fx.GraphModule, desc: dict) -> dict[str, fx.Node]:
     """OpGraph op name -> fx node, by the very walk and naming trace.py uses."""
     act, used, counters, out = {}, set(), {}, {}
     for n in gm.graph.nodes:
-        data_in = [u for u in n.all_input_nodes if walk._carries_data(desc, u)]
+        data_in = [u for u in n.all_input_nodes if walk.carries_data(desc, u)]
         is_tensor = desc.get(n.name, ("other",))[0] in ("tensor", "tensors")
         act[n.name] = (n.op == "placeholder" and is_tensor) or (is_tensor and any(act[u.name] for u in data_in))
-        op = walk._classify(gm, n, desc, act, data_in)
+        op = walk.classify_op(gm, n, desc, act, data_in)
         act[n.name] = act[n.name] or (op is not None and is_tensor)
         if op is None:
             continue
-        name, _ = walk._name(n, used, counters)
+        name, _ = walk.name_op(n, used, counters)
         out[name] = n
     return out
 

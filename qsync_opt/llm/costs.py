@@ -1,4 +1,4 @@
-"""Phase-aware roofline costs of one decoder layer per device and bit-width (LLM serving).
+"""Phase-aware roofline costs of one decoder layer per device and bit-width (LLM serving and rollout).
 
 Prefill is compute-bound: the layer's GEMM and attention FLOPs at the prompt length, at the
 device's FP16 tensor rate. Decode is memory-bound: each step reads the layer's weights at
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qsync_opt.hardware.device import DeviceSpec
-from qsync_opt.serving.spec import TransformerConfig
+from qsync_opt.llm.config import TransformerConfig
 
 KERNELS_PER_LAYER = 12
 """Launches per layer and step (norms, QKV, attention, output, FFN, residuals) for launch overhead."""
