@@ -208,7 +208,7 @@ class Driver:
         self.tokens += sum(self.trajs[tid]["target"] - len(self.trajs[tid]["prompt"]) for tid, _ in batch)
         seqs = [tok for _, tok in batch]
         plens = [len(self.trajs[tid]["prompt"]) for tid, _ in batch]
-        # the trainer computes a padded batch: trajectories x the longest of them (_Trainer.train)
+        # the trainer computes a padded batch: trajectories x the longest of them (TrainerActor.train)
         self.train_tokens = len(seqs) * max(len(x) for x in seqs)
         self.train_gen = sum(self.w[j]["call"] is not None for j in self.alive)  # actors decoding beside it
         self.train_call = self.trainer.train.remote(seqs, plens)

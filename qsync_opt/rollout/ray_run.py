@@ -16,13 +16,7 @@ to the queue and are generated again from their prompts; none is lost or trained
 
 from __future__ import annotations
 
-from qsync_opt.rollout.actors import (
-    _build_model,
-    _need_ray,
-    _Rollout,
-    _Trainer,
-    model_dict,
-)
+from qsync_opt.rollout.actors import RolloutActor, TrainerActor, build_model, model_dict, need_ray
 from qsync_opt.rollout.calibrate import CalibratedCosts, calibrate
 from qsync_opt.rollout.driver import MAX_STEPS_PER_CALL, Driver, RunResult
 from qsync_opt.rollout.driver_repack import REPREFILL_STEPS_PER_TOKEN
@@ -32,25 +26,27 @@ __all__ = [
     "REPREFILL_STEPS_PER_TOKEN",
     "CalibratedCosts",
     "Driver",
+    "RolloutActor",
     "RunResult",
-    "_Rollout",
-    "_Trainer",
-    "_build_model",
-    "_need_ray",
+    "TrainerActor",
+    "build_model",
     "calibrate",
     "check_runs_here",
     "make_actors",
     "measured_vs_predicted",
     "median_round",
     "model_dict",
+    "need_ray",
     "run",
     "run_rounds",
     "start_ray",
 ]
 
+_need_ray = need_ray  # the old name, until cli/commands.py imports need_ray
+
 
 def start_ray(num_cpus: int = 2):
-    ray = _need_ray()
+    ray = need_ray()
     if not ray.is_initialized():
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     return ray
@@ -58,11 +54,11 @@ def start_ray(num_cpus: int = 2):
 
 def make_actors(job, seed: int = 0):
     """One rollout actor per rollout device of the job, and the trainer; all start from the same weights."""
-    ray = _need_ray()
+    ray = need_ray()
     cfg = model_dict(job)
     n = job.rollout_devices
-    R = ray.remote(num_cpus=0, max_restarts=0)(_Rollout)
-    T = ray.remote(num_cpus=0)(_Trainer)
+    R = ray.remote(num_cpus=0, max_restarts=0)(RolloutActor)
+    T = ray.remote(num_cpus=0)(TrainerActor)
     actors = [R.remote(i, cfg, job.rollout.repack.batch_cap, seed) for i in range(n)]
     trainer = T.remote(cfg, seed)
     ray.get([a.ping.remote() for a in actors])

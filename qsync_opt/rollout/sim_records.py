@@ -9,7 +9,15 @@ VARIANTS = ("sync", "one-step-off", "stale", "partial-rollout", "trajectory-asyn
 """Policy variants compared side by side (the last two: trajectory-async with that repack)."""
 
 
-class _Traj:
+def variant_of(job) -> str:
+    """The variant a rollout spec asks for: its policy, or repack-<method> for trajectory-async with a repack."""
+    p = job.rollout.policy.kind
+    if p == "trajectory-async" and job.rollout.repack.method != "none":
+        return f"repack-{job.rollout.repack.method}"
+    return p
+
+
+class SimTraj:
     __slots__ = ("gen_base", "id", "prompt", "round", "start_step", "stint", "target", "version", "worker")
 
     def __init__(self, tid, prompt, target, rnd):
@@ -21,12 +29,12 @@ class _Traj:
         self.stint = 0
 
 
-class _Worker:
+class SimWorker:
     def __init__(self, idx, costs, label):
         self.idx, self.c, self.label = idx, costs, label
         self.version = 0
         self.steps = 0
-        self.batch: dict[int, _Traj] = {}
+        self.batch: dict[int, SimTraj] = {}
         self.heap: list = []
         self.c0 = 0.0  # Σ (prompt + gen_base − start_step): ΣL at step k = c0 + B·k
         self.reserved = 0.0
@@ -44,7 +52,7 @@ class _Worker:
         return self.c0 + len(self.batch) * (self.steps if k is None else k)
 
 
-class _TrainStep:
+class TrainStep:
     """A trainer step in progress on a shared host (processor sharing): `done` of it by `since`, at the rate
     1 / train_s(tokens, beside) since then; `start` for the trainer's busy time."""
 
