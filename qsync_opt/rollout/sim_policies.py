@@ -9,7 +9,7 @@ interrupts, relay pulls).
 
 from __future__ import annotations
 
-from qsync_opt.rollout.sim_records import GEN, SYNC, SimWorker, TrainStep
+from qsync_opt.rollout.sim_records import GEN, SYNC, Chunk, SimWorker, TrainStep
 
 
 class PolicyRules:
@@ -197,7 +197,7 @@ class PolicyRules:
                 done = min(n - 1, int((self.now - t0) / dt + 1e-9)) if dt > 0 else n - 1
                 end = min(n, (done // k + 1) * k)  # the end of the call in progress
                 if end < n:
-                    w.chunk = (t0, dt, end)
+                    w.chunk = Chunk(t0, dt, end)
                     w.epoch += 1
                     self._push(t0 + end * dt, "chunk", w.idx, w.epoch)
                 self.undrained.add(w.idx)

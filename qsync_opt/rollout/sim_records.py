@@ -3,6 +3,8 @@ bookkeeping (rollout.simulate's discrete-event model keeps its state in these)."
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 GEN, IDLE, SYNC, MIGRATE = "generating", "idle", "syncing", "migrating"
 STATES = (GEN, IDLE, SYNC, MIGRATE)
 VARIANTS = ("sync", "one-step-off", "stale", "partial-rollout", "trajectory-async", "repack-best-fit", "repack-program")
@@ -15,6 +17,23 @@ def variant_of(job) -> str:
     if p == "trajectory-async" and job.rollout.repack.method != "none":
         return f"repack-{job.rollout.repack.method}"
     return p
+
+
+class Finish(NamedTuple):
+    """A worker's heap entry: trajectory `tid` ends at the worker's decode step `step` unless it leaves first (an
+    entry whose `stint` is not the trajectory's current one is stale)."""
+
+    step: int
+    stint: int
+    tid: int
+
+
+class Chunk(NamedTuple):
+    """A worker's decode chunk: `n` steps of `dt` seconds each from `t0`."""
+
+    t0: float
+    dt: float
+    n: int
 
 
 class SimTraj:
@@ -35,11 +54,11 @@ class SimWorker:
         self.version = 0
         self.steps = 0
         self.batch: dict[int, SimTraj] = {}
-        self.heap: list = []
+        self.heap: list[Finish] = []
         self.c0 = 0.0  # Σ (prompt + gen_base − start_step): ΣL at step k = c0 + B·k
         self.reserved = 0.0
         self.epoch = 0
-        self.chunk = None  # (t0, dt, n)
+        self.chunk: Chunk | None = None
         self.trip_s = 0.0  # of the chunk's dt per step: the driver's round trip (shared host), not generating
         self.paused_until = -1.0
         self.state, self.since = IDLE, 0.0

@@ -55,6 +55,8 @@ from qsync_opt.rollout.sim_records import (
     STATES,
     SYNC,
     VARIANTS,
+    Chunk,
+    Finish,
     SimTraj,
     SimWorker,
     variant_of,
@@ -177,13 +179,13 @@ class Simulator(PolicyRules, RepackTick, Metrics):
     def _start_chunk(self, w: SimWorker):
         if w.chunk is not None or self.now < w.paused_until:
             return
-        while w.heap and (w.heap[0][2] not in w.batch or w.batch[w.heap[0][2]].stint != w.heap[0][1]):
+        while w.heap and (w.heap[0].tid not in w.batch or w.batch[w.heap[0].tid].stint != w.heap[0].stint):
             heapq.heappop(w.heap)
         if not w.batch:
             self._set_state(w, IDLE)
             return
         b = len(w.batch)
-        n = max(1, w.heap[0][0] - w.steps)
+        n = max(1, w.heap[0].step - w.steps)
         self._set_state(w, GEN)
         if self.shared_host:  # costs measured on one machine whose cores the workers and the trainer share
             # one chunk per call, as the real driver issues them (MAX_STEPS_PER_CALL, cut short by a finish): the
@@ -195,7 +197,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
             dt = w.c.decode_ms_shared(b, w.total_ctx() + b * (n - 1) / 2, busy) / 1e3 + w.trip_s
         else:
             dt = w.c.decode_ms(b, w.total_ctx() + b * (n - 1) / 2) / 1e3
-        w.chunk = (self.now, dt, n)
+        w.chunk = Chunk(self.now, dt, n)
         w.epoch += 1
         self._set_state(w, GEN)
         self._push(self.now + n * dt, "chunk", w.idx, w.epoch)
@@ -220,7 +222,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         w.batch[t.id] = t
         w.c0 += t.prompt + t.gen_base - w.steps
         w.reserved += t.prompt + t.target
-        heapq.heappush(w.heap, (w.steps + t.target - t.gen_base, t.stint, t.id))
+        heapq.heappush(w.heap, Finish(w.steps + t.target - t.gen_base, t.stint, t.id))
 
     def _remove(self, w: SimWorker, t: SimTraj):
         t.gen_base += w.steps - t.start_step
@@ -292,10 +294,10 @@ class Simulator(PolicyRules, RepackTick, Metrics):
 
     # ---------------------------------------------------------------- handlers
     def _on_chunk(self, w: SimWorker):
-        self._advance(w, w.chunk[2])
+        self._advance(w, w.chunk.n)
         w.chunk = None
         finished = []
-        while w.heap and w.heap[0][0] <= w.steps:
+        while w.heap and w.heap[0].step <= w.steps:
             _, stint, tid = heapq.heappop(w.heap)
             t = w.batch.get(tid)
             if t is not None and t.stint == stint:
