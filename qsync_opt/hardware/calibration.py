@@ -29,6 +29,8 @@ from importlib import resources
 
 import yaml
 
+from qsync_opt.kernels.dispatch import implementation
+
 #: Graph op kind -> calibrated op kind.
 OP_KINDS: dict[str, str] = {"linear": "linear", "matmul": "linear", "bmm": "linear",
                             "conv1d": "conv", "conv2d": "conv"}
@@ -101,7 +103,6 @@ def lookup(device, precision: str, op: str | None) -> Factor | None:
     """The factor that prices `precision` ops of kind `op` on `device` (module docstring), or None."""
     if op is None or device.sm is None or device.kind != "gpu":
         return None
-    from qsync_opt.kernels.dispatch import implementation
 
     label = None
     for f in factors():

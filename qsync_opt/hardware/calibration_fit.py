@@ -13,6 +13,8 @@ import yaml
 
 from qsync_opt.hardware.calibration import HEADER, RESULTS_GLOB, CalibrationError, Factor, Source
 from qsync_opt.hardware.device import catalog, find_device
+from qsync_opt.kernels.dispatch import KERNELS, implementation
+from qsync_opt.precision import PRECISIONS
 
 _LINEAR = re.compile(r"^linear (\d+)x(\d+)->(\d+)$")
 _CONV = re.compile(r"^conv(\d+)x(\d+) b(\d+) (\d+)->(\d+) (\d+)x(\d+)$")
@@ -60,8 +62,6 @@ def record_device(record: dict, path: Path):
 
 def fit_files(paths, root: Path) -> tuple[tuple[Factor, ...], list[str]]:
     """Factors from gpu_check results files (paths recorded relative to `root`), and the rows skipped (why)."""
-    from qsync_opt.kernels.dispatch import KERNELS, implementation
-
     rows: dict[tuple, list[Source]] = {}
     meta: dict[tuple, str] = {}
     skipped: list[str] = []
@@ -99,8 +99,6 @@ def fit_files(paths, root: Path) -> tuple[tuple[Factor, ...], list[str]]:
 
 
 def _order(p: str) -> int:
-    from qsync_opt.precision import PRECISIONS
-
     return PRECISIONS.index(p) if p in PRECISIONS else len(PRECISIONS)
 
 

@@ -53,7 +53,7 @@ class DeviceSpec(BaseModel):
     def with_kernels(self, kernels: str) -> "DeviceSpec":
         """This device as the runtime runs it under `runtime.kernels` (auto | templated | torch):
         which formats are offered and at which rate follow the implementation dispatch picks then."""
-        from qsync_opt.kernels.dispatch import KERNELS
+        from qsync_opt.kernels.dispatch import KERNELS  # import cost: torch, via kernels.dispatch
 
         if kernels not in KERNELS:
             raise ValueError(f"runtime.kernels: {kernels!r}; use one of {', '.join(KERNELS)}")
@@ -93,7 +93,7 @@ class DeviceSpec(BaseModel):
     def supports(self, precision: str) -> bool:
         """Whether the planner may offer `precision` here: the datasheet lists its rate and the
         runtime's dispatch (kernels/dispatch.py) runs it without emulating it through fp32."""
-        from qsync_opt.kernels.dispatch import offer
+        from qsync_opt.kernels.dispatch import offer  # import cost: torch, via kernels.dispatch
 
         return PEAK_KEY[precision] in self.peak_tflops and offer(self, precision, self._kernels)[0]
 
@@ -105,7 +105,7 @@ class DeviceSpec(BaseModel):
     def rate_key(self, precision: str) -> str:
         """The peak_tflops key that prices `precision`: that of the implementation the runtime
         executes here (kernels/dispatch.py), e.g. 'int8' for int4 emulated through the int8 path."""
-        from qsync_opt.kernels.dispatch import implementation
+        from qsync_opt.kernels.dispatch import implementation  # import cost: torch, via kernels.dispatch
 
         return implementation(self, precision, self._kernels).rate
 
@@ -115,7 +115,7 @@ class DeviceSpec(BaseModel):
     def calibration(self, precision: str, op_kind: str | None):
         """The measured factor (hardware/calibration.py) that prices `precision` ops of `op_kind`
         ('linear' or 'conv') here, or None: the catalog efficiency then applies."""
-        from qsync_opt.hardware.calibration import lookup
+        from qsync_opt.hardware.calibration import lookup  # import cost: torch, via kernels.dispatch
 
         return lookup(self, precision, op_kind)
 
@@ -149,7 +149,7 @@ def find_device(name: str) -> DeviceSpec:
 
 def catalog_table(kernels: str = "auto"):
     """kernels.dispatch's implementation rows for every catalog device."""
-    from qsync_opt.kernels.dispatch import implementation_table
+    from qsync_opt.kernels.dispatch import implementation_table  # import cost: torch, via kernels.dispatch
 
     return implementation_table(catalog().values(), kernels)
 

@@ -13,8 +13,10 @@ import ctypes as C
 import torch
 
 from qsync_opt.errors import KernelBuildError, SpecError
-from qsync_opt.kernels.dtypes import FP8
+from qsync_opt.kernels.dispatch import cuda_arch
+from qsync_opt.kernels.dtypes import FP8, TORCH_DTYPE
 from qsync_opt.kernels.reference import qmax_of
+from qsync_opt.kernels.registry import compile_cuda
 from qsync_opt.kernels.spec import CudaSpec, cuda_archs
 
 _P, _I64, _I, _F = C.c_void_p, C.c_int64, C.c_int, C.c_float
@@ -31,8 +33,6 @@ _SIGS = {
 
 def arch_for_device(device=None) -> str:
     """The newest tiles.yaml arch not newer than the device (its PTX JITs forward on newer GPUs)."""
-    from qsync_opt.kernels.dispatch import cuda_arch
-
     major, minor = torch.cuda.get_device_capability(device)
     arch = cuda_arch(major * 10 + minor)
     if arch is None:
@@ -61,8 +61,6 @@ class CudaKernels:
     """The launchers of one CudaSpec, loaded through ctypes."""
 
     def __init__(self, spec: CudaSpec | None = None, *, cache_dir=None):
-        from qsync_opt.kernels.registry import compile_cuda
-
         if not torch.cuda.is_available():
             raise KernelBuildError("CudaKernels needs a CUDA device and a CUDA build of torch")
         self.spec = spec or CudaSpec(arch=arch_for_device())
@@ -95,16 +93,12 @@ class CudaKernels:
         return q, (s.reshape(()) if axis is None else s)
 
     def dequantize(self, q, scale, *, axis=None):
-        from qsync_opt.kernels.dtypes import TORCH_DTYPE
-
         outer, ch, inner = _layout(q, axis)
         y = torch.empty(q.shape, dtype=TORCH_DTYPE[self.spec.in_dtype], device=q.device)
         self._call("qsync_dequantize", _ptr(q.contiguous()), _ptr(y), _ptr(scale.float().contiguous()), outer, ch, inner)
         return y
 
     def _gemm(self, name, a, b, k, sx, sw, bias):
-        from qsync_opt.kernels.dtypes import TORCH_DTYPE
-
         dev = a.device
         c = torch.empty(a.shape[0], b.shape[0], dtype=TORCH_DTYPE[self.spec.out_dtype], device=dev)
         sx = sx.to(dev, torch.float32).reshape(1).contiguous()  # locals keep every buffer alive over the call

@@ -27,7 +27,7 @@ _AUTO_FAILURES: dict = {}  # (arch, fp8 format) -> KernelBuildError seen under i
 @functools.lru_cache(maxsize=None)
 def runtime_spec(sm: int, fp8_format: str = "e4m3"):
     """The CudaSpec the runtime uses on a device of capability `sm`, or None below every tiles arch."""
-    from qsync_opt.kernels.spec import CudaSpec
+    from qsync_opt.kernels.spec import CudaSpec  # import cost: the kernel specs, only once a CUDA device asks
 
     arch = cuda_arch(sm)
     if arch is None:
@@ -47,7 +47,7 @@ def module(device: torch.device, impl: str, fp8_format: str = "e4m3"):
             raise SpecError(f"impl='templated': no templated CUDA kernels for {target.label} (tiles.yaml starts at "
                             "sm_75); use impl='auto' or 'torch'")
         return None
-    from qsync_opt.kernels.registry import get_cuda_module
+    from qsync_opt.kernels.registry import get_cuda_module  # import cost: jinja2 and the kernel build chain
 
     if impl == "templated":
         return get_cuda_module(spec)

@@ -23,6 +23,8 @@ from typing import Literal
 import torch
 
 from qsync_opt.errors import SpecError
+from qsync_opt.kernels.dtypes import FP8, TORCH_DTYPE
+from qsync_opt.precision import PEAK_KEY, PRECISIONS
 
 Kind = Literal["templated", "library", "emulation"]
 KERNELS = ("auto", "templated", "torch")
@@ -95,7 +97,7 @@ def cuda_arch(sm: int | None) -> str | None:
     """The newest tiles.yaml arch not newer than `sm` (its code runs there), or None."""
     if sm is None:
         return None
-    from qsync_opt.kernels.spec import cuda_archs
+    from qsync_opt.kernels.spec import cuda_archs  # import cost: the kernel specs, only once a CUDA device asks
 
     fit = [a for a in cuda_archs() if int(a.split("_")[1]) <= sm]
     return fit[-1] if fit else None
@@ -106,7 +108,7 @@ def cuda_gemm_kinds(sm: int | None) -> tuple[str, ...]:
     arch = cuda_arch(sm)
     if arch is None:
         return ()
-    from qsync_opt.kernels.spec import tile_table
+    from qsync_opt.kernels.spec import tile_table  # import cost: the kernel specs, only once a CUDA device asks
 
     return tuple(tile_table()["archs"][arch])
 
@@ -192,8 +194,6 @@ def storage_bits(precision: str) -> int:
     """Bits per element of what the runtime keeps for a tensor at `precision` (codes saved for
     backward, weight copies): the dtypes the kernel ops return. int4 codes live in int8 tensors
     (quantize_symmetric returns int8 for every bit width), fp8 in torch's float8 dtypes."""
-    from qsync_opt.kernels.dtypes import FP8, TORCH_DTYPE
-
     if precision in ("int8", "int4"):
         dtype = torch.int8
     elif precision.startswith("fp8_"):
@@ -231,8 +231,6 @@ def offer(device, precision: str, kernels: str = "auto") -> tuple[bool, str]:
     accuracy. int4 emulated through the int8 path is offered where the catalog lists int4 and
     priced at the int8 rate.
     """
-    from qsync_opt.precision import PEAK_KEY
-
     try:
         impl = implementation(device, precision, kernels)
     except SpecError as e:
@@ -248,8 +246,6 @@ def offer(device, precision: str, kernels: str = "auto") -> tuple[bool, str]:
 
 def implementation_table(devices, kernels: str = "auto") -> list[Row]:
     """Rows for every (device, precision) of `devices` (hardware.device.catalog_table: the catalog's)."""
-    from qsync_opt.precision import PRECISIONS
-
     devices = list(devices)
     rows = []
     for d in devices:

@@ -39,7 +39,7 @@ def _module(impl: str):
         raise SpecError(f"impl: unknown value {impl!r}; use one of {', '.join(IMPLS)}")
     if impl == "torch":
         return None
-    from qsync_opt.kernels.registry import get_cpu_module
+    from qsync_opt.kernels.registry import get_cpu_module  # import cost: jinja2 and the kernel build chain
 
     if impl == "templated":
         return get_cpu_module()

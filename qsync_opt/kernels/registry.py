@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from qsync_opt.errors import KernelBuildError
 from qsync_opt.kernels import build
 from qsync_opt.kernels.cache import (cache_key, cache_root, compiler_version, entry_dir, file_lock, read_marker,
                                      toolchain, write_marker)
@@ -152,8 +153,6 @@ def compile_cuda(spec: CudaSpec, *, cache_dir=None, mode: str = "object", check_
 def get_cuda_module(spec: CudaSpec, *, cache_dir=None) -> CudaModule:
     """Render, build (once per content and toolchain, with torch.utils.cpp_extension) and load the
     CUDA ops of `spec`; cached on disk and in memory like the CPU module. Needs a CUDA torch."""
-    from qsync_opt.errors import KernelBuildError
-
     if torch.version.cuda is None:
         raise KernelBuildError(f"the CUDA kernels need a CUDA build of torch; this one is {torch.__version__}")
     root = cache_root(cache_dir)

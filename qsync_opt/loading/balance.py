@@ -21,6 +21,7 @@ seed, so that the replacement is the same on every run), unless `accept_incumben
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 from qsync_opt.errors import InfeasibleError, SpecError
 from qsync_opt.loading.balance_exact import build_problem, load_solver, solve_exact
@@ -30,7 +31,6 @@ from qsync_opt.loading.balance_model import (
     WEIGHT_BITS,
     Instance,
     Result,
-    _result,
     area_bound,
     counting_bound,
     feasible,
@@ -39,6 +39,7 @@ from qsync_opt.loading.balance_model import (
     loads_of,
     lower_bound,
     make_instance,
+    result_of,
     single_bound,
 )
 
@@ -73,6 +74,17 @@ _clock = time.perf_counter  # the wall clock every stage reads (tests replace it
 def exact_build_estimate_s(inst: Instance) -> float:
     """What building the exact program is expected to cost (from the instance's size alone)."""
     return EXACT_BUILD_S_PER_CELL * inst.n * inst.k
+
+
+class Candidate(NamedTuple):
+    """A heuristic's assignment, ordered as `balance` prefers them: the lower makespan, then the earlier stage."""
+
+    makespan: int
+    stage: int
+    """Tie-break among equal makespans: 0 kk, 1 lpt, 2 multifit, 3 the wide search."""
+    method: str
+    owner: list[int]
+    """Sample -> rank."""
 
 
 def _makespan(inst: Instance, owner) -> int:
@@ -112,18 +124,18 @@ def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: floa
         kk = karmarkar_karp(inst)
         if feasible(inst, kk):
             detail["kk"] = _makespan(inst, kk)
-            cands.append((detail["kk"], 0, "kk", kk))
+            cands.append(Candidate(detail["kk"], 0, "kk", kk))
     lp = lpt(inst)
     if lp is not None:
         detail["lpt"] = _makespan(inst, lp)
-        cands.append((detail["lpt"], 1, "lpt", lp))
+        cands.append(Candidate(detail["lpt"], 1, "lpt", lp))
     best = min(cands) if cands else None
     start = best
-    if best is not None and best[0] > lb:
-        o = improve(inst, best[3], lower=lb, gap=LS_GAP)
-        best = (_makespan(inst, o), best[1], best[2] + "+ls", o)
+    if best is not None and best.makespan > lb:
+        o = improve(inst, best.owner, lower=lb, gap=LS_GAP)
+        best = Candidate(_makespan(inst, o), best.stage, best.method + "+ls", o)
     elif best is not None:
-        best = (best[0], best[1], best[2] + "+ls", best[3])
+        best = best._replace(method=best.method + "+ls")
     free = not inst.equal_counts and all(c is None for c in inst.caps)
     spent = []  # the optional stages stop at the time limit; a plan they shaped is then flagged
 
@@ -132,31 +144,31 @@ def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: floa
             spent.append(True)
         return bool(spent)
 
-    if best is not None and free and best[0] - lb > MULTIFIT_GAP * best[0]:
-        mf = multifit(inst, lb, best[0], probes=MULTIFIT_PROBES, gap=LS_GAP, stop=late)
+    if best is not None and free and best.makespan - lb > MULTIFIT_GAP * best.makespan:
+        mf = multifit(inst, lb, best.makespan, probes=MULTIFIT_PROBES, gap=LS_GAP, stop=late)
         if mf is not None:
             mf = improve(inst, mf, lower=lb, gap=LS_GAP)
             detail["multifit"] = _makespan(inst, mf)
-            if detail["multifit"] < best[0]:
-                best = (detail["multifit"], 2, "multifit+ls", mf)
-    if best is not None and best[0] - lb > MULTIFIT_GAP * best[0]:
-        wide = improve_wide(inst, start[3], lower=lb, gap=LS_GAP, stop=late)
+            if detail["multifit"] < best.makespan:
+                best = Candidate(detail["multifit"], 2, "multifit+ls", mf)
+    if best is not None and best.makespan - lb > MULTIFIT_GAP * best.makespan:
+        wide = improve_wide(inst, start.owner, lower=lb, gap=LS_GAP, stop=late)
         detail["wide"] = _makespan(inst, wide)
-        if detail["wide"] < best[0]:
-            best = (detail["wide"], 3, start[2] + "+wide", wide)
+        if detail["wide"] < best.makespan:
+            best = Candidate(detail["wide"], 3, start.method + "+wide", wide)
     if spent:
         detail["time_limited"] = True  # MULTIFIT or the wide search stopped at the time limit
 
     def done(owner, method, status, bound):
-        r = _result(inst, owner, method, status, bound, **detail)
+        r = result_of(inst, owner, method, status, bound, **detail)
         r.plan_s = _clock() - t0
         return r
 
-    if best is not None and (best[0] <= lb or (best[0] - lb) <= gap_tol * best[0]
-                             or (best[0] - lb) * inst.scale <= min_gain):
-        if best[0] > lb and (best[0] - lb) > gap_tol * best[0]:
+    if best is not None and (best.makespan <= lb or (best.makespan - lb) <= gap_tol * best.makespan
+                             or (best.makespan - lb) * inst.scale <= min_gain):
+        if best.makespan > lb and (best.makespan - lb) > gap_tol * best.makespan:
             detail["exact_skipped"] = "gain below min_gain"
-        return done(best[3], best[2], "optimal" if best[0] <= lb else "feasible", lb)
+        return done(best.owner, best.method, "optimal" if best.makespan <= lb else "feasible", lb)
     if backend is not None and inst.n > 0:
         if work_limit is not None and backend != "cpsat":
             raise SpecError(f"balance: a deterministic work limit needs backend cpsat, got {backend!r}")
@@ -171,8 +183,9 @@ def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: floa
             else:
                 # the solver's own deadline comes STOP_MARGIN of the limit early: a stop request takes effect late
                 solve_by = deadline - STOP_MARGIN * time_limit_s
-                owner, status, bound, raw = solve_exact(inst, backend, solve_by - _clock(), best[3] if best else None,
-                                                        work_limit=work_limit, lower=lb, deadline=solve_by, clock=_clock)
+                warm = best.owner if best else None
+                owner, status, bound, raw = solve_exact(inst, backend, solve_by - _clock(), warm, work_limit=work_limit,
+                                                        lower=lb, deadline=solve_by, clock=_clock)
                 wall = raw.wall_s if raw is not None else 0.0
                 time_limited = status != "optimal" and (raw is None or _clock() >= solve_by - 0.05 * time_limit_s)
                 detail.update(exact_status=status, exact_s=wall, backend=backend,
@@ -180,7 +193,7 @@ def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: floa
                 lb = max(lb, bound)
                 take = (status == "optimal" or accept_incumbent or best is None
                         or (work_limit is not None and not time_limited))
-                if owner is not None and take and (best is None or max(loads_of(inst, owner)) <= best[0]):
+                if owner is not None and take and (best is None or max(loads_of(inst, owner)) <= best.makespan):
                     m = max(loads_of(inst, owner))
                     return done(owner, backend, "optimal" if status == "optimal" or m <= lb else "feasible", lb)
                 if best is None and status == "infeasible":
@@ -194,4 +207,4 @@ def balance(inst: Instance, *, backend: str | None = "highs", time_limit_s: floa
                               "stage is off or stopped without one",
                               [f"caps {list(inst.caps)}, total {sum(inst.tokens)} tokens over {inst.k} ranks",
                                "raise data.token_cap, lower the global batch, or give the exact stage more time"])
-    return done(best[3], best[2], "optimal" if best[0] <= lb else "feasible", lb)
+    return done(best.owner, best.method, "optimal" if best.makespan <= lb else "feasible", lb)

@@ -9,12 +9,13 @@ import time
 
 from qsync_opt.errors import SolverError
 from qsync_opt.loading.balance_model import Instance, feasible, loads_of, lower_bound
+from qsync_opt.solver.backends import get_backend
+from qsync_opt.solver.backends.base import SolveOptions
+from qsync_opt.solver.problem import Problem
 
 
 def build_problem(inst: Instance, upper: int | None = None, lower: int = 0):
     """The min-max program on the shared IR; `choices` decode to {'batch': {sample: rank}}."""
-    from qsync_opt.solver.problem import Problem
-
     p = Problem("balance")
     x = [[p.add_var(f"x_{i}_{r}") for r in range(inst.k)] for i in range(inst.n)]
     for i in range(inst.n):
@@ -55,8 +56,6 @@ def build_problem(inst: Instance, upper: int | None = None, lower: int = 0):
 def load_solver(backend: str) -> bool:
     """Import the backend's solver now (its `available()`; a process's first import of OR-Tools
     takes seconds): the data plane does it when it starts, `balance` before it reads the time left."""
-    from qsync_opt.solver.backends import get_backend
-
     return bool(get_backend(backend).available())
 
 
@@ -82,9 +81,6 @@ def solve_exact(inst: Instance, backend: str = "highs", time_limit_s: float = 1.
     it after the model is built and loaded (`SolveOptions.deadline`, which also stops a solver
     that overruns), and nothing is solved when the building used it all (status 'time_limit',
     raw None)."""
-    from qsync_opt.solver.backends import get_backend
-    from qsync_opt.solver.backends.base import SolveOptions
-
     lb = lower_bound(inst) if lower is None else int(lower)
     upper = max(loads_of(inst, start)) if start is not None else None
     p = build_problem(inst, upper=upper, lower=lb)

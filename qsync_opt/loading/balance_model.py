@@ -289,7 +289,8 @@ def lower_bound(inst: Instance) -> int:
     return counting_bound(inst, max(area_bound(inst), single_bound(inst), large_area_bound(inst)))
 
 
-def _result(inst: Instance, owner: Sequence[int], method: str, status: str, bound: int, **detail) -> Result:
+def result_of(inst: Instance, owner: Sequence[int], method: str, status: str, bound: int, **detail) -> Result:
+    """The Result of assignment `owner` (sample -> rank): its ranks' sample lists and loads."""
     own = np.asarray(owner, dtype=np.int64)
     order = np.argsort(own, kind="stable")
     cuts = np.searchsorted(own[order], np.arange(inst.k + 1))

@@ -20,7 +20,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from qsync_opt.data.sources import piecewise
 from qsync_opt.errors import InfeasibleError, SpecError
+from qsync_opt.solver.backends import get_backend
+from qsync_opt.solver.backends.base import SolveOptions
+from qsync_opt.solver.problem import Problem
 
 
 @dataclass
@@ -41,8 +45,6 @@ class Sizing:
 def peak_shares(schedules: Sequence[Sequence[tuple[int, float]]]) -> list[float]:
     """Each source's largest normalised weight over the schedule breakpoints (shares are
     piecewise linear fractions between breakpoints, so the extremes are at breakpoints)."""
-    from qsync_opt.data.sources import piecewise
-
     steps = sorted({int(s) for sch in schedules for s, _ in sch})
     peak = [0.0] * len(schedules)
     for t in steps:
@@ -56,10 +58,6 @@ def peak_shares(schedules: Sequence[Sequence[tuple[int, float]]]) -> list[float]
 def size_loaders(names: Sequence[str], cost_s: Sequence[float], shares: Sequence[float], samples_per_s: float,
                  cpus: int, *, mem_per_worker: Sequence[float] | None = None, memory: float | None = None,
                  max_workers: Sequence[int] | None = None, backend: str = "highs", time_limit_s: float = 5.0) -> Sizing:
-    from qsync_opt.solver.backends import get_backend
-    from qsync_opt.solver.backends.base import SolveOptions
-    from qsync_opt.solver.problem import Problem
-
     k = len(names)
     if not (len(cost_s) == len(shares) == k) or k == 0:
         raise SpecError("loader sizing: give one preprocessing cost and one share per source")

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from qsync_opt.data.sources import SourceSpec
+from qsync_opt.data.text import is_test_file, read_files, stdlib_files
 from qsync_opt.errors import QSyncError, SpecError
 from qsync_opt.spec.importing import resolve_callable
 
@@ -57,7 +58,6 @@ class PySourceLM:
         if max_len < min_len or not median > 0 or not sigma >= 0:
             raise SpecError(f"builtin pysource-lm: need 2 <= min_len <= max_len, median > 0 and sigma >= 0; got "
                             f"min_len={min_len}, max_len={max_len}, median={median}, sigma={sigma}")
-        from qsync_opt.data.text import is_test_file, read_files, stdlib_files
 
         text = read_files([f for f in stdlib_files() if not is_test_file(f.name)], skip_bytes + train_bytes)[skip_bytes:]
         if len(text) < min_len:

@@ -30,7 +30,7 @@ def __getattr__(name: str):
 
 def run(job, out_dir, **kwargs):
     """Real run with Ray actors (see rollout.ray_run.run)."""
-    from qsync_opt.rollout.ray_run import run as _run
+    from qsync_opt.rollout.ray_run import run as _run  # import cost: the simulator, the repack program, torch actors
 
     return _run(job, out_dir, **kwargs)
 

@@ -1,8 +1,8 @@
 """Rollout and trainer actor bodies: the small random-weight torch decoder, its per-slot KV cache.
 
-`_Rollout` prefills admitted contexts (prompts, or a migrated or interrupted trajectory's prompt +
+`RolloutActor` prefills admitted contexts (prompts, or a migrated or interrupted trajectory's prompt +
 response so far: re-prefill) and decodes its batch step by step, timing each step, prefill and weight
-load. `_Trainer` does a real AdamW step (policy-gradient-weighted next-token loss) on finished
+load. `TrainerActor` does a real AdamW step (policy-gradient-weighted next-token loss) on finished
 trajectories and publishes each version once with `ray.put`. Both are plain classes (testable
 without Ray); rollout.ray_run wraps them as Ray actors. `model_dict` is the decoder a job's actors build.
 """
@@ -16,7 +16,7 @@ import numpy as np
 from qsync_opt.errors import SpecError
 
 
-def _need_ray():
+def need_ray():
     try:
         import ray
     except ImportError:
@@ -26,7 +26,7 @@ def _need_ray():
 
 
 # --------------------------------------------------------------------------- the model
-def _build_model(cfg, seed: int):
+def build_model(cfg, seed: int):
     import torch
     from torch import nn
 
@@ -64,7 +64,7 @@ def _build_model(cfg, seed: int):
     return Decoder()
 
 
-class _Rollout:
+class RolloutActor:
     """Body of the rollout actor (plain class, so it can be tested without Ray)."""
 
     def __init__(self, idx: int, cfg: dict, cap: int, seed: int):
@@ -73,7 +73,7 @@ class _Rollout:
         torch.set_num_threads(1)
         self.torch = torch
         self.idx, self.cfg, self.cap = idx, cfg, cap
-        self.model = _build_model(cfg, seed).eval()
+        self.model = build_model(cfg, seed).eval()
         h, hd = cfg["heads"], cfg["hidden"] // cfg["heads"]
         shape = (cap, h, cfg["max_ctx"], hd)
         self.K = [torch.zeros(shape) for _ in range(cfg["layers"])]
@@ -120,7 +120,7 @@ class _Rollout:
         return dt
 
     def reset(self, seed: int):
-        self.model = _build_model(self.cfg, seed).eval()
+        self.model = build_model(self.cfg, seed).eval()
         self.slots, self.free, self.version = {}, list(range(self.cap)), 0
         self.step_log, self.prefill_log, self.load_log = [], [], []
         return self.idx
@@ -191,14 +191,14 @@ class _Rollout:
         return self.idx
 
 
-class _Trainer:
+class TrainerActor:
     def __init__(self, cfg: dict, seed: int, lr: float = 1e-4):
         import torch
 
         torch.set_num_threads(1)
         self.torch = torch
         self.cfg = cfg
-        self.model = _build_model(cfg, seed)
+        self.model = build_model(cfg, seed)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
         self.log: list[tuple[int, float]] = []
         self.version = 0
@@ -234,7 +234,7 @@ class _Trainer:
         self.version += 1
         ref = ray.put(self.weights())
         cpu = time.thread_time() - c0
-        dt = time.perf_counter() - t0  # after the CPU-time read: see _Rollout.step
+        dt = time.perf_counter() - t0  # after the CPU-time read: see RolloutActor.step
         self.log.append((int(sum(len(s) for s in seqs)), dt, cpu, t0))
         return [self.version, ref, float(loss), cpu, t0, dt]
 

@@ -74,7 +74,7 @@ def discordant(predicted: dict[str, float], rounds: dict[str, list[float]]) -> l
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             hi, lo = (a, b) if predicted[a] >= predicted[b] else (b, a)
-            if _tied(predicted[hi], predicted[lo]) or real[hi] >= real[lo]:
+            if figures_tied(predicted[hi], predicted[lo]) or real[hi] >= real[lo]:
                 continue
             lo_r, hi_r, conf = ratio_interval(rounds, hi, lo)
             out.append(Discordant(hi, lo, predicted[hi] / predicted[lo], real[hi] / real[lo],
@@ -139,10 +139,11 @@ def kendall_tau_b(x: dict[str, float], y: dict[str, float]) -> float:
 
 
 def _sign(a: float, b: float) -> int:
-    return 0 if _tied(a, b) else (1 if a > b else -1)
+    return 0 if figures_tied(a, b) else (1 if a > b else -1)
 
 
-def _tied(a: float, b: float) -> bool:
+def figures_tied(a: float, b: float) -> bool:
+    """Are two predicted figures the same schedule's (within TIE_REL), not an order?"""
     return abs(a - b) <= TIE_REL * max(abs(a), abs(b))
 
 

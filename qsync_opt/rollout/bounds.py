@@ -33,8 +33,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from qsync_opt.rollout.costs import WorkerCosts, _decode_lines, all_worker_costs, trainer_step_s
+from qsync_opt.rollout.costs import WorkerCosts, all_worker_costs, trainer_step_s
 from qsync_opt.rollout.sim_workload import draw
+from qsync_opt.solver.backends import get_backend
+from qsync_opt.solver.backends.base import SolveOptions
+from qsync_opt.solver.problem import Problem
 
 BUCKET_TOKENS = 32
 """Width of the context groups of the multi-kind program (each group priced at its lowest context)."""
@@ -79,7 +82,7 @@ class Ceiling:
 
 def _lines(c: WorkerCosts, cap: int) -> np.ndarray:
     """(cap, 4) array of t(B, S) = max(a1 + b1·S, a2 + b2·S) in seconds, B = 1..cap."""
-    return np.array([_decode_lines(c._cfg, c._dev, c.bits, b) for b in range(1, cap + 1)]) / 1e3
+    return np.array([c.decode_lines(b) for b in range(1, cap + 1)]) / 1e3
 
 
 def _alpha(lines: np.ndarray, min_ctx: float, beta: float) -> float:
@@ -149,10 +152,6 @@ def rollout_seconds(job, prompts, lengths, costs: list[WorkerCosts] | None = Non
 def _multi_kind(kinds, planes, prompts, lengths) -> float:
     """min T over fractional assignments: tokens of each context group g (lowest context e_g) and the prefills
     split among kinds, each kind's worker-seconds ≤ its count · T."""
-    from qsync_opt.solver.backends import get_backend
-    from qsync_opt.solver.backends.base import SolveOptions
-    from qsync_opt.solver.problem import Problem
-
     top = float((prompts + lengths).max())
     edges = np.arange(float(prompts.min()), top + BUCKET_TOKENS, BUCKET_TOKENS)
     below = np.array([_tokens_below(prompts, lengths, e) for e in edges])

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from qsync_opt.rollout.costs import SyncCosts
+from qsync_opt.rollout.driver import MAX_STEPS_PER_CALL
+
 
 @dataclass(frozen=True)
 class CalibratedCosts:
@@ -106,9 +109,6 @@ def _beside_mean(t, calls) -> float:
 def calibrate(job, results: dict):
     """(costs, sync, train_s) fitted to the rollouts', trainer's and loads' timings of `results`
     (variant -> RunResult, or variant -> list of RunResult from repeated rounds: every run's timings are pooled)."""
-    from qsync_opt.rollout.costs import SyncCosts
-    from qsync_opt.rollout.driver import MAX_STEPS_PER_CALL
-
     steps, pre, loads, train, calls, pulls = [], [], [], [], [], []
     for r in _flat(results):
         for lg in r.logs["rollout"]:

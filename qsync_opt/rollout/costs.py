@@ -58,13 +58,19 @@ class WorkerCosts:
     _dev: object = field(repr=False, compare=False)
     _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
+    def decode_lines(self, batch: int) -> tuple[float, float, float, float]:
+        """(a1, b1, a2, b2), ms: one decode step of `batch` sequences whose contexts sum to S tokens is
+        max(a1 + b1·S, a2 + b2·S) (`decode_lines`)."""
+        c = self._memo.get(batch)
+        if c is None:
+            c = self._memo[batch] = decode_lines(self._cfg, self._dev, self.bits, int(batch))
+        return c
+
     def decode_ms(self, batch: int, total_ctx: float) -> float:
         """One decode step of `batch` sequences whose contexts sum to `total_ctx` tokens."""
         if batch <= 0:
             return 0.0
-        c = self._memo.get(batch)
-        if c is None:
-            c = self._memo[batch] = _decode_lines(self._cfg, self._dev, self.bits, int(batch))
+        c = self.decode_lines(batch)
         s = max(total_ctx, batch)
         return max(c[0] + c[1] * s, c[2] + c[3] * s)
 
@@ -104,7 +110,7 @@ def _decode_ms(cfg, dev, bits: int, batch: int, total_ctx: float) -> float:
     return cfg.get("layers") * layer + llm.head_ms(cfg, w, dev, batch, "decode")
 
 
-def _decode_lines(cfg, dev, bits: int, batch: int) -> tuple[float, float, float, float]:
+def decode_lines(cfg, dev, bits: int, batch: int) -> tuple[float, float, float, float]:
     """The LLM cost model's decode step at fixed B as max of two lines in ΣL, read off four points.
 
     Its kernel time is max(FLOPs / rate, bytes / bandwidth) + constants, and at fixed B both FLOPs

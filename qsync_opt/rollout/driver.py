@@ -15,6 +15,7 @@ import numpy as np
 
 from qsync_opt.rollout.actors import model_dict
 from qsync_opt.rollout.driver_repack import repack_tick
+from qsync_opt.rollout.simulate import Simulator
 
 MAX_STEPS_PER_CALL = 16
 """Decode steps an actor runs per call before reporting back (bounds the driver's reaction time)."""
@@ -42,8 +43,6 @@ class Driver:
     """Applies one policy variant with real actors (the simulator's rules, wall-clock time)."""
 
     def __init__(self, job, variant: str, actors, trainer, kill_after_steps: int | None = None, seed: int = 0):
-        from qsync_opt.rollout.simulate import Simulator
-
         self.job, self.variant = job, variant
         plan = Simulator(job, variant)  # the same rules' parameters and the same drawn lengths
         self.kind, self.repack_method, self.eta, self.B = plan.kind, plan.repack_method, plan.eta, plan.B
@@ -208,7 +207,7 @@ class Driver:
         self.tokens += sum(self.trajs[tid]["target"] - len(self.trajs[tid]["prompt"]) for tid, _ in batch)
         seqs = [tok for _, tok in batch]
         plens = [len(self.trajs[tid]["prompt"]) for tid, _ in batch]
-        # the trainer computes a padded batch: trajectories x the longest of them (_Trainer.train)
+        # the trainer computes a padded batch: trajectories x the longest of them (TrainerActor.train)
         self.train_tokens = len(seqs) * max(len(x) for x in seqs)
         self.train_gen = sum(self.w[j]["call"] is not None for j in self.alive)  # actors decoding beside it
         self.train_call = self.trainer.train.remote(seqs, plens)

@@ -31,9 +31,9 @@ def run(job: RolloutJob, request: RunRequest) -> dict[str, str]:
     if request.steps is not None:  # the plan, the pictures and the real run alike
         job = job.model_copy(update={"rollout": job.rollout.model_copy(update={"steps": request.steps})})
     if request.real:
-        from qsync_opt.rollout.ray_run import _need_ray, check_runs_here  # optional extra: ray
+        from qsync_opt.rollout.ray_run import check_runs_here, need_ray  # import cost: torch actors; ray is an extra
 
-        _need_ray()  # the extra is missing: say so before simulating anything
+        need_ray()  # the extra is missing: say so before simulating anything
         check_runs_here(job)
     from qsync_opt.rollout.run_report import run_report, write_measured  # import cost: matplotlib
 

@@ -20,11 +20,12 @@ from pydantic import BaseModel, ConfigDict
 
 from qsync_opt.errors import SpecError
 from qsync_opt.io import atomic_write_text
+from qsync_opt.rollout.agreement import figures_tied, ratio_interval
 from qsync_opt.spec.load import read_text_file
-
 from qsync_opt.rollout.bounds import ceiling
 from qsync_opt.rollout.costs import all_worker_costs, sync_costs
-from qsync_opt.rollout.simulate import VARIANTS, SimResult, simulate
+from qsync_opt.rollout.sim_worker import read_msg, write_msg
+from qsync_opt.rollout.simulate import VARIANTS, SimResult, simulate, variant_of
 
 PLAN_VERSION = 1
 
@@ -93,8 +94,6 @@ def separated(measured: dict[str, float], a: str, b: str, rounds: dict[str, list
     95% sign-test interval of their per-round ratio excludes 1; otherwise when their measured figures differ by
     more than MEASURED_TIE_FRAC of the higher."""
     if rounds is not None and min(len(rounds[a]), len(rounds[b])) >= SIGN_TEST_ROUNDS:
-        from qsync_opt.rollout.agreement import ratio_interval
-
         lo, hi, _ = ratio_interval(rounds, a, b)
         return not lo <= 1.0 <= hi
     return abs(measured[a] - measured[b]) > MEASURED_TIE_FRAC * max(measured[a], measured[b])
@@ -112,9 +111,7 @@ def separation_rule(n_rounds: int) -> str:
 
 def _ranks(figs: dict[str, float]) -> dict[str, int]:
     """Policy -> 1 + the number of policies strictly faster (policies predicted alike share a rank)."""
-    from qsync_opt.rollout.agreement import _tied
-
-    return {v: 1 + sum(1 for w, y in figs.items() if y > x and not _tied(x, y)) for v, x in figs.items()}
+    return {v: 1 + sum(1 for w, y in figs.items() if y > x and not figures_tied(x, y)) for v, x in figs.items()}
 
 
 def recommend_measured(measured: dict[str, float], calibrated: dict[str, float],
@@ -130,8 +127,6 @@ def recommend_measured(measured: dict[str, float], calibrated: dict[str, float],
     `disagreements` says, in words, where the simulation's recommendation ranks when measured, and each pair the
     measurement separates that the calibrated simulator, or the simulation under the spec's costs, orders the
     other way."""
-    from qsync_opt.rollout.agreement import _tied
-
     order = sorted(measured, key=lambda v: -measured[v])
     best = order[0]
     n_rounds = min((len(x) for x in rounds.values()), default=1) if rounds else 1
@@ -172,7 +167,7 @@ def recommend_measured(measured: dict[str, float], calibrated: dict[str, float],
                 continue
             against = [f"{name} predicts {b} {figs[b] / figs[a]:.2f}x {a}"
                        for name, figs in (("the calibrated simulator", calibrated), ("the simulation", simulated))
-                       if figs and figs[b] > figs[a] and not _tied(figs[a], figs[b])]
+                       if figs and figs[b] > figs[a] and not figures_tied(figs[a], figs[b])]
             if against:
                 dis.append(f"{a} measured {measured[a] / measured[b]:.2f}x {b}; {'; '.join(against)}")
     return MeasuredRecommendation(pick, reason, rule, dis, ranks)
@@ -358,8 +353,6 @@ def _worker_loop(job, kw: dict, todo, done: dict) -> None:
     import subprocess
     import sys
 
-    from qsync_opt.rollout.sim_worker import read_msg, write_msg
-
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])  # the package this process runs, not another install
     env["PYTHONPATH"] = os.pathsep.join([root, env["PYTHONPATH"]]) if env.get("PYTHONPATH") else root
@@ -410,8 +403,6 @@ CUT_NOTE_FRAC = 0.01
 
 def plan_from(job, results: dict[str, SimResult], steps: int | None = None) -> RolloutPlan:
     """The plan of `job` from its simulated variants (`simulate_variants`)."""
-    from qsync_opt.rollout.simulate import _variant_of
-
     r = job.rollout
     recommended, reason = recommend(results.values())
     w = r.workload
@@ -431,7 +422,7 @@ def plan_from(job, results: dict[str, SimResult], steps: int | None = None) -> R
         notes.append(f"rollout.workload.max_len {w.max_len} cuts {cut:.1%} of the responses ({shape}): they end at "
                      f"{w.max_len} tokens in every figure here; raise max_len if the policy is meant to finish them")
     return RolloutPlan(name=job.name, model=r.model.label, batch=w.batch, recommended=recommended, reason=reason,
-                       spec_policy=_variant_of(job), policies=[PolicyFigures.of(x) for x in results.values()],
+                       spec_policy=variant_of(job), policies=[PolicyFigures.of(x) for x in results.values()],
                        workers=workers, broadcast_s=sc.broadcast_s, push_s=sc.push_s,
                        steps=steps or r.steps, notes=notes, ceiling=CeilingFigures.of(ceiling(job, steps=steps)))
 

@@ -16,41 +16,39 @@ to the queue and are generated again from their prompts; none is lost or trained
 
 from __future__ import annotations
 
-from qsync_opt.rollout.actors import (
-    _build_model,
-    _need_ray,
-    _Rollout,
-    _Trainer,
-    model_dict,
-)
+from qsync_opt.errors import SpecError
+from qsync_opt.rollout.actors import RolloutActor, TrainerActor, build_model, model_dict, need_ray
 from qsync_opt.rollout.calibrate import CalibratedCosts, calibrate
+from qsync_opt.rollout.costs import model_params
 from qsync_opt.rollout.driver import MAX_STEPS_PER_CALL, Driver, RunResult
 from qsync_opt.rollout.driver_repack import REPREFILL_STEPS_PER_TOKEN
+from qsync_opt.rollout.simulate import VARIANTS, simulate
 
 __all__ = [
     "MAX_STEPS_PER_CALL",
     "REPREFILL_STEPS_PER_TOKEN",
     "CalibratedCosts",
     "Driver",
+    "RolloutActor",
     "RunResult",
-    "_Rollout",
-    "_Trainer",
-    "_build_model",
-    "_need_ray",
+    "TrainerActor",
+    "build_model",
     "calibrate",
     "check_runs_here",
     "make_actors",
     "measured_vs_predicted",
     "median_round",
     "model_dict",
+    "need_ray",
     "run",
     "run_rounds",
     "start_ray",
 ]
 
 
+
 def start_ray(num_cpus: int = 2):
-    ray = _need_ray()
+    ray = need_ray()
     if not ray.is_initialized():
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     return ray
@@ -58,11 +56,11 @@ def start_ray(num_cpus: int = 2):
 
 def make_actors(job, seed: int = 0):
     """One rollout actor per rollout device of the job, and the trainer; all start from the same weights."""
-    ray = _need_ray()
+    ray = need_ray()
     cfg = model_dict(job)
     n = job.rollout_devices
-    R = ray.remote(num_cpus=0, max_restarts=0)(_Rollout)
-    T = ray.remote(num_cpus=0)(_Trainer)
+    R = ray.remote(num_cpus=0, max_restarts=0)(RolloutActor)
+    T = ray.remote(num_cpus=0)(TrainerActor)
     actors = [R.remote(i, cfg, job.rollout.repack.batch_cap, seed) for i in range(n)]
     trainer = T.remote(cfg, seed)
     ray.get([a.ping.remote() for a in actors])
@@ -95,9 +93,6 @@ def check_runs_here(job, available_bytes: float | None = None) -> None:
     the spec's model in fp32 on this CPU, and the trainer holds it with its gradients and AdamW's two moments, and
     the object store a published version or two: about (actors + 6) x 4 bytes per parameter. The Laminar example's
     8B model on 64 actors would need some 2 TiB."""
-    from qsync_opt.errors import SpecError
-    from qsync_opt.rollout.costs import model_params
-
     n = job.rollout_devices
     params = model_params(job.rollout.model)
     need = (n + 6) * 4.0 * params
@@ -114,8 +109,6 @@ def run_rounds(job, rounds: int, variants=None, kill_after_steps: int | None = N
     """`rounds` runs of every variant, interleaved (round 1 runs each variant once, then round 2, ...), so that
     the load of a shared machine, which drifts over minutes, falls on every variant alike; returns
     variant -> [RunResult per round] (the same drawn lengths and seed in every round)."""
-    from qsync_opt.rollout.simulate import VARIANTS
-
     check_runs_here(job)
     ray = start_ray()
     out: dict = {}
@@ -154,8 +147,6 @@ def median_round(runs: list):
 def predict_calibrated(job, real: dict) -> tuple[dict, object]:
     """The simulator calibrated from every round of `real` (variant -> measured runs, as run_rounds returns): each
     variant's prediction under the fitted costs, and the calibration's summary."""
-    from qsync_opt.rollout.simulate import simulate
-
     costs, sync_c, train_s, info = calibrate(job, real)
     return {v: simulate(job, v, costs=costs, sync=sync_c, train_s=train_s) for v in real}, info
 

@@ -57,21 +57,22 @@ from contextlib import contextmanager
 from typing import Literal
 
 from qsync_opt.errors import SolverError
-from qsync_opt.rollout.repack_best_fit import OutOfTime, _pack, best_fit
+from qsync_opt.rollout.repack_best_fit import OutOfTime, best_fit, pack_kept
 from qsync_opt.rollout.repack_model import (
+    Evaluation,
     Move,
     RepackResult,
     RepackState,
     RepackTraj,
     RepackWorker,
-    _result,
     brute_force,
     evaluate,
+    repack_result,
 )
-from qsync_opt.rollout.repack_program import _aggregate, _full, stop_latency
+from qsync_opt.rollout.repack_program import solve_aggregate, solve_full, stop_latency
 from qsync_opt.solver.backends import EXACT
 
-__all__ = ["FULL_LIMIT", "Move", "RepackResult", "RepackState", "RepackTraj", "RepackWorker", "best_fit",
+__all__ = ["FULL_LIMIT", "Evaluation", "Move", "RepackResult", "RepackState", "RepackTraj", "RepackWorker", "best_fit",
            "brute_force", "evaluate", "repack", "warm_up"]
 
 SOLVER_SLACK_S = 0.003
@@ -131,19 +132,19 @@ def warm_up(backend: str = "highs", freeze: bool = False) -> None:
         gc.freeze()
 
 
-def _laminar_placement(state: RepackState, placement: dict[str, str], got, deadline: float):
-    """The full form's keep set placed as best-fit places (repack_best_fit._pack), when that packs it at an objective
-    no lower: the solver is indifferent among receivers of one move cost, and its choice among them packed 0.3-0.6%
+def _laminar_placement(state: RepackState, placement: dict[str, str], got: Evaluation, deadline: float):
+    """The full form's keep set placed as best-fit places (repack_best_fit.pack_kept), when that packs it at an
+    objective no lower: the solver is indifferent among receivers of one move cost, and its choice among them packed 0.3-0.6%
     worse end to end than best-fit's tightest fits (the simulator, 64 A100). Else the solver's own placement."""
     keep = set(placement.values())
     try:
-        alt = _pack(state, keep, deadline=deadline)
+        alt = pack_kept(state, keep, deadline=deadline)
     except OutOfTime:
         return placement, got
     if alt is None:
         return placement, got
     g2 = evaluate(state, alt)
-    if g2[2] or g2[0] < got[0] - 1e-9 * max(1.0, abs(got[0])):
+    if g2.violations or g2.objective < got.objective - 1e-9 * max(1.0, abs(got.objective)):
         return placement, got
     return alt, g2
 
@@ -174,34 +175,34 @@ def _repack(state: RepackState, method: str, backend: str, time_limit_s: float, 
     start = best_fit(state)
     pack_s = time.perf_counter() - t0  # one packing of the program's answer costs about as much
     if method == "best-fit":
-        return _result(state, start, "best-fit", t0, bound=None, status="feasible")
+        return repack_result(state, start, "best-fit", t0, bound=None, status="feasible")
     if backend not in EXACT:
         raise SolverError(f"repack: backend {backend!r} is not exact; use one of {', '.join(EXACT)}")
     t1 = time.perf_counter()
-    base = evaluate(state, start)[0]
+    base = evaluate(state, start).objective
     # kept back from the solver's deadline besides packing its answer (pack_s, about one best-fit): the two
-    # evaluations after it (the packing's, then _result's with its moves) and the solver's overshoot
+    # evaluations after it (the packing's, then repack_result's with its moves) and the solver's overshoot
     post_s = 2 * (time.perf_counter() - t1) + stop_latency(backend, SOLVER_SLACK_S, SLACK_CAP * time_limit_s)
     if not state.trajectories:
-        return _result(state, start, "program", t0, bound=base, status="optimal", backend=backend, form="none",
+        return repack_result(state, start, "program", t0, bound=base, status="optimal", backend=backend, form="none",
                        baseline_objective=base)
     use = form if form != "auto" else ("full" if len(state.trajectories) * len(ids) <= FULL_LIMIT else "aggregate")
     if use == "full":
-        placement, bound, status = _full(state, backend, time_limit_s, start, t0, pack_s + post_s)
+        placement, bound, status = solve_full(state, backend, time_limit_s, start, t0, pack_s + post_s)
         got = evaluate(state, placement) if placement is not None else None
-        if got is not None and not got[2]:
+        if got is not None and not got.violations:
             placement, got = _laminar_placement(state, placement, got, t0 + time_limit_s - post_s)
-        if got is None or got[2] or got[0] < base:
+        if got is None or got.violations or got.objective < base:
             placement, obj = start, base
         else:
-            obj = got[0]
+            obj = got.objective
         # signed on the true gap (as solver.solve does): CP-SAT's own status speaks for a rounded copy
         proven = bound is not None and obj >= bound - 1e-6 * max(1.0, abs(bound))
     else:
         # its objective comes back with it, so the plan is not evaluated again here: that would run past the reserve
-        placement, bound, proven, obj = _aggregate(state, backend, time_limit_s, start, t0, max_rounds, pack_s,
+        placement, bound, proven, obj = solve_aggregate(state, backend, time_limit_s, start, t0, max_rounds, pack_s,
                                                    post_s, base)
     if bound is not None:
         bound = max(bound, obj)
-    return _result(state, placement, "program", t0, bound=bound, status="optimal" if proven else "feasible",
+    return repack_result(state, placement, "program", t0, bound=bound, status="optimal" if proven else "feasible",
                    backend=backend, form=use, baseline_objective=base)

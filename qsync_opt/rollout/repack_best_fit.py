@@ -71,7 +71,7 @@ def _loads(state: RepackState):
 
 
 def _laminar_order(state: RepackState) -> list[RepackTraj]:
-    """The state's trajectories in the order best_fit and _pack place them: worker by worker from the least loaded
+    """The state's trajectories in the order best_fit and pack_kept place them: worker by worker from the least loaded
     (KV held) up, each worker's largest need first (ties by id); sorted once per state."""
     got = state.__dict__.get("_laminar_order")
     if got is None:
@@ -131,7 +131,7 @@ class OutOfTime(Exception):
     """A packing passed its deadline before it finished (its answer would come too late to use)."""
 
 
-def _pack(state: RepackState, keep: set[str], deadline: float | None = None) -> dict[str, str] | None:
+def pack_kept(state: RepackState, keep: set[str], deadline: float | None = None) -> dict[str, str] | None:
     """Best-fit's placement of the freed workers' trajectories onto the kept ones: freed worker by freed worker from
     the least loaded up, each one's largest first, to its tightest fit; None if one does not fit. So a program's plan
     differs from best-fit's only in which workers it frees (a global best-fit decreasing over all freed

@@ -9,7 +9,7 @@ import functools
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from qsync_opt.errors import SolverError
 
@@ -122,8 +122,19 @@ class RepackResult:
         return max(0.0, self.bound - self.objective) / max(abs(self.bound), 1e-9)
 
 
-def evaluate(state: RepackState, placement: dict[str, str]) -> tuple[float, list[str], list[str]]:
-    """(objective, freed workers, violations) of a placement traj -> worker."""
+class Evaluation(NamedTuple):
+    """A placement's worth (`evaluate`)."""
+
+    objective: float
+    """Σ value of freed workers − Σ migration cost."""
+    freed: list[str]
+    """Workers left with no trajectory."""
+    violations: list[str]
+    """Each cap or tail guard the placement breaks, in words (empty: feasible)."""
+
+
+def evaluate(state: RepackState, placement: dict[str, str]) -> Evaluation:
+    """The objective, freed workers and violations of a placement traj -> worker."""
     caps = state.caps()
     wk = {w.id: w for w in state.workers}
     rate = {w.id: w.move_cost_per_token for w in state.workers}
@@ -142,10 +153,10 @@ def evaluate(state: RepackState, placement: dict[str, str]) -> tuple[float, list
     bad += [f"{w}: KV {kv[w]:.0f} > {caps[w][0]:.0f}" for w in wk if kv[w] > caps[w][0] + 1e-6]
     bad += [f"{w}: batch {n[w]} > {caps[w][1]}" for w in wk if n[w] > caps[w][1]]
     freed = [w for w in wk if n[w] == 0]
-    return sum(wk[w].value for w in freed) - cost, freed, bad
+    return Evaluation(sum(wk[w].value for w in freed) - cost, freed, bad)
 
 
-def _result(state, placement, method, t0, **kw) -> RepackResult:
+def repack_result(state, placement, method, t0, **kw) -> RepackResult:
     obj, freed, bad = evaluate(state, placement)
     if bad:
         raise SolverError(f"repack ({method}) produced a placement that breaks the caps: {'; '.join(bad)}")
@@ -159,7 +170,7 @@ def brute_force(state: RepackState) -> float:
     """The optimum by enumeration (tests and tiny states only: workers^trajectories placements)."""
     wk = [w.id for w in state.workers]
     busy = {t.worker for t in state.trajectories}
-    best = evaluate(state, {t.id: t.worker for t in state.trajectories})[0]
+    best = evaluate(state, {t.id: t.worker for t in state.trajectories}).objective
     for combo in itertools.product(wk, repeat=len(state.trajectories)):
         placement = {t.id: d for t, d in zip(state.trajectories, combo)}
         obj, freed, bad = evaluate(state, placement)

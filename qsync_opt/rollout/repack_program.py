@@ -9,7 +9,7 @@ import threading
 import time
 from collections import deque
 
-from qsync_opt.rollout.repack_best_fit import OutOfTime, _pack
+from qsync_opt.rollout.repack_best_fit import OutOfTime, pack_kept
 from qsync_opt.rollout.repack_model import RepackState, evaluate
 from qsync_opt.solver.backends import get_backend
 from qsync_opt.solver.backends.base import SolveOptions
@@ -64,7 +64,7 @@ def _limit_row(p: Problem, state: RepackState) -> None:
     p.add_constraint("max_freed", {f"keep_{w}": 1.0 for w in busy}, ">=", float(len(busy) - state.max_freed))
 
 
-def _full(state: RepackState, backend: str, time_limit_s: float, start: dict[str, str], t0: float,
+def solve_full(state: RepackState, backend: str, time_limit_s: float, start: dict[str, str], t0: float,
           reserve_s: float):
     """The full program; the solver gets what is left of `time_limit_s` since `t0` (building the
     program counts against it) less `reserve_s`, the caller's work after it (evaluating the answer)."""
@@ -110,7 +110,7 @@ def _full(state: RepackState, backend: str, time_limit_s: float, start: dict[str
     return placement, bound, raw.status
 
 
-def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dict[str, str], t0: float,
+def solve_aggregate(state: RepackState, backend: str, time_limit_s: float, start: dict[str, str], t0: float,
                max_rounds: int | None = None, pack_s: float = 0.0, post_s: float = 0.0, start_obj: float | None = None):
     """Solve-and-pack rounds until `time_limit_s` since `t0`. The slowest packing so far (at first `pack_s`, what
     best-fit took) and `post_s` (the caller's work after this returns) are kept back from each solve for the packing
@@ -120,7 +120,7 @@ def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dic
 
     def pack(keep):
         a = time.perf_counter()
-        placement = _pack(state, keep, deadline=t0 + time_limit_s - post_s)
+        placement = pack_kept(state, keep, deadline=t0 + time_limit_s - post_s)
         slowest[0] = max(slowest[0], time.perf_counter() - a)
         return placement
 
@@ -144,7 +144,7 @@ def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dic
     p.add_constraint("kv_cover", {f"keep_{w}": caps[w][0] for w in wk}, ">=", float(need_total))
     p.add_constraint("batch_cover", {f"keep_{w}": float(caps[w][1]) for w in wk}, ">=", float(count))
     _limit_row(p, state)
-    best, best_obj = start, (evaluate(state, start)[0] if start_obj is None else start_obj)
+    best, best_obj = start, (evaluate(state, start).objective if start_obj is None else start_obj)
     bound = None
     hint_keep = set(start.values())
     first = True
@@ -173,7 +173,7 @@ def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dic
         except OutOfTime:
             break  # its answer would come too late: what we hold stands
         if placement is not None:
-            obj = evaluate(state, placement)[0]
+            obj = evaluate(state, placement).objective
             if obj > best_obj:
                 best, best_obj = placement, obj
             break
@@ -201,7 +201,7 @@ def _aggregate(state: RepackState, backend: str, time_limit_s: float, start: dic
             except OutOfTime:
                 pass
         if packed is not None:
-            obj = evaluate(state, packed)[0]
+            obj = evaluate(state, packed).objective
             if obj > best_obj:
                 best, best_obj = packed, obj
         # no-good cut: best-fit could not pack this keep set; keep at least one of its freed workers

@@ -7,12 +7,15 @@ import os
 import time
 from pathlib import Path
 
+from qsync_opt.io import atomic_write_bytes, atomic_write_text
+from qsync_opt.rollout import ray_run
 from qsync_opt.rollout.plan import (
     POLICY_LEGEND,
     TIE_FRAC,
     RolloutPlan,
     legend_lines,
     plan_from,
+    recommend_measured,
     simulate_variants,
     staleness_cell,
 )
@@ -56,8 +59,6 @@ def run_report(job, out_dir: str | Path, steps: int | None = None, timeline_step
                max_workers: int = 32) -> tuple[RolloutPlan, dict[str, Path]]:
     """`qsync-opt run` on a rollout spec: every policy simulated (the plan), then out_dir/plan.json, timeline.png
     and kv_utilisation.png (the variants of `pictured`) and report.md, each written whole or not at all."""
-    from qsync_opt.io import atomic_write_text
-
     results, until = simulate_with_timelines(job, VARIANTS, steps, timeline_steps)
     plan = plan_from(job, results, steps)
     shown = pictured(plan)
@@ -92,9 +93,6 @@ def write_measured(job, out_dir: str | Path, rounds: int = 1, console=None,
     import csv
     import io
 
-    from qsync_opt.io import atomic_write_text
-    from qsync_opt.rollout.ray_run import measured_vs_predicted
-
     out = Path(out_dir)
     if plan is None:
         plan = RolloutPlan.model_validate_json((out / "plan.json").read_text())
@@ -104,7 +102,7 @@ def write_measured(job, out_dir: str | Path, rounds: int = 1, console=None,
                                        "simulated_reason": None})
     load0 = os.getloadavg()[0]
     per_round: dict[str, list[float]] = {}
-    rows, info = measured_vs_predicted(job, rounds, per_round=per_round)
+    rows, info = ray_run.measured_vs_predicted(job, rounds, per_round=per_round)
     load1 = os.getloadavg()[0]
     buf = io.StringIO()
     buf.write(f"# {job.name}: every policy on Ray actors here, {rounds} interleaved round(s), median round; load "
@@ -136,8 +134,6 @@ class MeasuredSection:
 
     def recommendation(self, plan: RolloutPlan):
         """`recommend_measured` on these figures, with the simulated plan's for the disagreements."""
-        from qsync_opt.rollout.plan import recommend_measured
-
         sim_pick = plan.simulated_recommended or plan.recommended
         return recommend_measured({r["policy"]: r["real_trajectories_per_s"] for r in self.rows},
                                   {r["policy"]: r["predicted_trajectories_per_s"] for r in self.rows},
@@ -259,8 +255,6 @@ def draw_report(job, out_dir: str | Path, results: dict[str, SimResult], until: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
-
-    from qsync_opt.io import atomic_write_bytes
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from qsync_opt.rollout.bounds import run_ceiling
 from qsync_opt.rollout.sim_records import GEN, MIGRATE, STATES, SYNC
 
 
@@ -128,7 +129,6 @@ class Metrics:
     def _ceiling_tps(self) -> float | None:
         if self.shared_host or getattr(self.train_s, "padded", False):
             return None
-        from qsync_opt.rollout.bounds import run_ceiling
 
         kinds = list({id(w.c): w.c for w in self.workers}.values())
         return run_ceiling(self.job, self.consumed, costs=kinds, train_s=self.train_s).tps

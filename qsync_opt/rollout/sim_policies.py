@@ -9,7 +9,7 @@ interrupts, relay pulls).
 
 from __future__ import annotations
 
-from qsync_opt.rollout.sim_records import GEN, SYNC, _TrainStep, _Worker
+from qsync_opt.rollout.sim_records import GEN, SYNC, Chunk, SimWorker, TrainStep
 
 
 class PolicyRules:
@@ -26,7 +26,7 @@ class PolicyRules:
         lag = 0 if self.kind == "sync" else 1
         return self.rollout_version >= self.round - lag and not self.in_broadcast
 
-    def _may_admit(self, w: _Worker) -> bool:
+    def _may_admit(self, w: SimWorker) -> bool:
         if self.now < w.paused_until or w.pulling:
             return False
         if self.kind == "stale" and (self.sync_pending or self.in_broadcast):
@@ -69,7 +69,7 @@ class PolicyRules:
             # calibrated on a shared host: the step is slower while rollouts decode beside it, and how many do changes
             # during the step; it progresses at 1 / train_s(tokens, beside) of the step per second, re-timed at every
             # change (_retime_train), as processes sharing cores do
-            self.train_ps = _TrainStep(tokens, self._beside(), self.now)
+            self.train_ps = TrainStep(tokens, self._beside(), self.now)
             dur = self.train_s(tokens, beside=self.train_ps.beside)
         else:
             self.train_ps = None
@@ -197,7 +197,7 @@ class PolicyRules:
                 done = min(n - 1, int((self.now - t0) / dt + 1e-9)) if dt > 0 else n - 1
                 end = min(n, (done // k + 1) * k)  # the end of the call in progress
                 if end < n:
-                    w.chunk = (t0, dt, end)
+                    w.chunk = Chunk(t0, dt, end)
                     w.epoch += 1
                     self._push(t0 + end * dt, "chunk", w.idx, w.epoch)
                 self.undrained.add(w.idx)

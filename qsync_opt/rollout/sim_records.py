@@ -3,13 +3,40 @@ bookkeeping (rollout.simulate's discrete-event model keeps its state in these)."
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 GEN, IDLE, SYNC, MIGRATE = "generating", "idle", "syncing", "migrating"
 STATES = (GEN, IDLE, SYNC, MIGRATE)
 VARIANTS = ("sync", "one-step-off", "stale", "partial-rollout", "trajectory-async", "repack-best-fit", "repack-program")
 """Policy variants compared side by side (the last two: trajectory-async with that repack)."""
 
 
-class _Traj:
+def variant_of(job) -> str:
+    """The variant a rollout spec asks for: its policy, or repack-<method> for trajectory-async with a repack."""
+    p = job.rollout.policy.kind
+    if p == "trajectory-async" and job.rollout.repack.method != "none":
+        return f"repack-{job.rollout.repack.method}"
+    return p
+
+
+class Finish(NamedTuple):
+    """A worker's heap entry: trajectory `tid` ends at the worker's decode step `step` unless it leaves first (an
+    entry whose `stint` is not the trajectory's current one is stale)."""
+
+    step: int
+    stint: int
+    tid: int
+
+
+class Chunk(NamedTuple):
+    """A worker's decode chunk: `n` steps of `dt` seconds each from `t0`."""
+
+    t0: float
+    dt: float
+    n: int
+
+
+class SimTraj:
     __slots__ = ("gen_base", "id", "prompt", "round", "start_step", "stint", "target", "version", "worker")
 
     def __init__(self, tid, prompt, target, rnd):
@@ -21,17 +48,17 @@ class _Traj:
         self.stint = 0
 
 
-class _Worker:
+class SimWorker:
     def __init__(self, idx, costs, label):
         self.idx, self.c, self.label = idx, costs, label
         self.version = 0
         self.steps = 0
-        self.batch: dict[int, _Traj] = {}
-        self.heap: list = []
+        self.batch: dict[int, SimTraj] = {}
+        self.heap: list[Finish] = []
         self.c0 = 0.0  # Σ (prompt + gen_base − start_step): ΣL at step k = c0 + B·k
         self.reserved = 0.0
         self.epoch = 0
-        self.chunk = None  # (t0, dt, n)
+        self.chunk: Chunk | None = None
         self.trip_s = 0.0  # of the chunk's dt per step: the driver's round trip (shared host), not generating
         self.paused_until = -1.0
         self.state, self.since = IDLE, 0.0
@@ -44,7 +71,7 @@ class _Worker:
         return self.c0 + len(self.batch) * (self.steps if k is None else k)
 
 
-class _TrainStep:
+class TrainStep:
     """A trainer step in progress on a shared host (processor sharing): `done` of it by `since`, at the rate
     1 / train_s(tokens, beside) since then; `start` for the trainer's busy time."""
 

@@ -15,7 +15,7 @@ import math
 
 from qsync_opt.rollout.costs import migration_s
 from qsync_opt.rollout.repack import RepackState, RepackTraj, RepackWorker, repack
-from qsync_opt.rollout.sim_records import MIGRATE, _Worker
+from qsync_opt.rollout.sim_records import MIGRATE, SimWorker
 
 
 SIM_ROUNDS = 4
@@ -56,7 +56,7 @@ class RepackTick:
     def _on_tick(self):
         r = self.job.rollout.repack
         self._push(self.now + r.interval_s, "tick")
-        by_version: dict[int, list[_Worker]] = {}
+        by_version: dict[int, list[SimWorker]] = {}
         for w in self.workers:
             if w.batch and not w.pulling and self.relay_version - w.version >= self.eta and self.now >= w.paused_until:
                 by_version.setdefault(w.version, []).append(w)
@@ -72,7 +72,7 @@ class RepackTick:
         heuristic as published, without it."""
         return self.repack_method == "program"
 
-    def _useful_frees(self, ws: list[_Worker]) -> int:
+    def _useful_frees(self, ws: list[SimWorker]) -> int:
         """How many of the draining rollouts `ws` are worth freeing: as many as the admissible work (AReaL's bound
         caps what is queued) that the up-to-date rollouts cannot take would fill. A rollout takes work up to the
         decode-batch cap and up to its free KV (admission reserves prompt + final length)."""
@@ -87,7 +87,7 @@ class RepackTick:
                    if self.relay_version - w.version < self.eta and not w.pulling]
         return useful_frees(count, need / count, current, [(self.cap, w.c.kv_capacity_tokens) for w in ws])
 
-    def _repack(self, ws: list[_Worker]):
+    def _repack(self, ws: list[SimWorker]):
         useful = self._useful_frees(ws)
         if useful == 0:
             return

@@ -8,6 +8,8 @@ import pickle
 import struct
 import sys
 
+from qsync_opt.rollout.simulate import simulate
+
 _LEN = struct.Struct("<Q")
 
 
@@ -28,8 +30,6 @@ def read_msg(f) -> bytes | None:
 
 
 def main() -> None:
-    from qsync_opt.rollout.simulate import simulate
-
     while (msg := read_msg(sys.stdin.buffer)) is not None:
         job, variant, kw = pickle.loads(msg)
         write_msg(sys.stdout.buffer, pickle.dumps(simulate(job, variant, **kw)))

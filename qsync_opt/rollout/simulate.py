@@ -55,13 +55,16 @@ from qsync_opt.rollout.sim_records import (
     STATES,
     SYNC,
     VARIANTS,
-    _Traj,
-    _Worker,
+    Chunk,
+    Finish,
+    SimTraj,
+    SimWorker,
+    variant_of,
 )
 from qsync_opt.rollout.sim_repack import RepackTick
 from qsync_opt.rollout.sim_workload import draw
 
-__all__ = ["GEN", "IDLE", "MIGRATE", "STATES", "SYNC", "VARIANTS", "SimResult", "Simulator", "simulate"]
+__all__ = ["GEN", "IDLE", "MIGRATE", "STATES", "SYNC", "VARIANTS", "SimResult", "Simulator", "simulate", "variant_of"]
 
 
 class Simulator(PolicyRules, RepackTick, Metrics):
@@ -74,7 +77,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
                  backend: str | None = None):
         r = job.rollout
         self.job = job
-        self.variant = variant or _variant_of(job)
+        self.variant = variant or variant_of(job)
         self.kind = {"repack-best-fit": "trajectory-async", "repack-program": "trajectory-async"}.get(self.variant,
                                                                                                     self.variant)
         self.repack_method = {"repack-best-fit": "best-fit", "repack-program": "program"}.get(self.variant, "none")
@@ -92,10 +95,10 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         kinds = costs or all_worker_costs(job)
         self.shared_host = all(hasattr(c, "decode_ms_shared") for c in kinds)
         self.n_gen = 0
-        self.workers: list[_Worker] = []
+        self.workers: list[SimWorker] = []
         for wc in kinds:
             for i in range(wc.count):
-                self.workers.append(_Worker(len(self.workers), wc, f"{wc.group}[{i}]"))
+                self.workers.append(SimWorker(len(self.workers), wc, f"{wc.group}[{i}]"))
         self.timeline_until = timeline_until
         self._draw(seed if seed is not None else r.seed)
         # state
@@ -103,8 +106,8 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.events: list = []
         self.seq = 0
         self.next_id = 0
-        self.queue: list[_Traj] = []  # interrupted / re-queued trajectories go first
-        self.buffer: list[_Traj] = []  # finished, waiting for the trainer
+        self.queue: list[SimTraj] = []  # interrupted / re-queued trajectories go first
+        self.buffer: list[SimTraj] = []  # finished, waiting for the trainer
         self.version = 0  # trainer's latest version
         self.rollout_version = 0  # global (broadcast policies)
         self.relay_version = 0
@@ -138,17 +141,17 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.prompts, self.targets = draw(self.job, self.steps_target, self.eta, seed)
         self.n_max = len(self.targets)
 
-    def _new_traj(self) -> _Traj:
+    def _new_traj(self) -> SimTraj:
         i = self.next_id
         self.next_id += 1
-        return _Traj(i, int(self.prompts[i]), int(self.targets[i]), i // self.B)
+        return SimTraj(i, int(self.prompts[i]), int(self.targets[i]), i // self.B)
 
     # ---------------------------------------------------------------- events
     def _push(self, t, kind, *payload):
         self.seq += 1
         heapq.heappush(self.events, (t, self.seq, kind, payload))
 
-    def _set_state(self, w: _Worker, state: str):
+    def _set_state(self, w: SimWorker, state: str):
         if state == w.state:
             return
         self.n_gen += (state == GEN) - (w.state == GEN)
@@ -160,7 +163,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         if self.train_ps is not None:
             self._retime_train()
 
-    def _progress(self, w: _Worker):
+    def _progress(self, w: SimWorker):
         """Advance w's steps to now and cancel its chunk event."""
         if w.chunk is not None:
             t0, dt, n = w.chunk
@@ -168,21 +171,21 @@ class Simulator(PolicyRules, RepackTick, Metrics):
             w.chunk = None
         w.epoch += 1
 
-    def _advance(self, w: _Worker, steps: int):
+    def _advance(self, w: SimWorker, steps: int):
         """w decoded `steps` steps of its chunk: each paid its share of the call's round trip (not generating)."""
         w.steps += steps
         self.trip_total += steps * w.trip_s
 
-    def _start_chunk(self, w: _Worker):
+    def _start_chunk(self, w: SimWorker):
         if w.chunk is not None or self.now < w.paused_until:
             return
-        while w.heap and (w.heap[0][2] not in w.batch or w.batch[w.heap[0][2]].stint != w.heap[0][1]):
+        while w.heap and (w.heap[0].tid not in w.batch or w.batch[w.heap[0].tid].stint != w.heap[0].stint):
             heapq.heappop(w.heap)
         if not w.batch:
             self._set_state(w, IDLE)
             return
         b = len(w.batch)
-        n = max(1, w.heap[0][0] - w.steps)
+        n = max(1, w.heap[0].step - w.steps)
         self._set_state(w, GEN)
         if self.shared_host:  # costs measured on one machine whose cores the workers and the trainer share
             # one chunk per call, as the real driver issues them (MAX_STEPS_PER_CALL, cut short by a finish): the
@@ -194,44 +197,44 @@ class Simulator(PolicyRules, RepackTick, Metrics):
             dt = w.c.decode_ms_shared(b, w.total_ctx() + b * (n - 1) / 2, busy) / 1e3 + w.trip_s
         else:
             dt = w.c.decode_ms(b, w.total_ctx() + b * (n - 1) / 2) / 1e3
-        w.chunk = (self.now, dt, n)
+        w.chunk = Chunk(self.now, dt, n)
         w.epoch += 1
         self._set_state(w, GEN)
         self._push(self.now + n * dt, "chunk", w.idx, w.epoch)
 
     @staticmethod
-    def _prefill_s(w: _Worker, ctxs: list) -> float:
+    def _prefill_s(w: SimWorker, ctxs: list) -> float:
         """Seconds to prefill these contexts on w in one micro-batch: equal lengths at the memoised uniform price,
         unequal ones (re-queued or interrupted trajectories) with attention at Σ L² (WorkerCosts.prefill_set_ms)."""
         if min(ctxs) == max(ctxs):
             return w.c.prefill_ms(len(ctxs), ctxs[0]) / 1e3
         return w.c.prefill_set_ms(ctxs) / 1e3
 
-    def _pause(self, w: _Worker, seconds: float, state: str):
+    def _pause(self, w: SimWorker, seconds: float, state: str):
         self._progress(w)
         w.paused_until = self.now + seconds
         self._set_state(w, state)
         self._push(w.paused_until, "resume", w.idx, w.epoch)
 
-    def _add(self, w: _Worker, t: _Traj):
+    def _add(self, w: SimWorker, t: SimTraj):
         t.worker, t.start_step = w.idx, w.steps
         t.stint += 1
         w.batch[t.id] = t
         w.c0 += t.prompt + t.gen_base - w.steps
         w.reserved += t.prompt + t.target
-        heapq.heappush(w.heap, (w.steps + t.target - t.gen_base, t.stint, t.id))
+        heapq.heappush(w.heap, Finish(w.steps + t.target - t.gen_base, t.stint, t.id))
 
-    def _remove(self, w: _Worker, t: _Traj):
+    def _remove(self, w: SimWorker, t: SimTraj):
         t.gen_base += w.steps - t.start_step
         del w.batch[t.id]
         w.c0 -= t.prompt + (t.gen_base - (w.steps - t.start_step)) - t.start_step
         w.reserved -= t.prompt + t.target
         t.worker = None
 
-    def _fits(self, w: _Worker, t: _Traj) -> bool:
+    def _fits(self, w: SimWorker, t: SimTraj) -> bool:
         return len(w.batch) < self.cap and w.reserved + t.prompt + t.target <= w.c.kv_capacity_tokens
 
-    def _peek(self) -> _Traj | None:
+    def _peek(self) -> SimTraj | None:
         if self.queue:
             return self.queue[0]
         if self.next_id < self._gate():
@@ -265,7 +268,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
             return
         heap = [(len(w.batch), w.idx) for w in ws]
         heapq.heapify(heap)
-        got: dict[int, list[_Traj]] = {}
+        got: dict[int, list[SimTraj]] = {}
         blocked = []
         while heap:
             t = self._peek()
@@ -290,11 +293,11 @@ class Simulator(PolicyRules, RepackTick, Metrics):
             self._pause(w, self._prefill_s(w, [t.prompt + t.gen_base for t in ts]), GEN)
 
     # ---------------------------------------------------------------- handlers
-    def _on_chunk(self, w: _Worker):
-        self._advance(w, w.chunk[2])
+    def _on_chunk(self, w: SimWorker):
+        self._advance(w, w.chunk.n)
         w.chunk = None
         finished = []
-        while w.heap and w.heap[0][0] <= w.steps:
+        while w.heap and w.heap[0].step <= w.steps:
             _, stint, tid = heapq.heappop(w.heap)
             t = w.batch.get(tid)
             if t is not None and t.stint == stint:
@@ -304,7 +307,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
             self._finish(t)
         self._after_batch_change(w)
 
-    def _after_batch_change(self, w: _Worker):
+    def _after_batch_change(self, w: SimWorker):
         if self.interrupting:  # partial-rollout: its call has returned; it waits for the others'
             self._drained(w)
             if not self.undrained:
@@ -322,18 +325,18 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         if self.kind in ("sync", "one-step-off"):
             self._maybe_next_round()
 
-    def _finish(self, t: _Traj):
+    def _finish(self, t: SimTraj):
         self.buffer.append(t)
         if self.kind in ("sync", "one-step-off"):
             self.round_done[t.round] = self.round_done.get(t.round, 0) + 1
         self._maybe_train()
 
-    def _pull(self, w: _Worker):
+    def _pull(self, w: SimWorker):
         w.pulling = True
         self._pause(w, w.c.pull_s, SYNC)
         w.pull_to = self.relay_version
 
-    def _on_resume(self, w: _Worker):
+    def _on_resume(self, w: SimWorker):
         w.paused_until = -1.0
         if w.pulling:
             w.pulling = False
@@ -393,13 +396,6 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         rate = sum(wk.c.full_rate(min(self.cap, max(1, self.B // len(self.workers))), self._mean_ctx)
                    for wk in self.workers)
         return self.B * w.response.mean(w.max_len) / rate
-
-
-def _variant_of(job) -> str:
-    p = job.rollout.policy.kind
-    if p == "trajectory-async" and job.rollout.repack.method != "none":
-        return f"repack-{job.rollout.repack.method}"
-    return p
 
 
 def simulate(job, variant: str | None = None, *, costs: list | None = None, sync: SyncCosts | None = None,

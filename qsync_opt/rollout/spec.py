@@ -277,9 +277,8 @@ class RolloutJob(_Model):
         if ctx > r.model.get("max_positions"):
             raise ValueError(f"rollout.workload.max_len: prompt + max_len = {ctx} exceeds the model's "
                              f"max_positions {r.model.get('max_positions')}; lower max_len or raise max_positions")
-        from qsync_opt.rollout.costs import (
-            worker_costs,  # the fit check prices memory with the serving cost model
-        )
+        # the fit check prices memory with the LLM cost model; import cost: that model, not needed to read a spec
+        from qsync_opt.rollout.costs import worker_costs
 
         for i, w in enumerate(r.workers):
             c = worker_costs(self, w)

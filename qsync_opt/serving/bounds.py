@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from qsync_opt.solver.backends import get_backend
 from qsync_opt.solver.backends.base import SolveOptions
-from qsync_opt.serving.program import Assignment, ServingInstance, _comm, compile_serving, evaluate
+from qsync_opt.serving.program import Assignment, ServingInstance, compile_serving, evaluate, stage_transfers_ms
 
 
 def lower_bound(inst: ServingInstance) -> float:
@@ -23,7 +23,7 @@ def lower_bound(inst: ServingInstance) -> float:
     if inst.quality_only:
         return 0.0
     S, L, bits = len(inst.stages), inst.layers, inst.bits_allowed()
-    cp, cd = _comm(inst)
+    cp, cd = stage_transfers_ms(inst)
     sum_p = sum(st.fixed_pre_ms for st in inst.stages) + L * min(st.pre_ms[b] for st in inst.stages for b in bits)
     sum_d = sum(st.fixed_dec_ms for st in inst.stages) + L * min(st.dec_ms[b] for st in inst.stages for b in bits)
     prefill = sum_p + cp + (inst.m_pre - 1) * max(sum_p / S, inst.comm_pre_ms)

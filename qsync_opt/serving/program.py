@@ -125,7 +125,7 @@ class Evaluation:
         return self.prefill_ms + self.decode_ms
 
 
-def _comm(inst: ServingInstance) -> tuple[float, float]:
+def stage_transfers_ms(inst: ServingInstance) -> tuple[float, float]:
     """(prefill transfer total for one micro-batch, decode ring transfer total) over stage boundaries."""
     s = len(inst.stages)
     if s == 1:
@@ -156,7 +156,7 @@ def evaluate(inst: ServingInstance, a: Assignment) -> Evaluation:
     quality = sum(om[b] for om, b in zip(inst.omega, a.bits))
     if inst.max_indicator is not None and quality > inst.max_indicator * (1 + MEM_TOL) + 1e-12:
         bad.append(f"quality Σω {quality:.6g} over the bound {inst.max_indicator:.6g}")
-    cp, cd = _comm(inst)
+    cp, cd = stage_transfers_ms(inst)
     prefill = sum(pre) + cp + (inst.m_pre - 1) * max(max(pre), inst.comm_pre_ms)
     ring = sum(dec) + cd
     decode = inst.decode_rounds * max(inst.m_dec * max(max(dec), inst.comm_dec_ms), ring)
@@ -230,7 +230,7 @@ def compile_serving(inst: ServingInstance, aggregate: bool | None = None) -> Pro
     if inst.max_indicator is not None:
         p.add_constraint("quality", qual, "<=", inst.max_indicator)
 
-    cp, cd = _comm(inst)
+    cp, cd = stage_transfers_ms(inst)
     obj: dict[str, float] = {}
 
     def add(coeffs: dict[str, float], scale: float) -> None:

@@ -11,6 +11,7 @@ from qsync_opt.errors import SpecError
 from qsync_opt.solver.export import read_json, write_json
 from qsync_opt.solver.linear_file import read_linear, write_linear
 from qsync_opt.solver.problem import Problem
+from qsync_opt.spec.load import plan_kind, read_text_file
 
 
 def save_problem(problem: Problem, path: str, formulation: str = "mccormick") -> None:
@@ -30,8 +31,6 @@ def save_problem(problem: Problem, path: str, formulation: str = "mccormick") ->
 
 def load_problem(path: str) -> Problem:
     """Read a problem file: JSON as written, or MPS/LP (through linear_file, with its twin if any)."""
-    from qsync_opt.spec.load import plan_kind, read_text_file
-
     ext = os.path.splitext(path)[1].lower()
     if not os.path.exists(path):
         raise SpecError(f"problem file {path!r} does not exist; write one with `qsync-opt solve SPEC --export-problem {path}`")

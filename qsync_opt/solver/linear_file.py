@@ -21,8 +21,11 @@ import os
 import re
 
 from qsync_opt.errors import SpecError
+from qsync_opt.io import atomic_write_text
 from qsync_opt.solver.backends.linear import linearize
 from qsync_opt.solver.backends.pulp_model import build_pulp
+from qsync_opt.solver.backends.quiet import swallow_highs_banner
+from qsync_opt.solver.export import read_json
 from qsync_opt.solver.problem import Problem
 
 _UNIT = re.compile(r"^[*\\]\s*objective_unit\s*=\s*(\S+)\s*$", re.M)
@@ -30,8 +33,6 @@ _UNIT = re.compile(r"^[*\\]\s*objective_unit\s*=\s*(\S+)\s*$", re.M)
 
 def write_linear(problem: Problem, path: str, formulation: str = "mccormick") -> None:
     """Free MPS (.mps) or CPLEX LP (.lp) of the linearised, scaled model, unit in a comment."""
-    from qsync_opt.io import atomic_write_text
-
     import tempfile
 
     ext = os.path.splitext(path)[1].lower()
@@ -75,9 +76,6 @@ def _pulp_scaled(problem: Problem, formulation: str):
 def read_linear(path: str) -> Problem:
     """A Problem from an MPS/LP file (any solver's, or ours with its unit and JSON twin)."""
     import highspy
-
-    from qsync_opt.solver.backends.quiet import swallow_highs_banner
-    from qsync_opt.solver.export import read_json
 
     swallow_highs_banner()
     h = highspy.Highs()

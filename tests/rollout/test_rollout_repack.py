@@ -186,14 +186,14 @@ def test_a_packing_past_its_deadline_stops():
     """The aggregate form's packing checks the call's deadline (its time cannot be foreseen under the tail guard)."""
     import time
 
-    from qsync_opt.rollout.repack_best_fit import OutOfTime, _pack
+    from qsync_opt.rollout.repack_best_fit import OutOfTime, pack_kept
 
     ws = [RepackWorker("a", 8000, 8, 10.0, 0.01), RepackWorker("b", 8000, 8, 10.0, 0.01)]
     st = RepackState(ws, [RepackTraj("t0", "b", 100, 100), RepackTraj("t1", "b", 100, 100)], 0.9)
-    assert _pack(st, {"a"}) == {"t0": "a", "t1": "a"}
-    assert _pack(st, {"a"}, deadline=time.perf_counter() + 1e4) == {"t0": "a", "t1": "a"}
+    assert pack_kept(st, {"a"}) == {"t0": "a", "t1": "a"}
+    assert pack_kept(st, {"a"}, deadline=time.perf_counter() + 1e4) == {"t0": "a", "t1": "a"}
     with pytest.raises(OutOfTime):
-        _pack(st, {"a"}, deadline=time.perf_counter() - 1.0)
+        pack_kept(st, {"a"}, deadline=time.perf_counter() - 1.0)
 
 
 def test_stop_latency_remembers_each_backends_lateness_within_floor_and_cap(monkeypatch):
@@ -263,17 +263,17 @@ def test_warm_up_freezes_only_when_asked():
 
 
 def test_a_keep_set_is_packed_as_best_fit_places_freed_worker_by_freed_worker():
-    """_pack places the freed workers' trajectories worker by worker from the least loaded up, each to its tightest
+    """pack_kept places the freed workers' trajectories worker by worker from the least loaded up, each to its tightest
     fit, as best_fit does: here the lighter A's trajectory takes r1's 10 free tokens and B's goes to r2 (a global
     largest-first packing put B's, the larger, into r1 and A's into r2)."""
-    from qsync_opt.rollout.repack_best_fit import _pack
+    from qsync_opt.rollout.repack_best_fit import pack_kept
 
     ws = [RepackWorker("r1", 110, 64, 0.0, 0.01), RepackWorker("r2", 200, 64, 0.0, 0.01),
           RepackWorker("A", 1000, 64, 50.0, 0.01), RepackWorker("B", 1000, 64, 50.0, 0.01)]
     ts = [RepackTraj("h1", "r1", 60, 40), RepackTraj("h2", "r2", 60, 40),
           RepackTraj("ta", "A", 4, 5), RepackTraj("tb", "B", 5, 5)]
     st = RepackState(ws, ts, kv_threshold=1.0)
-    assert _pack(st, {"r1", "r2"}) == {"h1": "r1", "h2": "r2", "ta": "r1", "tb": "r2"}
+    assert pack_kept(st, {"r1", "r2"}) == {"h1": "r1", "h2": "r2", "ta": "r1", "tb": "r2"}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from qsync_opt.solver.backends.linear import linearize
 from qsync_opt.solver.problem import Problem
 
 OPTIMALITY_TOL = 1e-7
@@ -188,8 +189,6 @@ class Prologue:
 
 def prologue(problem: Problem, options: SolveOptions, backend: str) -> Prologue:
     """Linearise, check the variable-free rows, map the warm start onto the linear model."""
-    from qsync_opt.solver.backends.linear import linearize
-
     t0 = time.perf_counter()
     model = linearize(problem, options.formulation)
     early = constant_infeasibility(model, backend, t0)
