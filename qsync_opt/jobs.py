@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from qsync_opt.errors import SpecError
 from qsync_opt.rollout.spec import RolloutJob
 from qsync_opt.serving.spec import ServingJob
+from qsync_opt.solver.budget import Budget
 from qsync_opt.spec.load import Override, kind_of, read_document, validate
 from qsync_opt.training.spec import JobSpec
 
@@ -72,14 +73,13 @@ def solve(spec_or_path: "str | Path | dict | BaseModel", *, export_problem: "str
         if export_problem is not None:
             raise SpecError("--export-problem is for training specs; a serving plan solves one program per order "
                             "and micro-batch pair")
-        return plan_serving(spec)
+        return plan_serving(spec, Budget(spec.solver.time_limit_s))
     if isinstance(spec, RolloutJob):
         from qsync_opt.rollout.plan import solve as solve_rollout
 
         if export_problem is not None:
             raise SpecError("--export-problem is for training specs; a rollout plan simulates every policy")
-        return solve_rollout(spec)
-    from qsync_opt.training.data_plane import with_data_plane
-    from qsync_opt.training.pipeline import solve as solve_training
+        return solve_rollout(spec, Budget.unlimited())
+    from qsync_opt.training.pipeline import plan_job
 
-    return with_data_plane(spec, solve_training(spec, export_problem=export_problem))
+    return plan_job(spec, Budget(spec.solver.time_limit_s), export_problem=export_problem)

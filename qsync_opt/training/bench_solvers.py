@@ -234,7 +234,7 @@ def limit_rows(n: int, limit: float) -> list[dict]:
         budget = Budget(limit)
         t0 = time.perf_counter()
         try:
-            solve_instance(inst, backend=backend, time_limit_s=limit, threads=1, budget=budget)
+            solve_instance(inst, backend=backend, threads=1, budget=budget)
             status = "plan?!"
         except InfeasibleError:
             status = "infeasible"

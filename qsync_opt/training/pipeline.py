@@ -19,6 +19,8 @@ from qsync_opt.models.from_spec import build_from_spec, input_maker
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.models.private_rng import private_rng
 from qsync_opt.models.trace import TRACE_BATCH, trace
+from qsync_opt.solver.budget import Budget
+from qsync_opt.training.data_plane import with_data_plane
 from qsync_opt.training.plan import GroupPlan, Plan, Provenance, SolverReport, graph_fingerprint
 from qsync_opt.training.predictor.indicators import compute_indicator
 from qsync_opt.training.predictor.replayer import replay
@@ -111,8 +113,16 @@ def _prepare_light(spec: JobSpec, t0: float) -> Prepared | None:
     return Prepared(module, graph, sensitivity, {"build": t1 - t0, "trace": t2 - t1, "indicator": t3 - t2}, note)
 
 
+def plan_job(job: JobSpec, budget: Budget, *, export_problem: "str | Path | None" = None) -> Plan:
+    """The plan of a training job, its data-plane section included (what `qsync_opt.solve` gives
+    for `kind: training`); every solve it makes draws on the caller's `budget`."""
+    return with_data_plane(job, plan_training(job, prepare(job), budget, export_problem=export_problem))
+
+
 def solve(spec_or_path: "str | Path | dict | JobSpec", *, export_problem: "str | Path | None" = None, **overrides: Any) -> Plan:
-    """Plan a training job (any kind: `qsync_opt.solve`, which dispatches here).
+    """A training spec's plan without its data-plane section, on a budget of its own
+    `solver.time_limit_s` (for callers that plan one training spec alone; `qsync_opt.solve`
+    plans any kind).
 
     `overrides` take dotted spec paths, e.g. `solve("job.yaml", **{"solver.backend": "cbc"})`;
     plain keywords `backend`, `time_limit_s`, `rel_gap`, `threads`, `seed` are shorthands for
@@ -122,19 +132,20 @@ def solve(spec_or_path: "str | Path | dict | JobSpec", *, export_problem: "str |
         if short in overrides:
             overrides[f"solver.{short}"] = overrides.pop(short)
     spec = load_spec(spec_or_path, **overrides)
-    prepared = prepare(spec)
-    return plan_training(spec, prepared, export_problem=export_problem)
+    return plan_training(spec, prepare(spec), export_problem=export_problem)
 
 
-def plan_training(spec: JobSpec, prepared: Prepared, *, export_problem: "str | Path | None" = None) -> Plan:
-    """One budget of `solver.time_limit_s` for everything below: split search, solve, tie-break,
-    refine rounds and diagnosis; model building is timed apart and reported beside it."""
+def plan_training(spec: JobSpec, prepared: Prepared, budget: Budget | None = None, *,
+                  export_problem: "str | Path | None" = None) -> Plan:
+    """Everything below draws on `budget`: split search, solve, tie-break, refine rounds and
+    diagnosis; model building is timed apart and reported beside it. Without a budget (a caller
+    planning one spec alone) this call makes its one Budget of `solver.time_limit_s`."""
     from qsync_opt.training.batch_split import choose_split
     from qsync_opt.training.refine import solve_and_refine
-    from qsync_opt.solver.budget import Budget
 
     t0 = time.perf_counter()
-    budget = Budget(spec.solver.time_limit_s)
+    if budget is None:
+        budget = Budget(spec.solver.time_limit_s)
     notes: list[str] = []
     if spec.training.batch_split == "auto":
         split = choose_split(spec, prepared, budget)

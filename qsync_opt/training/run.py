@@ -33,6 +33,7 @@ from pathlib import Path
 from qsync_opt.errors import QSyncError, SpecError
 from qsync_opt.io import atomic_write_text
 from qsync_opt.runtime.process_exit import Stopped, stop_on_signals
+from qsync_opt.solver.budget import Budget
 from qsync_opt.training.plan import Plan
 from qsync_opt.spec.load import read_document
 from qsync_opt.training.spec import JobSpec, load_spec
@@ -68,10 +69,9 @@ def _indicate(ctx: RunContext) -> str:
 
 
 def _solve(ctx: RunContext) -> str:
-    from qsync_opt.training.data_plane import with_data_plane
-    from qsync_opt.training.pipeline import solve
+    from qsync_opt.training.pipeline import plan_job
 
-    plan = with_data_plane(ctx.spec, solve(ctx.spec))
+    plan = plan_job(ctx.spec, Budget(ctx.spec.solver.time_limit_s))
     return str(plan.save(ctx.out / "plan.json"))
 
 

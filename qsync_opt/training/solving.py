@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 
 from qsync_opt.errors import InfeasibleError
+from qsync_opt.solver.budget import Budget
 from qsync_opt.training.plan import Baseline
 from qsync_opt.training.predictor.context import Context
 from qsync_opt.training.predictor.instance_builder import baseline, build_instance
@@ -36,13 +37,11 @@ def greedy_result(instance: TrainingInstance) -> dict | None:
                 objective=evaluate(instance, g.assignment).objective(instance), bound=None, gap=None, wall_s=0.0, notes=[])
 
 
-def run_backend(spec: JobSpec, instance: TrainingInstance, budget=None) -> dict:
-    """One solve with the spec's backend on `budget` (the spec's time limit if None)."""
-    from qsync_opt.solver.budget import Budget
+def run_backend(spec: JobSpec, instance: TrainingInstance, budget: Budget) -> dict:
+    """One solve with the spec's backend, drawing on the caller's `budget`."""
     from qsync_opt.training.program.solve import DEFAULT_BACKEND, diagnose, solve_instance
     from qsync_opt.training.program.uniform import uniform_policy
 
-    budget = budget or Budget(spec.solver.time_limit_s)
     backend = DEFAULT_BACKEND if spec.solver.backend == "default" else spec.solver.backend
     t0 = time.perf_counter()
     if backend == "uniform":
@@ -55,7 +54,7 @@ def run_backend(spec: JobSpec, instance: TrainingInstance, budget=None) -> dict:
         return dict(assignment=assignment, backend="uniform", status="heuristic", objective=ev.objective(instance),
                     bound=None, gap=None, wall_s=time.perf_counter() - t0, notes=[])
     s = spec.solver
-    r = solve_instance(instance, backend=backend, time_limit_s=budget.remaining(), rel_gap=s.rel_gap,
+    r = solve_instance(instance, backend=backend, rel_gap=s.rel_gap,
                        threads=s.threads, seed=s.seed, budget=budget)
     notes = []
     if r.scaling:

@@ -80,10 +80,13 @@ def solve_problem(
     """Solve a compiled (or JSON-imported) Problem; evaluation needs `problem.source`.
 
     `start` (an Assignment) replaces the greedy warm start; it is used only if it checks.
+    Every solver run draws on `budget` (the caller's); a standalone solve (a problem read from a
+    file) gives none, and `options.time_limit_s` is then its one Budget.
     """
 
     options = options or SolveOptions()
-    budget = budget or Budget(options.time_limit_s)
+    if budget is None:
+        budget = Budget(options.time_limit_s)
     be = get_backend(backend)
     if not be.available():
         ok = [n for n, a in available().items() if a]
