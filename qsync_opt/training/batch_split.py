@@ -38,6 +38,8 @@ from qsync_opt.errors import InfeasibleError, SolverError
 from qsync_opt.solver.budget import Budget
 from qsync_opt.training.plan import Baseline
 from qsync_opt.training.spec import JobSpec
+from qsync_opt.training.predictor.instance_builder import baseline, build_instance
+from qsync_opt.training.solving import as_baseline, resolve_budget, run_backend
 
 MAX_CANDIDATES = 48
 RESERVE = 0.25
@@ -111,8 +113,6 @@ def choose_split(spec: JobSpec, prepared, budget: Budget) -> Split:
 
     Every candidate's solve draws on `budget`, leaving RESERVE of it for the final solve;
     candidates left when it runs out are not tried, and the notes say how many were."""
-    from qsync_opt.training.solving import as_baseline, resolve_budget, run_backend
-    from qsync_opt.training.predictor.instance_builder import baseline, build_instance
 
     graph, sens, boundary = prepared.graph, prepared.sensitivity, spec.runtime.boundary
     even = spec.local_batches()

@@ -10,11 +10,11 @@ format where one suffices, else every format the device runs."""
 from __future__ import annotations
 
 from qsync_opt.errors import InfeasibleError, QSyncError
+from qsync_opt.training.solving import build_training_instance, run_backend
 
 
 def precision_fixes(spec, prepared, budget, local_batches=None) -> list[str]:
     """'fix: ...' lines for restricted groups whose widened formats give a plan (checked)."""
-    from qsync_opt.training.solving import build_training_instance, run_backend
 
     restricted = {g.name: [p for p in g.device_spec.precisions if p not in g.allowed_precisions]
                   for g in spec.cluster.groups if g.precisions is not None}

@@ -15,6 +15,11 @@ from qsync_opt.training.predictor.instance_builder import baseline, build_instan
 from qsync_opt.training.predictor.replayer import replay
 from qsync_opt.training.program.instance import Assignment, TrainingInstance, evaluate
 from qsync_opt.training.spec import JobSpec
+from qsync_opt.training.program.greedy import greedy
+from qsync_opt.training.program.qsync_greedy import qsync_greedy
+from qsync_opt.training.program.solve import DEFAULT_BACKEND, diagnose, solve_instance
+from qsync_opt.training.program.uniform import uniform_policy
+from qsync_opt.training.refine import meets_time_bound
 
 
 def resolve_budget(spec: JobSpec, instance: TrainingInstance) -> TrainingInstance:
@@ -28,7 +33,6 @@ def resolve_budget(spec: JobSpec, instance: TrainingInstance) -> TrainingInstanc
 
 
 def greedy_result(instance: TrainingInstance) -> dict | None:
-    from qsync_opt.training.program.greedy import greedy
 
     g = greedy(instance)
     if not g.feasible:
@@ -39,8 +43,6 @@ def greedy_result(instance: TrainingInstance) -> dict | None:
 
 def run_backend(spec: JobSpec, instance: TrainingInstance, budget: Budget) -> dict:
     """One solve with the spec's backend, drawing on the caller's `budget`."""
-    from qsync_opt.training.program.solve import DEFAULT_BACKEND, diagnose, solve_instance
-    from qsync_opt.training.program.uniform import uniform_policy
 
     backend = DEFAULT_BACKEND if spec.solver.backend == "default" else spec.solver.backend
     t0 = time.perf_counter()
@@ -73,12 +75,10 @@ def baselines_of(instance: TrainingInstance, ctx: Context) -> dict[str, Baseline
     for label, kind in (("all highest (fp32)", "highest"), ("uniform lowest", "lowest")):
         a = baseline(instance, kind)
         out[label] = as_baseline(instance, ctx, a)
-    from qsync_opt.training.program.greedy import greedy
 
     g = greedy(instance)
     if g.feasible:
         out["greedy (gain per ms)"] = as_baseline(instance, ctx, g.assignment)
-    from qsync_opt.training.program.qsync_greedy import qsync_greedy
 
     q = qsync_greedy(instance, lambda a: replay(ctx, a).iteration_ms)  # QSync's rule, judged by the replayer
     out["qsync greedy (QSync allocator)"] = as_baseline(instance, ctx, q)
@@ -86,7 +86,6 @@ def baselines_of(instance: TrainingInstance, ctx: Context) -> dict[str, Baseline
 
 
 def as_baseline(instance: TrainingInstance, ctx: Context, a: Assignment) -> Baseline:
-    from qsync_opt.training.refine import meets_time_bound
 
     tl = replay(ctx, a)
     ev = evaluate(instance, a)

@@ -21,6 +21,7 @@ from qsync_opt.training.program.compile import compile_training
 from qsync_opt.training.program.diagnose import diagnose, use_solver
 from qsync_opt.training.program.greedy import greedy
 from qsync_opt.training.program.instance import Assignment, Evaluation, TrainingInstance, evaluate
+from qsync_opt.solver.backends.linear import linearize
 
 DEFAULT_BACKEND = "highs"
 """Measured with `qsync-opt bench solvers` (synthetic, 5 precisions x 4 groups): HiGHS was the
@@ -155,7 +156,6 @@ def sign(problem: Problem, raw: RawResult, options: SolveOptions) -> RawResult:
 
 def _nothing_to_choose(problem: Problem, backend: str) -> RawResult:
     """The only plan of a problem without variables: optimal if its constant rows hold."""
-    from qsync_opt.solver.backends.linear import linearize
 
     model = linearize(problem, "mccormick")
     if (early := constant_infeasibility(model, backend)) is not None:

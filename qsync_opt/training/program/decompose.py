@@ -17,6 +17,9 @@ from qsync_opt.errors import InfeasibleError
 from qsync_opt.solver.backends.base import OPTIMALITY_TOL, SolveOptions, proven_within
 from qsync_opt.solver.budget import Budget
 from qsync_opt.training.program.instance import TrainingInstance, evaluate
+from qsync_opt.training.program.backend_solve import SolveResult, compiled, solve_problem
+from qsync_opt.training.program.bounded import solve_group
+from qsync_opt.training.program.diagnose import diagnose
 
 
 def separable(instance: TrainingInstance) -> bool:
@@ -30,8 +33,6 @@ def solve_by_group(instance: TrainingInstance, backend: str, options: SolveOptio
 
     With `lagrangian` (and a warm start allowed), each group first gets a Lagrangian bound,
     plan and fixing (bounded.py), and the backend solves only what is left."""
-    from qsync_opt.training.program.bounded import solve_group
-    from qsync_opt.training.program.backend_solve import SolveResult, compiled, solve_problem
 
     parts, build0, spent0 = [], budget.build_s, budget.spent_s
     for k, g in enumerate(instance.groups):
@@ -47,7 +48,6 @@ def solve_by_group(instance: TrainingInstance, backend: str, options: SolveOptio
             except InfeasibleError as e:
                 failed = e
         if failed is not None:  # the diagnosis covers every group, as the undivided solve's would
-            from qsync_opt.training.program.diagnose import diagnose
 
             raise InfeasibleError(str(failed).splitlines()[0], diagnose(instance, budget=budget) or failed.diagnosis)
     t0 = time.perf_counter()

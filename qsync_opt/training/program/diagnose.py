@@ -11,6 +11,7 @@ from qsync_opt.solver.backends.base import RawResult, SolveOptions
 from qsync_opt.solver.budget import DEFAULT_TIME_LIMIT_S, Budget
 from qsync_opt.training.program.instance import TrainingInstance
 from qsync_opt.training.program.compile import compile_training
+from qsync_opt.errors import QSyncError
 
 DEFAULT_EXACT = "highs"
 
@@ -128,7 +129,6 @@ def use_solver(solve_problem) -> None:
 def _has_plan(instance: TrainingInstance, budget: Budget) -> bool:
     """Whether an exact solve finds a plan (through solve_problem, which also settles programs
     that presolve empties, e.g. every group but one fixed to its only format)."""
-    from qsync_opt.errors import QSyncError
 
     solve_problem = _solve_problem
     if solve_problem is None:  # no solver registered (backend_solve not imported): no fix is claimed
