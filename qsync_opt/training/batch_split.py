@@ -39,7 +39,8 @@ from qsync_opt.solver.budget import Budget
 from qsync_opt.training.plan import Baseline
 from qsync_opt.training.spec import JobSpec
 from qsync_opt.training.predictor.instance_builder import baseline, build_instance
-from qsync_opt.training.solving import as_baseline, resolve_budget, run_backend
+from qsync_opt.training import solving
+from qsync_opt.training.solving import as_baseline, resolve_budget
 
 MAX_CANDIDATES = 48
 RESERVE = 0.25
@@ -133,7 +134,7 @@ def choose_split(spec: JobSpec, prepared, budget: Budget) -> Split:
         if hi.feasible and (batch_only is None or hi.iteration_ms < batch_only[1].iteration_ms):
             batch_only = (split, hi)
         try:
-            r = run_backend(fixed, inst, budget)
+            r = solving.run_backend(fixed, inst, budget)
         except InfeasibleError as e:
             outcomes.append(Outcome(split, "infeasible", reason="; ".join(e.diagnosis[:1]) or str(e).splitlines()[0],
                                     time_ratio=getattr(e.diagnosis, "worst_time_ratio", None),

@@ -61,7 +61,6 @@ class Case:
 
 
 def zoo_cases(models: list[str]) -> list[Case]:
-
     cases = []
     for model in models:
         prepared = None
@@ -87,7 +86,6 @@ def synthetic_cases(sizes: list[int], kinds: list[str] | None = None) -> list[Ca
 
 
 def saved_cases(directory: str) -> list[Case]:
-
     return [Case(p.stem, "saved", None, load_problem(str(p))) for p in sorted(Path(directory).glob("*.json"))]
 
 
@@ -226,7 +224,6 @@ def limit_rows(n: int, limit: float) -> list[dict]:
     Before the shared budget, the diagnosis's side-solves ran on their own 60 s limits (125-290 s)."""
     from dataclasses import replace
 
-
     inst = synthetic(n, 5, 4, "dag", seed=1)
     inst = replace(inst, groups=tuple(replace(g, time_bound_ms=g.time_bound_ms * 0.5) for g in inst.groups))
     out = []
@@ -248,7 +245,6 @@ def limit_rows(n: int, limit: float) -> list[dict]:
 
 
 def list_models_default() -> list[str]:
-
     return list_models()
 
 

@@ -44,14 +44,12 @@ def model_shape(model) -> tuple[int, int]:
 
 
 def flop_curve(spec: JobSpec):
-
     model = build_from_spec(spec)
     layers, hidden = model_shape(model)
     return from_module(model, layers=layers, hidden=hidden)
 
 
 def reference_length(spec: JobSpec) -> int:
-
     return _sequence_length(spec)
 
 
@@ -86,7 +84,6 @@ def rank_costs(spec: JobSpec, plan: Plan | None):
 
 
 def plan_data_plane(spec: JobSpec, plan: Plan, *, measure_samples: int = 32) -> DataPlanePlan:
-
     data = spec.data
     flops = flop_curve(spec)
     L0 = reference_length(spec)

@@ -35,12 +35,7 @@ from qsync_opt.precision import PRECISIONS
 from qsync_opt.solver.files import save_problem
 from qsync_opt.training.batch_split import choose_split
 from qsync_opt.training.predictor.indicator_auto import weights_words
-from qsync_opt.training.predictor.weight_stream import (
-    light_capable,
-    prepare_light,
-    start_weight_stats,
-    streamed_weight_indicator,
-)
+from qsync_opt.training.predictor import weight_stream
 from qsync_opt.training.program.compile import compile_training
 from qsync_opt.training.refine import solve_and_refine
 
@@ -87,7 +82,8 @@ def prepare(spec: JobSpec) -> Prepared:
 def _prepare_light(spec: JobSpec, t0: float) -> Prepared | None:
     """prepare() without materialising the weights, or None where that cannot be exact."""
 
-    built = prepare_light(spec, spec.training.seed if spec.training else 0) if light_capable(spec) else None
+    seed = spec.training.seed if spec.training else 0
+    built = weight_stream.prepare_light(spec, seed) if weight_stream.light_capable(spec) else None
     if built is None:
         return None
     module, recording, meta_of = built.module, built.recording, built.meta_of
@@ -96,7 +92,7 @@ def _prepare_light(spec: JobSpec, t0: float) -> Prepared | None:
     overlapped = []  # where torch.export captures (seconds of Python), the init replay runs beside it
 
     def start_replay():
-        overlapped.append(start_weight_stats(module, recording, meta_of))
+        overlapped.append(weight_stream.start_weight_stats(module, recording, meta_of))
 
     try:
         with dense_during_calls(module):  # zeros for one module at a time while it runs (fast CPU kernels)
@@ -109,7 +105,7 @@ def _prepare_light(spec: JobSpec, t0: float) -> Prepared | None:
     t2 = time.perf_counter()
     auto = spec.indicator.method == "auto"  # without data, auto is the weight indicator over every format
     precisions = PRECISIONS if auto else indicator_precisions(spec)
-    sensitivity = streamed_weight_indicator(module, graph, recording, precisions, meta_of,
+    sensitivity = weight_stream.streamed_weight_indicator(module, graph, recording, precisions, meta_of,
                                             overlapped[0] if overlapped else None)
     if sensitivity is None:
         return None
@@ -165,7 +161,6 @@ def plan_training(spec: JobSpec, prepared: Prepared, budget: Budget | None = Non
         local_batches, extra = None, {}
     instance, ctx = build_training_instance(spec, prepared, local_batches)
     if export_problem:
-
         save_problem(compile_training(instance), str(export_problem))
         notes.append(f"problem exported to {export_problem}")
     if prepared.indicator_note:

@@ -43,7 +43,7 @@ from qsync_opt.runtime.emulation import check_emulation
 from qsync_opt.training.pipeline import plan_job
 from qsync_opt.training.run_report import write_report, write_stopped_report
 from qsync_opt.training.run_stages import indicate_stage, predict_stage, profile_stage
-from qsync_opt.training.runtime.launch import run_job
+from qsync_opt.training.runtime import launch
 
 
 @dataclass
@@ -64,23 +64,19 @@ CHECKPOINTS = "checkpoints"
 
 
 def _profile(ctx: RunContext) -> str:
-
     return profile_stage(ctx.spec, ctx.out, ctx.log)
 
 
 def _indicate(ctx: RunContext) -> str:
-
     return indicate_stage(ctx.spec, ctx.out, ctx.log)
 
 
 def _solve(ctx: RunContext) -> str:
-
     plan = plan_job(ctx.spec, Budget(ctx.spec.solver.time_limit_s))
     return str(plan.save(ctx.out / "plan.json"))
 
 
 def _train(ctx: RunContext) -> str:
-
     metrics, checkpoints = ctx.out / "train", ctx.out / CHECKPOINTS
     resume = ctx.resume_train and ckpt.latest(checkpoints) is not None
     if resume:
@@ -88,7 +84,7 @@ def _train(ctx: RunContext) -> str:
     else:  # a fresh training: a stale newer checkpoint must never be resumed later
         shutil.rmtree(checkpoints, ignore_errors=True)
     before = os.getloadavg()
-    result = run_job(ctx.spec_path, Plan.load(ctx.out / "plan.json"), steps=ctx.steps, metrics_dir=str(metrics),
+    result = launch.run_job(ctx.spec_path, Plan.load(ctx.out / "plan.json"), steps=ctx.steps, metrics_dir=str(metrics),
                      checkpoint_dir=str(checkpoints), resume=resume, emulate=ctx.emulate)
     if result.status == "stopped":
         kept = (f"training stopped after step {result.steps_done} (checkpoint {ckpt.latest(checkpoints)})"
@@ -102,12 +98,10 @@ def _train(ctx: RunContext) -> str:
 
 
 def _predict(ctx: RunContext) -> str:
-
     return predict_stage(ctx.spec_path, ctx.out, ctx.log)
 
 
 def _report(ctx: RunContext) -> str:
-
     return str(write_report(ctx.spec, Plan.load(ctx.out / "plan.json"), ctx.out / "train", ctx.out))
 
 

@@ -50,7 +50,6 @@ def write_report(spec: JobSpec, plan: Plan, metrics: Path, out: Path) -> Path:
     if steps:
         lines.append(f"{len(steps)} steps: loss {steps[0]['loss']:.4f} -> {steps[-1]['loss']:.4f}.")
     if evals:
-
         rate, classes = majority_rate(build_task(spec))
         lines.append(test_set_line(evals[-1], rate, classes))
     lines += data_plane_lines(spec, plan, metrics)

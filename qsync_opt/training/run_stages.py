@@ -27,7 +27,8 @@ from qsync_opt.training.predictor.indicator_auto import resolved_method
 from qsync_opt.training.predictor.indicators import compute_indicator
 from qsync_opt.training.predictor.instance_builder import build_instance
 from qsync_opt.training.predictor.profile import default_profile_path, load_profile, op_signature, step_key
-from qsync_opt.training.predictor.profiler import group_threads, is_local, local_ranks, profile_spec
+from qsync_opt.training.predictor import profiler
+from qsync_opt.training.predictor.measuring import group_threads, is_local, local_ranks
 from qsync_opt.training.predictor.replayer import replay
 from qsync_opt.training.predictor.timeline_export import write_chrome_trace, write_png
 
@@ -83,7 +84,6 @@ def _not_profilable(spec: JobSpec) -> str | None:
     """Why the per-op profiler cannot time this model (it replays an fx graph op by op), or None."""
     import torch
 
-
     with torch.device("meta"):
         module = build_from_spec(spec)
     try:
@@ -109,7 +109,7 @@ def profile_stage(spec: JobSpec, out: Path, log: Callable[[str], None]) -> str:
     if todo:
         for name, why in todo.items():
             log(f"  {name}: profiling ({why})")
-        profile_spec(spec, default_profile_path(), groups=list(todo), progress=False, log=lambda s: log(f"  {s}"))
+        profiler.profile_spec(spec, default_profile_path(), groups=list(todo), progress=False, log=lambda s: log(f"  {s}"))
     record = {"profile": str(default_profile_path()), "profiled": todo, "skipped": skip,
               "wall_s": round(time.perf_counter() - t0, 2), "load_before": before, "load_after": os.getloadavg()}
     return str(atomic_write_text(out / "profile.json", json.dumps(record, indent=1)))
@@ -117,7 +117,6 @@ def profile_stage(spec: JobSpec, out: Path, log: Callable[[str], None]) -> str:
 
 def indicate_stage(spec: JobSpec, out: Path, log: Callable[[str], None]) -> str:
     """The spec's indicator (from the shared indicator cache when it is there), ω kept in DIR."""
-
 
     sens, note = compute_indicator(spec, log=lambda s: log(f"  {s}"), progress=True)
     log(f"  {note}")

@@ -19,7 +19,7 @@ from qsync_opt.training.program.greedy import greedy
 from qsync_opt.training.program.qsync_greedy import qsync_greedy
 from qsync_opt.training.program.solve import DEFAULT_BACKEND, diagnose, solve_instance
 from qsync_opt.training.program.uniform import uniform_policy
-from qsync_opt.training.refine import meets_time_bound
+from qsync_opt.training import refine
 
 
 def resolve_budget(spec: JobSpec, instance: TrainingInstance) -> TrainingInstance:
@@ -33,7 +33,6 @@ def resolve_budget(spec: JobSpec, instance: TrainingInstance) -> TrainingInstanc
 
 
 def greedy_result(instance: TrainingInstance) -> dict | None:
-
     g = greedy(instance)
     if not g.feasible:
         return None
@@ -86,10 +85,9 @@ def baselines_of(instance: TrainingInstance, ctx: Context) -> dict[str, Baseline
 
 
 def as_baseline(instance: TrainingInstance, ctx: Context, a: Assignment) -> Baseline:
-
     tl = replay(ctx, a)
     ev = evaluate(instance, a)
-    in_time = meets_time_bound(instance, tl.iteration_ms)  # judged like the plan: the replayer's lockstep iteration
+    in_time = refine.meets_time_bound(instance, tl.iteration_ms)  # judged like the plan: the replayer's lockstep iteration
     return Baseline(
         iteration_ms=tl.iteration_ms,
         indicator=ev.degradation,

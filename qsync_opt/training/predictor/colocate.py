@@ -82,7 +82,7 @@ def run_colocated(spec, jobs: list[tuple[object, bool]], path: Path, progress: b
         if bad:
             raise ProfileError(f"profiler: group(s) {', '.join(f'{n} (exit {rc})' for n, rc in bad)} failed; "
                                "see the messages above (measured entries are kept and resumed next time)")
-        fitted, _ = read_results(busy, len(jobs))
+        fitted = read_results(busy, len(jobs)).allreduce_fit
     merge_parts(path, [(part, key_of(g)) for g, part in parts])
     return fitted
 

@@ -114,7 +114,6 @@ def compute_auto(spec: JobSpec, module: nn.Module, graph: OpGraph, *, base_key: 
         except (ValueError, KeyError, TypeError):
             pass  # a damaged entry is recomputed (or, for solve, fallen back from)
     if not compute:
-
         return (weight_indicator(module, graph, PRECISIONS),  # as method: weight computes it
                 f"indicator: weight on {weights_words(spec)}: fell back, the auto indicator (empirical on {on}) "
                 f"is not in the cache; run `qsync-opt indicate SPEC` (or `qsync-opt run`) once to compute it, "

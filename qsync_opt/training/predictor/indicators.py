@@ -107,7 +107,6 @@ def compute_indicator(spec: JobSpec, module: nn.Module | None = None, graph: OpG
     method = spec.indicator.method
     if module is None or graph is None:
 
-
         with private_rng(spec.training.seed):  # never torch's global RNG
             module = build_from_spec(spec)
         inputs = input_maker(spec)(TRACE_BATCH, torch.Generator().manual_seed(0))
@@ -116,12 +115,10 @@ def compute_indicator(spec: JobSpec, module: nn.Module | None = None, graph: OpG
     module = load_checkpoint(spec, module)
     ps = indicator_precisions(spec)
     if method == "auto":
-
         return compute_auto(spec, module, graph, base_key=lambda p: cache_key(spec, module, p),
                             cache_path=lambda kind, key: cache_dir() / "indicators" / f"{kind}-{key}.json",
                             precisions=ps, use_cache=use_cache, compute=compute, log=log, progress=progress)
     if method == "weight":
-
         return weight_indicator(module, graph, ps), "indicator: weight (weight quantisation noise, no data)"
     path = cache_dir() / "indicators" / f"{method}-{cache_key(spec, module, ps)}.json"
     if not use_cache:
@@ -155,14 +152,11 @@ def _compute(spec: JobSpec, module: nn.Module, graph: OpGraph, ps: tuple[str, ..
     loss = task.loss  # the job's own training loss
     bwd = spec.runtime.backward_precision
     if method == "gvar":
-
         sens = gvar_indicator(module, graph, batches, lambda out, batch: loss(out, batch[1]), ps,
                               backward_precision=bwd)
     elif method == "hessian":
-
         sens = hessian_indicator(_train_copy(module), graph, batches, loss, ps)
     elif method == "empirical":
-
         sens = empirical_indicator(module, graph, batches, loss, ps, backward_precision=bwd,
                                    leaf_modules=spec.model.leaf_modules)
     else:

@@ -216,7 +216,6 @@ def ddp_calibrate(spec, gcs: list, proto) -> tuple[list, str] | None:
     """
     from dataclasses import replace
 
-
     if spec.cluster.world_size < 2 or not all(gc.cost_source.startswith("measured") for gc in gcs):
         return None
     paths = {profile_for(g) for g in spec.cluster.groups}

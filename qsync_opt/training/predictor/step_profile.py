@@ -43,7 +43,6 @@ def rank_data(spec, rank: int):
     for its data (the synthetic task labels every new chunk with a teacher forward pass)."""
     import itertools
 
-
     batches = rank_batches(spec, None)
     offset, local = shard(batches, rank)
     task, counter = build_task(spec), itertools.count()
@@ -65,7 +64,6 @@ def loop_step(spec, rank: int, model: nn.Module, opt, *, all_reduce_loss: bool =
     `all_reduce_loss` the one scalar all-reduce a DDP trainer makes per step (training/runtime/trainer.py;
     its logging and checkpoints left out). Every whole step timed for the planner is this one."""
     import torch.distributed as dist
-
 
     task, fetch, weight = rank_data(spec, rank)
 
@@ -105,7 +103,6 @@ def step_times_ms(step, *, warmup: int = STEP_WARMUP, calls: int | None = None) 
     """ms of each of `calls` consecutive steps after `warmup` untimed ones (fixed counts, so the
     ranks of a DDP group take the same steps)."""
     import time
-
 
     for _ in range(warmup):
         step()

@@ -212,7 +212,6 @@ def _cut_lp(cuts: np.ndarray, box: np.ndarray, active) -> tuple[float, np.ndarra
     """max z s.t. z ≤ f_k + λ (t_k − 1) + μ (m_k − 1), 0 ≤ λ, μ ≤ box: the cutting-plane model's peak."""
     import highspy
 
-
     swallow_highs_banner()
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)

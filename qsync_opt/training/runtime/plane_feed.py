@@ -30,7 +30,6 @@ from qsync_opt.training.data_plane import rank_costs
 class PlaneFeed:
     def __init__(self, spec, plan, rank: int, world: int, global_batch: int, device, checkpoint_dir=None,
                  metrics_dir=None, note=print):
-
         self.rank, self.world, self.device = rank, world, device
         self.global_batch = global_batch
         data = spec.data
@@ -38,10 +37,8 @@ class PlaneFeed:
         self.ckpt = None
         self.log = None
         if rank == 0:
-
             speeds, costs, origin = rank_costs(spec, plan)
             if len(speeds) != world:
-
                 raise SpecError(f"data plane: the cluster has {len(speeds)} ranks but {world} were started")
             self.engine = open_engine(data, global_batch=global_batch, speeds=speeds, cost=costs)
             self.sources = self.engine.sources if hasattr(self.engine, "sources") else \

@@ -15,7 +15,7 @@ import sys
 from qsync_opt.errors import SpecError
 from qsync_opt.runtime.emulation import check_emulation
 from qsync_opt.training.plan import Plan
-from qsync_opt.training.runtime.launch import validate
+from qsync_opt.training.runtime import launch
 from qsync_opt.training.runtime.trainer import WorkerConfig, run_worker
 from qsync_opt.training.runtime.worker import guarded
 from qsync_opt.training.spec import load_spec
@@ -56,10 +56,8 @@ def train_rank(args) -> int:
 
     import torch  # noqa: F401  (only now: the group's env is in place)
 
-
     def run() -> int:
-
-        validate(spec, plan, force=args.force)
+        launch.validate(spec, plan, force=args.force)
 
         # every rank refuses alike; rank 0 alone announces
         check_emulation(spec, plan, emulate=getattr(args, "emulate", False),
@@ -76,7 +74,6 @@ def train_rank(args) -> int:
 
 
 def _int_env(name: str) -> int:
-
     raw = os.environ.get(name, "")
     try:
         return int(raw)

@@ -282,7 +282,6 @@ def _resume_dir(cfg: WorkerConfig, rank: int) -> str:
             choice = [f"!{e}"]
     dist.broadcast_object_list(choice, src=0)
     if choice[0].startswith("!"):
-
         raise RuntimeSetupError(choice[0][1:])
     return choice[0]
 

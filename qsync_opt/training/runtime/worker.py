@@ -37,7 +37,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(a) -> int:
-
     cfg = WorkerConfig(
         spec=load_spec(a.spec),
         plan=Plan.load(a.plan) if a.plan else None,
