@@ -101,7 +101,7 @@ def make_plans(prepared, spec: dict, n_random: int, rng: random.Random) -> list[
 
 def measure(spec: dict, plans, job_dir: Path, *, warmup: int, blocks: int, repeats: int) -> dict[str, float]:
     """Real iteration times of `plans`, fp32 timed first and last (the two noise windows)."""
-    from qsync_opt.training.runtime.launch import _free_port, rank_envs, spawn_ranks
+    from qsync_opt.training.runtime.launch import free_port, rank_envs, spawn_ranks
 
     fp32 = dict(plans)["uniform-fp32"]
     order = [("uniform-fp32", fp32)] + [p for p in plans if p[0] != "uniform-fp32"] + [("uniform-fp32#2", fp32)]
@@ -112,7 +112,7 @@ def measure(spec: dict, plans, job_dir: Path, *, warmup: int, blocks: int, repea
                                "repeats": repeats, "out": str(res)}))
     argv = [sys.executable, str(ROOT / "benchmarks" / "predictor_worker.py"), str(job)]
     s = load_spec(spec)
-    envs = rank_envs(s, 1, _free_port())
+    envs = rank_envs(s, 1, free_port())
     for e in envs:
         e["PYTHONPATH"] = str(ROOT)
     if s.cluster.world_size == 1:

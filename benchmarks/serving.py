@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from qsync_opt.errors import InfeasibleError  # noqa: E402
 from qsync_opt.io import atomic_write_text  # noqa: E402
 from qsync_opt.serving.planner import plan_serving  # noqa: E402
+from qsync_opt.solver.budget import Budget  # noqa: E402
 from qsync_opt.solver.backends import EXACT, available  # noqa: E402
 from qsync_opt.jobs import load_spec  # noqa: E402
 
@@ -65,7 +66,7 @@ def run(cases, backends, limit: float) -> list[dict]:
         for backend in backends:
             load = os.getloadavg()[0]
             try:
-                plan = plan_serving(load_spec(case_spec(model, devices, objective, backend, limit)))
+                plan = plan_serving(load_spec(case_spec(model, devices, objective, backend, limit)), Budget(limit))
             except InfeasibleError as e:
                 rows.append(dict(case=case, model=model, devices=label, policy="plan", backend=backend, tokens_per_s="",
                                  status="infeasible", solve_s="", load1=f"{load:.2f}", gap="", e2e_s="", quality="",
@@ -88,7 +89,7 @@ def run(cases, backends, limit: float) -> list[dict]:
             if best is not None:  # the same search held to the best baseline's quality: gains at equal Σω
                 sp = case_spec(model, devices, objective, backend, limit)
                 sp["serving"]["quality"] = {"max_indicator": best.prediction.quality * (1 + 1e-9)}
-                eq = plan_serving(load_spec(sp))
+                eq = plan_serving(load_spec(sp), Budget(limit))
                 rows.append(dict(case=case, model=model, devices=label, policy=f"plan@{best.name}-quality", backend=backend,
                                  tokens_per_s=f"{eq.prediction.tokens_per_s:.2f}",
                                  ratio_vs_best_baseline=f"{eq.prediction.tokens_per_s / ref:.3f}",

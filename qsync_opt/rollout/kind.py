@@ -14,7 +14,7 @@ from qsync_opt.rollout.spec import RolloutJob
 def plan(job: RolloutJob, budget, export_problem=None) -> RolloutPlan:
     from qsync_opt.rollout.plan import solve  # import cost: the simulator and its repack solvers
 
-    return solve(job)
+    return solve(job, budget)
 
 
 def report(plan: RolloutPlan, console, verbose: bool = False) -> None:

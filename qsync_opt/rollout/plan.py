@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 from qsync_opt.errors import SpecError
 from qsync_opt.io import atomic_write_text
 from qsync_opt.rollout.agreement import figures_tied, ratio_interval
+from qsync_opt.solver.budget import Budget
 from qsync_opt.spec.load import read_text_file
 from qsync_opt.rollout.bounds import ceiling
 from qsync_opt.rollout.costs import all_worker_costs, sync_costs
@@ -386,11 +387,15 @@ def _worker_loop(job, kw: dict, todo, done: dict) -> None:
             p.kill()
 
 
-def solve(job, steps: int | None = None, variants=VARIANTS, keep_results: dict | None = None,
-          processes: int | None = None) -> RolloutPlan:
+def solve(job, budget: Budget | None = None, *, steps: int | None = None, variants=VARIANTS,
+          keep_results: dict | None = None, processes: int | None = None) -> RolloutPlan:
     """Simulate every policy variant of `job` and recommend one. `keep_results`, if a dict, receives
     variant -> SimResult (without timelines: `run_report` keeps those). `processes`: as for `simulate_variants`
-    (1: everything in this process, no worker started)."""
+    (1: everything in this process, no worker started).
+
+    `budget` is the call's (the registry passes one to every kind): a rollout plan is simulation,
+    not a timed search, so it draws nothing from it; each simulated repack decision has its own
+    limit, `rollout.solver.time_limit_s`, inside the simulation."""
     results = simulate_variants(job, variants, processes=processes, steps=steps, timeline_until=None)
     if keep_results is not None:
         keep_results.update(results)

@@ -20,7 +20,7 @@ from qsync_opt.serving.spec import ServingJob
 def plan(job: ServingJob, budget, export_problem=None) -> ServingPlan:
     from qsync_opt.serving.planner import plan_serving  # import cost: the solver backends
 
-    return plan_serving(job)
+    return plan_serving(job, budget)
 
 
 def report(plan: ServingPlan, console, verbose: bool = False) -> None:

@@ -10,10 +10,10 @@ indicators every distinct order of device types is tried (up to MAX_ORDERS).
 The baselines are searched over the same candidates and scored by the same model; the best
 baseline plan of a candidate is the warm start of its program, so the plan is never worse.
 
-`solver.time_limit_s` bounds the whole call: the relaxation bounds, every candidate's solve and
-the baselines draw on one `Budget`, each solve given at most what remains and charged its whole
-wall time (model building included). The plan's search keeps `BASELINE_SHARE` of the limit for the
-baselines, which also get whatever the search leaves; a baseline the limit stops says so.
+The caller's `Budget` (of `solver.time_limit_s`, made by `qsync_opt.solve`) bounds the whole
+call: building the candidates, the relaxation bounds, every candidate's solve and the baselines
+draw on it, each solve given at most what remains and charged its whole wall time (model building
+included). The plan's search keeps `BASELINE_SHARE` of the limit for the baselines, which also get whatever the search leaves; a baseline the limit stops says so.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from qsync_opt.serving.quality import layer_omegas
 from qsync_opt.serving.plan import BaselineResult, Prediction, ServingPlan, SolverStats, Stage
 from qsync_opt.solver.backends import EXACT, available
 from qsync_opt.solver.backends.base import SolveOptions
-from qsync_opt.solver.budget import Budget
+from qsync_opt.solver.budget import DEFAULT_TIME_LIMIT_S, Budget
 from qsync_opt.serving.program import Assignment, Evaluation, ServingInstance, compile_serving, evaluate, solve_serving
 from qsync_opt.serving.bounds import lower_bound, relaxation_bound
 from qsync_opt.serving.baselines import adabits, uniform
@@ -74,7 +74,9 @@ def candidate_orders(devices: list[PipelineDevice], orderable: bool, identical: 
     return out, "every distinct device-type order"
 
 
-def plan_serving(spec: ServingJob) -> ServingPlan:
+def plan_serving(job: ServingJob, budget: Budget) -> ServingPlan:
+    """The serving plan of `job`; every solve it makes draws on `budget` (module docstring)."""
+    spec = job
     if spec.serving is None:
         raise SpecError("kind: serving needs a 'serving' section")
     s, sol = spec.serving, spec.solver
@@ -104,10 +106,10 @@ def plan_serving(spec: ServingJob) -> ServingPlan:
     bound, bound_note = _quality_bound(s, free)
     if bound_note:
         notes.append(bound_note)
-    opts = SolveOptions(time_limit_s=sol.time_limit_s, rel_gap=sol.rel_gap, threads=sol.threads, seed=sol.seed)
+    opts = SolveOptions(time_limit_s=budget.limit_s, rel_gap=sol.rel_gap, threads=sol.threads, seed=sol.seed)
     insts = [replace(i, max_indicator=bound) for i in free]
-    budget = Budget(max(0.0, sol.time_limit_s - (time.perf_counter() - t0)))  # the candidates' building counts too
-    search = search_plans(insts, backend, opts, budget, keep_s=BASELINE_SHARE * sol.time_limit_s)
+    budget.charge(time.perf_counter() - t0)  # the candidates' building counts too
+    search = search_plans(insts, backend, opts, budget, keep_s=BASELINE_SHARE * budget.limit_s)
     wall = time.perf_counter() - t0
     baselines = search_baselines(insts, s, opts, budget)
     if search.best is None:
@@ -117,7 +119,7 @@ def plan_serving(spec: ServingJob) -> ServingPlan:
         if diag:  # each line is a proof (memory arithmetic, or the least Σω solved to optimality)
             raise InfeasibleError("no serving plan fits", diag)
         # no plan and no proof: "unknown", never "infeasible"
-        raise SolverError(f"no serving plan found within solver.time_limit_s = {sol.time_limit_s:g} s and none proven "
+        raise SolverError(f"no serving plan found within solver.time_limit_s = {budget.limit_s:g} s and none proven "
                           f"infeasible ({search.statuses}); fix: raise solver.time_limit_s (or --time-limit)")
     obj, inst, a, ev = search.best
     for b in baselines:  # a plan stopped within its gap may trail a baseline that meets the same bounds
@@ -157,18 +159,6 @@ class Search:
     stats: dict = field(default_factory=dict)
 
 
-def _timed(budget: Budget, label: str, want: float, fn):
-    """fn(seconds given) under `budget`, charged its whole wall time; None (fn not called) when too little is left."""
-    given = budget.grant(label, want)
-    if given is None:
-        return None
-    t = time.perf_counter()
-    try:
-        return fn(given)
-    finally:
-        budget.charge(time.perf_counter() - t)
-
-
 def search_plans(insts: list[ServingInstance], backend: str, opts: SolveOptions, budget: Budget,
                  keep_s: float = 0.0) -> Search:
     """Solve candidates best lower bound first; skip those whose bound cannot beat the incumbent.
@@ -183,7 +173,7 @@ def search_plans(insts: list[ServingInstance], backend: str, opts: SolveOptions,
     bounds = []
     relax_keep = keep_s + RELAXATION_SHARE_LEFT * max(0.0, budget.remaining() - keep_s)  # solving needs time too
     for i in insts:
-        rb = _timed(budget, "relaxation", min(RELAXATION_S, budget.remaining() - relax_keep),
+        rb = budget.timed("relaxation", min(RELAXATION_S, budget.remaining() - relax_keep),
                     lambda g: relaxation_bound(i, lp, g)) if lp else None
         bounds.append(max(lower_bound(i), -math.inf if rb is None else rb))
     for b in bounds:
@@ -197,7 +187,7 @@ def search_plans(insts: list[ServingInstance], backend: str, opts: SolveOptions,
             out.lower = min(out.lower, lb)
             break
         start = uniform(inst)
-        res = _timed(budget, f"candidate {k}", budget.remaining() - keep_s,
+        res = budget.timed(f"candidate {k}", budget.remaining() - keep_s,
                      lambda g: solve_serving(inst, backend, replace(opts, time_limit_s=g), start=start))
         if res is None:  # out of time: the rest keep their bounds, unproven
             out.statuses[OUT_OF_TIME] = len(order) - n
@@ -229,12 +219,11 @@ class _Base:
         return self._a is not None
 
 
-def search_baselines(insts: list[ServingInstance], s, opts: SolveOptions, budget: Budget | None = None) -> list[_Base]:
+def search_baselines(insts: list[ServingInstance], s, opts: SolveOptions, budget: Budget) -> list[_Base]:
     """Each baseline's best over the same candidates, scored by `evaluate` without the plan's quality terms.
 
-    Their solves draw on `budget` (by default a fresh one of opts.time_limit_s); a baseline that it
-    stops is reported with what it searched, or as not found within the limit."""
-    budget = budget or Budget(opts.time_limit_s)
+    Their solves draw on the caller's `budget`; a baseline that it stops is reported with what it
+    searched, or as not found within the limit."""
     backend = DEFAULT if available().get(DEFAULT) else next(n for n in EXACT if available().get(n))
     free = [replace(i, max_indicator=None, theta=0.0) for i in insts]
     out = []
@@ -256,7 +245,7 @@ def search_baselines(insts: list[ServingInstance], s, opts: SolveOptions, budget
     picks, done, stopped = [], {}, [False]
 
     def solve(inst, backend, options, start=None):
-        res = _timed(budget, "adabits", budget.remaining(),
+        res = budget.timed("adabits", budget.remaining(),
                      lambda g: solve_serving(inst, backend, replace(options, time_limit_s=g), start=start))
         stopped[0] |= res is None
         return res
@@ -333,11 +322,10 @@ def _quality_bound(s, free: list[ServingInstance]) -> tuple[float | None, str]:
                    f"{' > '.join(m['order'])}, micro-batches prefill {m['prefill_mb']} / decode {m['decode_mb']})")
 
 
-def diagnose(spec: ServingJob, devices, pres, omega, bound, inst_for, budget: Budget | None = None) -> list[str]:
+def diagnose(spec: ServingJob, devices, pres, omega, bound, inst_for, budget: Budget) -> list[str]:
     """Which device cannot hold its share, by how much; or that the quality bound is out of reach.
 
-    Every line is proven; its solves draw on `budget` (what the call has left) and are skipped without it."""
-    budget = budget or Budget(math.inf)
+    Every line is proven; its solves draw on `budget` (what the call has left) and are skipped when it is spent."""
     s = spec.serving
     inst = inst_for(devices, min(pres), min(pres), None)
     low = min(s.bits)
@@ -364,9 +352,9 @@ def diagnose(spec: ServingJob, devices, pres, omega, bound, inst_for, budget: Bu
     if not lines and bound is not None:
         for bp in pres:
             be = DEFAULT if available().get(DEFAULT) else EXACT[0]
-            res = _timed(budget, "diagnosis", min(budget.remaining(), SolveOptions().time_limit_s),
-                         lambda g: solve_serving(replace(inst_for(devices, bp, bp, None), quality_only=True), be,
-                                                 SolveOptions(time_limit_s=g)))
+            res = budget.timed("diagnosis", min(budget.remaining(), DEFAULT_TIME_LIMIT_S),
+                               lambda g: solve_serving(replace(inst_for(devices, bp, bp, None), quality_only=True), be,
+                                                       SolveOptions(time_limit_s=g)))
             if res is None:
                 break
             if res.status == "optimal" and res.evaluation.quality > bound * (1 + 1e-9):

@@ -6,6 +6,7 @@ import difflib
 
 from pydantic import Field, field_validator
 
+from qsync_opt.solver.budget import DEFAULT_TIME_LIMIT_S
 from qsync_opt.spec.base import SpecModel as _Model
 
 #: Solver backends a spec may name: the registry's (qsync_opt.solver.backends.BACKENDS), the
@@ -26,7 +27,8 @@ class SolverSpec(_Model):
             hint = f"; did you mean {near[0]!r}?" if near else ""
             raise ValueError(f"unknown backend {v!r}{hint}; known: {', '.join(BACKEND_NAMES)}")
         return v
-    time_limit_s: float = Field(default=60.0, gt=0)
+    time_limit_s: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0)
+    """Seconds for the whole solve: every solver run it makes draws on one Budget (solver/budget.py)."""
     rel_gap: float = Field(default=1e-4, ge=0, lt=1)
     threads: int = Field(default=1, ge=1)
     seed: int = 0

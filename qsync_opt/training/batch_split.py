@@ -35,8 +35,12 @@ import math
 from dataclasses import dataclass, field
 
 from qsync_opt.errors import InfeasibleError, SolverError
+from qsync_opt.solver.budget import Budget
 from qsync_opt.training.plan import Baseline
 from qsync_opt.training.spec import JobSpec
+from qsync_opt.training.predictor.instance_builder import baseline, build_instance
+from qsync_opt.training import solving
+from qsync_opt.training.solving import as_baseline, resolve_budget
 
 MAX_CANDIDATES = 48
 RESERVE = 0.25
@@ -105,16 +109,12 @@ def pin_training_groups(spec: JobSpec, training_groups) -> JobSpec:
     return spec.model_validate(data)
 
 
-def choose_split(spec: JobSpec, prepared, budget=None) -> Split:
+def choose_split(spec: JobSpec, prepared, budget: Budget) -> Split:
     """The feasible split with the least objective (module docstring); ties go to the faster iteration.
 
     Every candidate's solve draws on `budget`, leaving RESERVE of it for the final solve;
     candidates left when it runs out are not tried, and the notes say how many were."""
-    from qsync_opt.training.solving import as_baseline, resolve_budget, run_backend
-    from qsync_opt.training.predictor.instance_builder import baseline, build_instance
-    from qsync_opt.solver.budget import Budget
 
-    budget = budget or Budget(spec.solver.time_limit_s)
     graph, sens, boundary = prepared.graph, prepared.sensitivity, spec.runtime.boundary
     even = spec.local_batches()
     _, ctx = build_instance(spec, graph, sens, local_batches=even, boundary=boundary)
@@ -134,7 +134,7 @@ def choose_split(spec: JobSpec, prepared, budget=None) -> Split:
         if hi.feasible and (batch_only is None or hi.iteration_ms < batch_only[1].iteration_ms):
             batch_only = (split, hi)
         try:
-            r = run_backend(fixed, inst, budget)
+            r = solving.run_backend(fixed, inst, budget)
         except InfeasibleError as e:
             outcomes.append(Outcome(split, "infeasible", reason="; ".join(e.diagnosis[:1]) or str(e).splitlines()[0],
                                     time_ratio=getattr(e.diagnosis, "worst_time_ratio", None),

@@ -30,6 +30,12 @@ from qsync_opt.training.program.bounded import applies
 from qsync_opt.training.program.decompose import separable
 from qsync_opt.training.program.solve import solve_instance, solve_problem
 from qsync_opt.training.program.compile import compile_training
+from qsync_opt.models.zoo import list_models
+from qsync_opt.solver.budget import Budget
+from qsync_opt.solver.files import load_problem
+from qsync_opt.training.pipeline import prepare
+from qsync_opt.training.predictor.instance_builder import build_instance
+from qsync_opt.training.spec import load_spec
 
 #: (group, device, count, role, per-device batch). Faster devices carry larger local batches,
 #: as a scheduler would give them, so the inference GPUs can keep pace at some precision mix.
@@ -55,10 +61,6 @@ class Case:
 
 
 def zoo_cases(models: list[str]) -> list[Case]:
-    from qsync_opt.training.pipeline import prepare
-    from qsync_opt.training.predictor.instance_builder import build_instance
-    from qsync_opt.training.spec import load_spec
-
     cases = []
     for model in models:
         prepared = None
@@ -84,8 +86,6 @@ def synthetic_cases(sizes: list[int], kinds: list[str] | None = None) -> list[Ca
 
 
 def saved_cases(directory: str) -> list[Case]:
-    from qsync_opt.solver.files import load_problem
-
     return [Case(p.stem, "saved", None, load_problem(str(p))) for p in sorted(Path(directory).glob("*.json"))]
 
 
@@ -225,9 +225,6 @@ def limit_rows(n: int, limit: float) -> list[dict]:
     it (docs/program.md)."""
     from dataclasses import replace
 
-    from qsync_opt.solver.budget import Budget
-    from qsync_opt.training.program.solve import solve_instance
-
     inst = synthetic(n, 5, 4, "dag", seed=1)
     inst = replace(inst, groups=tuple(replace(g, time_bound_ms=g.time_bound_ms * 0.5) for g in inst.groups))
     out = []
@@ -235,7 +232,7 @@ def limit_rows(n: int, limit: float) -> list[dict]:
         budget = Budget(limit)
         t0 = time.perf_counter()
         try:
-            solve_instance(inst, backend=backend, time_limit_s=limit, threads=1, budget=budget)
+            solve_instance(inst, backend=backend, threads=1, budget=budget)
             status = "plan?!"
         except InfeasibleError:
             status = "infeasible"
@@ -249,8 +246,6 @@ def limit_rows(n: int, limit: float) -> list[dict]:
 
 
 def list_models_default() -> list[str]:
-    from qsync_opt.models.zoo import list_models
-
     return list_models()
 
 

@@ -15,6 +15,13 @@ import os
 
 from qsync_opt.training.plan import DataPlaneGroup, DataPlanePlan, Plan
 from qsync_opt.training.spec import JobSpec
+from qsync_opt.data.task import sequence_length
+from qsync_opt.loading.cost import CostModel, from_module
+from qsync_opt.loading.plane import SPEC_POLICY
+from qsync_opt.loading.sizing import measure_cost, peak_shares, size_loaders
+from qsync_opt.loading.sources import open_source
+from qsync_opt.loading.speeds import group_speeds as speeds_of, per_rank
+from qsync_opt.models.from_spec import build_from_spec
 
 SPEEDS_FROM = ("each group's predicted compute_ms (its precisions, local batch, {cost_source} costs) over the "
                "FLOPs of that batch at the traced length {L0}: seconds per FLOP; c_g(L) = seconds per FLOP x "
@@ -37,23 +44,17 @@ def model_shape(model) -> tuple[int, int]:
 
 
 def flop_curve(spec: JobSpec):
-    from qsync_opt.loading.cost import from_module
-    from qsync_opt.models.from_spec import build_from_spec
-
     model = build_from_spec(spec)
     layers, hidden = model_shape(model)
     return from_module(model, layers=layers, hidden=hidden)
 
 
 def reference_length(spec: JobSpec) -> int:
-    from qsync_opt.data.task import sequence_length
-
     return sequence_length(spec)
 
 
 def group_speeds(spec: JobSpec, plan: Plan, flops=None):
     """loading.speeds.GroupSpeed per group of the plan, in the cluster's order."""
-    from qsync_opt.loading.speeds import group_speeds as speeds_of
 
     flops = flops or flop_curve(spec)
     rows = [(g.name, g.count, plan.group(g.name).local_batch, plan.group(g.name).compute_ms)
@@ -65,8 +66,6 @@ def rank_costs(spec: JobSpec, plan: Plan | None):
     """(speeds, per-rank c(L) curves, where they came from) in rank order. With the plan's
     data-plane section its figures are used as written; without a plan, every rank gets the
     FLOP curve (equal speeds), and the note says so."""
-    from qsync_opt.loading.cost import CostModel
-    from qsync_opt.loading.speeds import per_rank
 
     if plan is not None and plan.data_plane is not None:
         dp = plan.data_plane
@@ -85,10 +84,6 @@ def rank_costs(spec: JobSpec, plan: Plan | None):
 
 
 def plan_data_plane(spec: JobSpec, plan: Plan, *, measure_samples: int = 32) -> DataPlanePlan:
-    from qsync_opt.loading.plane import SPEC_POLICY
-    from qsync_opt.loading.sizing import measure_cost, peak_shares, size_loaders
-    from qsync_opt.loading.sources import open_source
-
     data = spec.data
     flops = flop_curve(spec)
     L0 = reference_length(spec)

@@ -10,11 +10,12 @@ format where one suffices, else every format the device runs."""
 from __future__ import annotations
 
 from qsync_opt.errors import InfeasibleError, QSyncError
+from qsync_opt.training import solving
+from qsync_opt.training.solving import build_training_instance
 
 
 def precision_fixes(spec, prepared, budget, local_batches=None) -> list[str]:
     """'fix: ...' lines for restricted groups whose widened formats give a plan (checked)."""
-    from qsync_opt.training.solving import build_training_instance, run_backend
 
     restricted = {g.name: [p for p in g.device_spec.precisions if p not in g.allowed_precisions]
                   for g in spec.cluster.groups if g.precisions is not None}
@@ -33,7 +34,7 @@ def precision_fixes(spec, prepared, budget, local_batches=None) -> list[str]:
                                      "cluster": {**spec.cluster.model_dump(mode="json", by_alias=True), "groups": groups}})
         try:
             instance, _ = build_training_instance(trial, prepared, local_batches)
-            run_backend(trial, instance, budget)
+            solving.run_backend(trial, instance, budget)
             return True
         except (InfeasibleError, QSyncError):
             return False

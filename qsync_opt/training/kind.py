@@ -9,10 +9,9 @@ from qsync_opt.training.spec import JobSpec
 
 
 def plan(job: JobSpec, budget, export_problem=None) -> Plan:
-    from qsync_opt.training.data_plane import with_data_plane  # import cost: the planner pulls torch
-    from qsync_opt.training.pipeline import solve  # import cost: torch, the tracer and the solvers
+    from qsync_opt.training.pipeline import plan_job  # import cost: the program compiler and the solvers
 
-    return with_data_plane(job, solve(job, export_problem=export_problem))
+    return plan_job(job, budget, export_problem=export_problem)
 
 
 def report(plan: Plan, console, verbose: bool = False) -> None:

@@ -14,19 +14,30 @@ from typing import Any
 import torch
 from torch import nn
 
-from qsync_opt.errors import InfeasibleError
+from qsync_opt.errors import InfeasibleError, ModelError
 from qsync_opt.models.from_spec import build_from_spec, input_maker
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.models.private_rng import private_rng
 from qsync_opt.models.trace import TRACE_BATCH, trace
+from qsync_opt.solver.budget import Budget
+from qsync_opt.training.infeasible_fixes import precision_fixes
 from qsync_opt.training.plan import GroupPlan, Plan, Provenance, SolverReport, graph_fingerprint
-from qsync_opt.training.predictor.indicators import compute_indicator
+from qsync_opt.training.predictor.indicators import compute_indicator, indicator_precisions
 from qsync_opt.training.predictor.replayer import replay
 from qsync_opt.training.predictor.sensitivity import Sensitivity
 from qsync_opt.training.program.instance import evaluate
 from qsync_opt.training.solving import (  # noqa: F401 (build_training_instance, resolve_budget, run_backend re-exported)
     baselines_of, build_training_instance, greedy_result, resolve_budget, run_backend)
 from qsync_opt.training.spec import JobSpec, load_spec
+from qsync_opt.models.export_trace import pinned_notes
+from qsync_opt.models.lazy_weights import dense_during_calls
+from qsync_opt.precision import PRECISIONS
+from qsync_opt.solver.files import save_problem
+from qsync_opt.training.batch_split import choose_split
+from qsync_opt.training.predictor.indicator_auto import weights_words
+from qsync_opt.training.predictor import weight_stream
+from qsync_opt.training.program.compile import compile_training
+from qsync_opt.training.refine import solve_and_refine
 
 """Graphs are traced at batch 1 and rescaled per group (OpGraph.for_batch): cheap and exact for FLOPs."""
 
@@ -70,24 +81,18 @@ def prepare(spec: JobSpec) -> Prepared:
 
 def _prepare_light(spec: JobSpec, t0: float) -> Prepared | None:
     """prepare() without materialising the weights, or None where that cannot be exact."""
-    from qsync_opt.errors import ModelError
-    from qsync_opt.models.lazy_weights import dense_during_calls
-    from qsync_opt.precision import PRECISIONS
-    from qsync_opt.training.predictor.indicator_auto import weights_words
-    from qsync_opt.training.predictor.indicators import indicator_precisions
-    from qsync_opt.training.predictor.weight_stream import (light_capable, prepare_light, start_weight_stats,
-                                                             streamed_weight_indicator)
 
-    built = prepare_light(spec, spec.training.seed if spec.training else 0) if light_capable(spec) else None
+    seed = spec.training.seed if spec.training else 0
+    built = weight_stream.prepare_light(spec, seed) if weight_stream.light_capable(spec) else None
     if built is None:
         return None
-    module, recording, meta_of = built
+    module, recording, meta_of = built.module, built.recording, built.meta_of
     t1 = time.perf_counter()
     inputs = input_maker(spec)(TRACE_BATCH, torch.Generator().manual_seed(0))
     overlapped = []  # where torch.export captures (seconds of Python), the init replay runs beside it
 
     def start_replay():
-        overlapped.append(start_weight_stats(module, recording, meta_of))
+        overlapped.append(weight_stream.start_weight_stats(module, recording, meta_of))
 
     try:
         with dense_during_calls(module):  # zeros for one module at a time while it runs (fast CPU kernels)
@@ -100,7 +105,7 @@ def _prepare_light(spec: JobSpec, t0: float) -> Prepared | None:
     t2 = time.perf_counter()
     auto = spec.indicator.method == "auto"  # without data, auto is the weight indicator over every format
     precisions = PRECISIONS if auto else indicator_precisions(spec)
-    sensitivity = streamed_weight_indicator(module, graph, recording, precisions, meta_of,
+    sensitivity = weight_stream.streamed_weight_indicator(module, graph, recording, precisions, meta_of,
                                             overlapped[0] if overlapped else None)
     if sensitivity is None:
         return None
@@ -111,8 +116,21 @@ def _prepare_light(spec: JobSpec, t0: float) -> Prepared | None:
     return Prepared(module, graph, sensitivity, {"build": t1 - t0, "trace": t2 - t1, "indicator": t3 - t2}, note)
 
 
+def plan_job(job: JobSpec, budget: Budget, *, export_problem: "str | Path | None" = None) -> Plan:
+    """The plan of a training job, its data-plane section included (what `qsync_opt.solve` gives
+    for `kind: training`); every solve it makes draws on the caller's `budget`."""
+    plan = plan_training(job, prepare(job), budget, export_problem=export_problem)
+    if job.data is None or not job.data.sources:
+        return plan
+    from qsync_opt.training.data_plane import with_data_plane  # import cost: the data plane (loading/), for data.sources only
+
+    return with_data_plane(job, plan)
+
+
 def solve(spec_or_path: "str | Path | dict | JobSpec", *, export_problem: "str | Path | None" = None, **overrides: Any) -> Plan:
-    """Plan a training job (any kind: `qsync_opt.solve`, which dispatches here).
+    """A training spec's plan without its data-plane section, on a budget of its own
+    `solver.time_limit_s` (for callers that plan one training spec alone; `qsync_opt.solve`
+    plans any kind).
 
     `overrides` take dotted spec paths, e.g. `solve("job.yaml", **{"solver.backend": "cbc"})`;
     plain keywords `backend`, `time_limit_s`, `rel_gap`, `threads`, `seed` are shorthands for
@@ -122,19 +140,18 @@ def solve(spec_or_path: "str | Path | dict | JobSpec", *, export_problem: "str |
         if short in overrides:
             overrides[f"solver.{short}"] = overrides.pop(short)
     spec = load_spec(spec_or_path, **overrides)
-    prepared = prepare(spec)
-    return plan_training(spec, prepared, export_problem=export_problem)
+    return plan_training(spec, prepare(spec), export_problem=export_problem)
 
 
-def plan_training(spec: JobSpec, prepared: Prepared, *, export_problem: "str | Path | None" = None) -> Plan:
-    """One budget of `solver.time_limit_s` for everything below: split search, solve, tie-break,
-    refine rounds and diagnosis; model building is timed apart and reported beside it."""
-    from qsync_opt.training.batch_split import choose_split
-    from qsync_opt.training.refine import solve_and_refine
-    from qsync_opt.solver.budget import Budget
+def plan_training(spec: JobSpec, prepared: Prepared, budget: Budget | None = None, *,
+                  export_problem: "str | Path | None" = None) -> Plan:
+    """Everything below draws on `budget`: split search, solve, tie-break, refine rounds and
+    diagnosis; model building is timed apart and reported beside it. Without a budget (a caller
+    planning one spec alone) this call makes its one Budget of `solver.time_limit_s`."""
 
     t0 = time.perf_counter()
-    budget = Budget(spec.solver.time_limit_s)
+    if budget is None:
+        budget = Budget(spec.solver.time_limit_s)
     notes: list[str] = []
     if spec.training.batch_split == "auto":
         split = choose_split(spec, prepared, budget)
@@ -144,14 +161,10 @@ def plan_training(spec: JobSpec, prepared: Prepared, *, export_problem: "str | P
         local_batches, extra = None, {}
     instance, ctx = build_training_instance(spec, prepared, local_batches)
     if export_problem:
-        from qsync_opt.solver.files import save_problem
-        from qsync_opt.training.program.compile import compile_training
-
         save_problem(compile_training(instance), str(export_problem))
         notes.append(f"problem exported to {export_problem}")
     if prepared.indicator_note:
         notes.append(prepared.indicator_note)
-    from qsync_opt.models.export_trace import pinned_notes
 
     notes.extend(pinned_notes(prepared.graph))  # GEMMs and attention kept at fp32, and why
     warm = greedy_result(instance) if spec.solver.refine_rounds > 0 else None
@@ -159,8 +172,6 @@ def plan_training(spec: JobSpec, prepared: Prepared, *, export_problem: "str | P
         result, rounds, meets = solve_and_refine(spec, instance, ctx, lambda inst: run_backend(spec, inst, budget),
                                                  budget, warm)
     except InfeasibleError as e:  # formats the spec left out that would give a plan (infeasible_fixes.py)
-        from qsync_opt.training.infeasible_fixes import precision_fixes
-
         e.diagnosis.extend(precision_fixes(spec, prepared, budget, local_batches))
         raise
     notes.extend(result["notes"])

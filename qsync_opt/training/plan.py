@@ -20,6 +20,7 @@ from qsync_opt.io import atomic_write_text
 from qsync_opt.models.fingerprint import (  # noqa: F401 (re-exported: plans carry the graph's fingerprint)
     GraphFingerprint, fingerprint_mismatch, graph_fingerprint, make_fingerprint, op_signature)
 from qsync_opt.precision import PrecisionName
+from qsync_opt.spec.load import plan_kind, read_text_file
 
 FORMAT_VERSION = 1
 
@@ -203,8 +204,6 @@ class Plan(BaseModel):
 
     @classmethod
     def load(cls, path: "str | Path") -> "Plan":
-        from qsync_opt.spec.load import plan_kind, read_text_file
-
         path = Path(path)
         text = read_text_file(path, "plan file", "a plan written by `qsync-opt solve SPEC -o plan.json`")
         try:

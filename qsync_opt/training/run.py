@@ -33,9 +33,17 @@ from pathlib import Path
 from qsync_opt.errors import QSyncError, SpecError
 from qsync_opt.io import atomic_write_text
 from qsync_opt.runtime.process_exit import Stopped, stop_on_signals
+from qsync_opt.solver.budget import Budget
 from qsync_opt.training.plan import Plan
 from qsync_opt.spec.load import read_document
 from qsync_opt.training.spec import JobSpec, load_spec
+from qsync_opt.data.imported import add_to_sys_path, import_paths
+from qsync_opt.runtime import checkpoint as ckpt
+from qsync_opt.runtime.emulation import check_emulation
+from qsync_opt.training.pipeline import plan_job
+from qsync_opt.training.run_report import write_report, write_stopped_report
+from qsync_opt.training.run_stages import indicate_stage, predict_stage, profile_stage
+from qsync_opt.training.runtime import launch
 
 
 @dataclass
@@ -56,29 +64,19 @@ CHECKPOINTS = "checkpoints"
 
 
 def _profile(ctx: RunContext) -> str:
-    from qsync_opt.training.run_stages import profile_stage
-
     return profile_stage(ctx.spec, ctx.out, ctx.log)
 
 
 def _indicate(ctx: RunContext) -> str:
-    from qsync_opt.training.run_stages import indicate_stage
-
     return indicate_stage(ctx.spec, ctx.out, ctx.log)
 
 
 def _solve(ctx: RunContext) -> str:
-    from qsync_opt.training.data_plane import with_data_plane
-    from qsync_opt.training.pipeline import solve
-
-    plan = with_data_plane(ctx.spec, solve(ctx.spec))
+    plan = plan_job(ctx.spec, Budget(ctx.spec.solver.time_limit_s))
     return str(plan.save(ctx.out / "plan.json"))
 
 
 def _train(ctx: RunContext) -> str:
-    from qsync_opt.runtime import checkpoint as ckpt  # torch: imported by the stages that need it, as above
-    from qsync_opt.training.runtime.launch import run_job
-
     metrics, checkpoints = ctx.out / "train", ctx.out / CHECKPOINTS
     resume = ctx.resume_train and ckpt.latest(checkpoints) is not None
     if resume:
@@ -86,7 +84,7 @@ def _train(ctx: RunContext) -> str:
     else:  # a fresh training: a stale newer checkpoint must never be resumed later
         shutil.rmtree(checkpoints, ignore_errors=True)
     before = os.getloadavg()
-    result = run_job(ctx.spec_path, Plan.load(ctx.out / "plan.json"), steps=ctx.steps, metrics_dir=str(metrics),
+    result = launch.run_job(ctx.spec_path, Plan.load(ctx.out / "plan.json"), steps=ctx.steps, metrics_dir=str(metrics),
                      checkpoint_dir=str(checkpoints), resume=resume, emulate=ctx.emulate)
     if result.status == "stopped":
         kept = (f"training stopped after step {result.steps_done} (checkpoint {ckpt.latest(checkpoints)})"
@@ -100,14 +98,10 @@ def _train(ctx: RunContext) -> str:
 
 
 def _predict(ctx: RunContext) -> str:
-    from qsync_opt.training.run_stages import predict_stage
-
     return predict_stage(ctx.spec_path, ctx.out, ctx.log)
 
 
 def _report(ctx: RunContext) -> str:
-    from qsync_opt.training.run_report import write_report
-
     return str(write_report(ctx.spec, Plan.load(ctx.out / "plan.json"), ctx.out / "train", ctx.out))
 
 
@@ -149,7 +143,6 @@ def _run(spec_path: str, out: Path, start: str | None, steps: int | None, log: C
         raise SpecError(f"kind: {kind}: `qsync-opt run` profiles, plans and trains a training job; "
                         f"plan a {kind} spec with `qsync-opt solve`")
     spec = load_spec(spec_path)
-    from qsync_opt.runtime.emulation import check_emulation
 
     check_emulation(spec, None, emulate=emulate, log=log)  # refuse a >10x emulation before profiling and solving
     out.mkdir(parents=True, exist_ok=True)
@@ -158,7 +151,6 @@ def _run(spec_path: str, out: Path, start: str | None, steps: int | None, log: C
     if manifest.get("spec_digest") != spec.digest() or manifest.get("steps") != steps:
         manifest = {"spec_digest": spec.digest(), "steps": steps, "stages": {}}
     stopped_in = (manifest.get("stopped") or {}).get("stage")
-    from qsync_opt.data.imported import add_to_sys_path, import_paths
 
     add_to_sys_path(import_paths(spec_path))  # user models, for every stage that builds the model
     ctx = RunContext(spec_path, spec, out, steps, log, emulate)
@@ -184,8 +176,6 @@ def _run(spec_path: str, out: Path, start: str | None, steps: int | None, log: C
                 manifest.pop("stage", None)
             atomic_write_text(manifest_path, json.dumps(manifest, indent=1))
         except Stopped as e:
-            from qsync_opt.runtime import checkpoint as ckpt  # as in _train
-
             manifest["stages"].pop(name, None)
             _record_stop(ctx, manifest, manifest_path, name, e)
 
@@ -206,7 +196,6 @@ def _run(spec_path: str, out: Path, start: str | None, steps: int | None, log: C
 def _record_stop(ctx: RunContext, manifest: dict, manifest_path: Path, stage: str, e: Stopped) -> None:
     """run.json says the run stopped in `stage` and report.md says so too (a second stop while
     writing leaves what the first one wrote: the stage is already struck from run.json)."""
-    from qsync_opt.training.run_report import write_stopped_report
 
     manifest.update(status="stopped", stage=stage, stopped={"stage": stage, "signal": e.signal, "detail": e.detail})
     with contextlib.suppress(Stopped):

@@ -9,9 +9,12 @@ from pathlib import Path
 from qsync_opt.data.evaluation import read_eval
 from qsync_opt.io import atomic_write_text
 from qsync_opt.training.plan import Plan
-from qsync_opt.training.report import MEETS_BOUNDS, legend_text, meets_bounds_cell
+from qsync_opt.training.report import MEETS_BOUNDS, legend_text, meets_bounds_cell, user_notes
 from qsync_opt.training.pictures import curves, precision_strip
 from qsync_opt.training.spec import JobSpec
+from qsync_opt.data.majority import majority_rate
+from qsync_opt.data.task import build_task
+from qsync_opt.training.run_stages import measured_iteration_ms
 
 
 def write_report(spec: JobSpec, plan: Plan, metrics: Path, out: Path) -> Path:
@@ -47,14 +50,10 @@ def write_report(spec: JobSpec, plan: Plan, metrics: Path, out: Path) -> Path:
     if steps:
         lines.append(f"{len(steps)} steps: loss {steps[0]['loss']:.4f} -> {steps[-1]['loss']:.4f}.")
     if evals:
-        from qsync_opt.data.majority import majority_rate
-        from qsync_opt.data.task import build_task
-
         rate, classes = majority_rate(build_task(spec))
         lines.append(test_set_line(evals[-1], rate, classes))
     lines += data_plane_lines(spec, plan, metrics)
     lines += ["", "![training and test curves](curves.png)", ""]
-    from qsync_opt.training.report import user_notes
 
     shown, internal = user_notes(plan.solver.notes)
     lines += [f"- note: {note}" for note in shown]
@@ -184,7 +183,6 @@ def _load(x) -> str:
 
 def _prediction_lines(out: Path, metrics: Path) -> list[str]:
     """Predicted (replayer) against measured (train) iteration time, each with the load it was made under."""
-    from qsync_opt.training.run_stages import measured_iteration_ms
 
     pred_path = out / "predict.json"
     if not pred_path.exists():

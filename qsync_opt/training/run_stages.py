@@ -16,18 +16,28 @@ from collections.abc import Callable
 from pathlib import Path
 
 from qsync_opt.io import atomic_write_text
-from qsync_opt.training.spec import JobSpec
+from qsync_opt.training.spec import JobSpec, load_spec
+from qsync_opt.errors import ModelError, SpecError
+from qsync_opt.models.from_spec import build_from_spec, input_maker
+from qsync_opt.models.private_rng import private_rng
+from qsync_opt.models.trace import TRACE_BATCH, symbolic_trace, trace
+from qsync_opt.training.pipeline import prepare
+from qsync_opt.training.plan import Plan
+from qsync_opt.training.predictor.indicator_auto import resolved_method
+from qsync_opt.training.predictor.indicators import compute_indicator
+from qsync_opt.training.predictor.instance_builder import build_instance
+from qsync_opt.training.predictor.profile import default_profile_path, load_profile, op_signature, step_key
+from qsync_opt.training.predictor import profiler
+from qsync_opt.training.predictor.measuring import group_threads, is_local, local_ranks
+from qsync_opt.training.predictor.replayer import replay
+from qsync_opt.training.predictor.timeline_export import write_chrome_trace, write_png
 
 
 def _graph(spec: JobSpec):
     """The model's graph at the trace batch (as pipeline.prepare traces it)."""
     import torch
 
-    from qsync_opt.models.from_spec import build_from_spec, input_maker
-    from qsync_opt.models.trace import trace
-    from qsync_opt.models.trace import TRACE_BATCH
 
-    from qsync_opt.models.private_rng import private_rng
 
     with private_rng(spec.training.seed):  # as pipeline.prepare: never torch's global RNG
         module = build_from_spec(spec)
@@ -42,8 +52,6 @@ def missing_profile(spec: JobSpec, graph) -> tuple[dict[str, str], dict[str, str
     no `profile:` file of its own, its device runs here, and this machine's profile lacks any
     entry the profiler would write for it (the same list `profile_group` works through).
     """
-    from qsync_opt.training.predictor.profile import default_profile_path, load_profile, op_signature, step_key
-    from qsync_opt.training.predictor.profiler import group_threads, is_local, local_ranks
 
     path = default_profile_path()
     prof = load_profile(path) if path.exists() else None  # another machine's profile: refused by name
@@ -76,10 +84,6 @@ def _not_profilable(spec: JobSpec) -> str | None:
     """Why the per-op profiler cannot time this model (it replays an fx graph op by op), or None."""
     import torch
 
-    from qsync_opt.errors import ModelError
-    from qsync_opt.models.from_spec import build_from_spec
-    from qsync_opt.models.trace import symbolic_trace
-
     with torch.device("meta"):
         module = build_from_spec(spec)
     try:
@@ -92,8 +96,6 @@ def _not_profilable(spec: JobSpec) -> str | None:
 
 def profile_stage(spec: JobSpec, out: Path, log: Callable[[str], None]) -> str:
     """Measure the local groups that have no usable profile yet (the profiler resumes partial ones)."""
-    from qsync_opt.training.predictor.profile import default_profile_path
-    from qsync_opt.training.predictor.profiler import profile_spec
 
     todo, skip = ({}, {g.name: "costs: roofline" for g in spec.cluster.groups}) if spec.costs == "roofline" \
         else missing_profile(spec, _graph(spec))
@@ -107,7 +109,7 @@ def profile_stage(spec: JobSpec, out: Path, log: Callable[[str], None]) -> str:
     if todo:
         for name, why in todo.items():
             log(f"  {name}: profiling ({why})")
-        profile_spec(spec, default_profile_path(), groups=list(todo), progress=False, log=lambda s: log(f"  {s}"))
+        profiler.profile_spec(spec, default_profile_path(), groups=list(todo), progress=False, log=lambda s: log(f"  {s}"))
     record = {"profile": str(default_profile_path()), "profiled": todo, "skipped": skip,
               "wall_s": round(time.perf_counter() - t0, 2), "load_before": before, "load_after": os.getloadavg()}
     return str(atomic_write_text(out / "profile.json", json.dumps(record, indent=1)))
@@ -115,9 +117,6 @@ def profile_stage(spec: JobSpec, out: Path, log: Callable[[str], None]) -> str:
 
 def indicate_stage(spec: JobSpec, out: Path, log: Callable[[str], None]) -> str:
     """The spec's indicator (from the shared indicator cache when it is there), ω kept in DIR."""
-    from qsync_opt.training.predictor.indicators import compute_indicator
-
-    from qsync_opt.training.predictor.indicator_auto import resolved_method
 
     sens, note = compute_indicator(spec, log=lambda s: log(f"  {s}"), progress=True)
     log(f"  {note}")
@@ -127,7 +126,6 @@ def indicate_stage(spec: JobSpec, out: Path, log: Callable[[str], None]) -> str:
 
 def predict_stage(spec_path: str, out: Path, log: Callable[[str], None]) -> str:
     """Replay the plan: lockstep iteration, per-group breakdown, Chrome trace and PNG timeline."""
-    from qsync_opt.training.predictor.timeline_export import write_chrome_trace, write_png
 
     spec, ctx, tl = predict_plan(spec_path, out / "plan.json")
     write_chrome_trace(tl, out / "timeline.trace.json")
@@ -171,12 +169,6 @@ def measured_iteration_ms(metrics: Path) -> tuple[float, int] | None:
 
 def predict_plan(spec_path, plan_path):
     """(spec, Context, Timeline) of a saved plan replayed under the spec's cost model."""
-    from qsync_opt.errors import SpecError
-    from qsync_opt.training.pipeline import prepare
-    from qsync_opt.training.plan import Plan
-    from qsync_opt.training.predictor.instance_builder import build_instance
-    from qsync_opt.training.predictor.replayer import replay
-    from qsync_opt.training.spec import load_spec
 
     spec = load_spec(spec_path)
     plan = Plan.load(plan_path)

@@ -8,12 +8,18 @@ import time
 from dataclasses import replace
 
 from qsync_opt.errors import InfeasibleError
+from qsync_opt.solver.budget import Budget
 from qsync_opt.training.plan import Baseline
 from qsync_opt.training.predictor.context import Context
 from qsync_opt.training.predictor.instance_builder import baseline, build_instance
 from qsync_opt.training.predictor.replayer import replay
 from qsync_opt.training.program.instance import Assignment, TrainingInstance, evaluate
 from qsync_opt.training.spec import JobSpec
+from qsync_opt.training.program.greedy import greedy
+from qsync_opt.training.program.qsync_greedy import qsync_greedy
+from qsync_opt.training.program.solve import DEFAULT_BACKEND, diagnose, solve_instance
+from qsync_opt.training.program.uniform import uniform_policy
+from qsync_opt.training import refine
 
 
 def resolve_budget(spec: JobSpec, instance: TrainingInstance) -> TrainingInstance:
@@ -27,8 +33,6 @@ def resolve_budget(spec: JobSpec, instance: TrainingInstance) -> TrainingInstanc
 
 
 def greedy_result(instance: TrainingInstance) -> dict | None:
-    from qsync_opt.training.program.greedy import greedy
-
     g = greedy(instance)
     if not g.feasible:
         return None
@@ -36,13 +40,9 @@ def greedy_result(instance: TrainingInstance) -> dict | None:
                 objective=evaluate(instance, g.assignment).objective(instance), bound=None, gap=None, wall_s=0.0, notes=[])
 
 
-def run_backend(spec: JobSpec, instance: TrainingInstance, budget=None) -> dict:
-    """One solve with the spec's backend on `budget` (the spec's time limit if None)."""
-    from qsync_opt.solver.budget import Budget
-    from qsync_opt.training.program.solve import DEFAULT_BACKEND, diagnose, solve_instance
-    from qsync_opt.training.program.uniform import uniform_policy
+def run_backend(spec: JobSpec, instance: TrainingInstance, budget: Budget) -> dict:
+    """One solve with the spec's backend, drawing on the caller's `budget`."""
 
-    budget = budget or Budget(spec.solver.time_limit_s)
     backend = DEFAULT_BACKEND if spec.solver.backend == "default" else spec.solver.backend
     t0 = time.perf_counter()
     if backend == "uniform":
@@ -55,7 +55,7 @@ def run_backend(spec: JobSpec, instance: TrainingInstance, budget=None) -> dict:
         return dict(assignment=assignment, backend="uniform", status="heuristic", objective=ev.objective(instance),
                     bound=None, gap=None, wall_s=time.perf_counter() - t0, notes=[])
     s = spec.solver
-    r = solve_instance(instance, backend=backend, time_limit_s=budget.remaining(), rel_gap=s.rel_gap,
+    r = solve_instance(instance, backend=backend, rel_gap=s.rel_gap,
                        threads=s.threads, seed=s.seed, budget=budget)
     notes = []
     if r.scaling:
@@ -74,12 +74,10 @@ def baselines_of(instance: TrainingInstance, ctx: Context) -> dict[str, Baseline
     for label, kind in (("all highest (fp32)", "highest"), ("uniform lowest", "lowest")):
         a = baseline(instance, kind)
         out[label] = as_baseline(instance, ctx, a)
-    from qsync_opt.training.program.greedy import greedy
 
     g = greedy(instance)
     if g.feasible:
         out["greedy (gain per ms)"] = as_baseline(instance, ctx, g.assignment)
-    from qsync_opt.training.program.qsync_greedy import qsync_greedy
 
     q = qsync_greedy(instance, lambda a: replay(ctx, a).iteration_ms)  # QSync's rule, judged by the replayer
     out["qsync greedy (QSync allocator)"] = as_baseline(instance, ctx, q)
@@ -87,11 +85,9 @@ def baselines_of(instance: TrainingInstance, ctx: Context) -> dict[str, Baseline
 
 
 def as_baseline(instance: TrainingInstance, ctx: Context, a: Assignment) -> Baseline:
-    from qsync_opt.training.refine import meets_time_bound
-
     tl = replay(ctx, a)
     ev = evaluate(instance, a)
-    in_time = meets_time_bound(instance, tl.iteration_ms)  # judged like the plan: the replayer's lockstep iteration
+    in_time = refine.meets_time_bound(instance, tl.iteration_ms)  # judged like the plan: the replayer's lockstep iteration
     return Baseline(
         iteration_ms=tl.iteration_ms,
         indicator=ev.degradation,

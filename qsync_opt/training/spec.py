@@ -154,7 +154,7 @@ class JobSpec(_Model):
     @model_validator(mode="after")
     def _training_memory_usable(self) -> "JobSpec":
         """A training group's memory_gb must leave room beyond the training runtime's own overhead."""
-        from qsync_opt.runtime.memory import capacity_bytes
+        from qsync_opt.runtime.memory import capacity_bytes  # import cost: qsync_opt.runtime (quantized modules); every command reads a spec
 
         for i, g in enumerate(self.cluster.groups):
             if g.memory_gb is None:

@@ -12,6 +12,7 @@ import pytest
 
 import qsync_opt
 from qsync_opt.serving import planner
+from qsync_opt.solver import budget
 from tests.serving.test_serving_plan import spec
 
 
@@ -39,6 +40,7 @@ class WorstCaseClock:
 def clock(monkeypatch):
     c = WorstCaseClock()
     monkeypatch.setattr(planner, "time", SimpleNamespace(perf_counter=c.perf_counter))
+    monkeypatch.setattr(budget, "time", SimpleNamespace(perf_counter=c.perf_counter))  # Budget.timed's clock
     monkeypatch.setattr(planner, "solve_serving",
                         c.wrap("solve", planner.solve_serving, lambda inst, be, opts=None, **kw: opts.time_limit_s))
     monkeypatch.setattr(planner, "relaxation_bound",

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from qsync_opt.solver.backends.linear import linearize
+from qsync_opt.solver.budget import DEFAULT_TIME_LIMIT_S
 from qsync_opt.solver.problem import Problem
 
 OPTIMALITY_TOL = 1e-7
@@ -40,7 +41,8 @@ infeasible: proven; unknown: stopped at a limit with no plan and no proof; error
 
 @dataclass(frozen=True)
 class SolveOptions:
-    time_limit_s: float = 60.0
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    """This one solver run's limit (a caller's Budget grants it)."""
     rel_gap: float = 1e-4
     """Stop when (objective − bound) / |objective| ≤ rel_gap. 0 asks for a proven optimum."""
     threads: int | None = None

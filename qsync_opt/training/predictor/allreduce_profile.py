@@ -24,11 +24,16 @@ low (benchmarks/ddp_step_readings.py).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
-from qsync_opt.training.predictor.measuring import fit_line as _fit_line, robust_ms
+from qsync_opt.training.predictor.measuring import ddp_key, fit_line as _fit_line, group_threads, robust_ms  # noqa: F401 (ddp_key re-exported)
 from qsync_opt.training.predictor.step_profile import lockstep_median_ms, loop_step, step_times_ms
+from qsync_opt.runtime import process_exit
+from qsync_opt.training.runtime.launch import free_port
+from qsync_opt.training.runtime.trainer import build_rank_model, make_optimizer
+from qsync_opt.training.spec import load_spec
 
 ALLREDUCE_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
 
@@ -55,9 +60,6 @@ def ddp_step_times_ms(spec, rank: int) -> list[float]:
     the trainer's timed step runs them; the process already carries its group's env."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from qsync_opt.training.runtime.trainer import build_rank_model, make_optimizer
-    from qsync_opt.training.predictor.measuring import group_threads
 
     g = spec.cluster.group_of_rank(rank)
     torch.set_num_threads(group_threads(g, spec.cluster.world_size))
@@ -91,16 +93,25 @@ def collectives(spec, rank: int, world: int, init_method: str, out_dir: Path, *,
         dist.destroy_process_group()
 
 
-def read_results(out_dir: Path, world: int) -> tuple[dict | None, float | None]:
-    """(all-reduce fit, DDP step ms) written by `collectives`, None where absent; the DDP step is read
-    as `train` reads its iterations: per step the slowest rank, then the median over steps."""
+class Collectives(NamedTuple):
+    """What `collectives` measured, None where it was not measured."""
+
+    allreduce_fit: dict | None
+    """α (ms) and β (ms per byte) of the gloo all-reduce."""
+    ddp_step_ms: float | None
+    """The slowest rank's fp32 DDP step (ms), median over steps."""
+
+
+def read_results(out_dir: Path, world: int) -> Collectives:
+    """What `collectives` wrote to `out_dir`; the DDP step is read as `train` reads its iterations:
+    per step the slowest rank, then the median over steps."""
     import json
 
     ar = out_dir / "allreduce.json"
     fitted = fit({int(k): v for k, v in json.loads(ar.read_text()).items()}) if ar.exists() else None
     steps = [out_dir / f"ddp.{r}" for r in range(world)]
     ddp = lockstep_median_ms([json.loads(f.read_text()) for f in steps]) if all(f.exists() for f in steps) else None
-    return fitted, ddp
+    return Collectives(fitted, ddp)
 
 
 def _worker(rank: int, world: int, port: int, spec_file: str | None, out_dir: str, ar: bool, ddp: bool) -> None:
@@ -108,54 +119,34 @@ def _worker(rank: int, world: int, port: int, spec_file: str | None, out_dir: st
 
     spec = None
     if spec_file:
-        from qsync_opt.training.spec import load_spec
-
         spec = load_spec(spec_file)
         os.environ.update(spec.cluster.group_of_rank(rank).env)  # before any kernel: oneDNN reads its cap once
     collectives(spec, rank, world, f"tcp://127.0.0.1:{port}", Path(out_dir), ar=ar, ddp=ddp)
-    from qsync_opt.runtime.process_exit import exit_without_destructors
 
-    exit_without_destructors(0)  # results written; a gloo thread's destructor aborted ~1 in 5 such measurements here
+    process_exit.exit_without_destructors(0)  # results written; a gloo thread's destructor aborted ~1 in 5 such measurements here
 
 
-def _spawn(world: int, spec, *, ar: bool, ddp: bool) -> tuple[dict | None, float | None]:
+def _spawn(world: int, spec, *, ar: bool, ddp: bool) -> Collectives:
     import json
     import tempfile
 
     import torch.multiprocessing as mp
-
-    from qsync_opt.training.runtime.launch import _free_port
 
     with tempfile.TemporaryDirectory() as d:
         spec_file = None
         if spec is not None:
             spec_file = str(Path(d) / "spec.json")
             Path(spec_file).write_text(json.dumps(spec.model_dump(mode="json", by_alias=True)))
-        mp.start_processes(_worker, args=(world, _free_port(), spec_file, d, ar, ddp), nprocs=world,
+        mp.start_processes(_worker, args=(world, free_port(), spec_file, d, ar, ddp), nprocs=world,
                            start_method="spawn")
         return read_results(Path(d), world)
 
 
 def measure_allreduce(world: int) -> dict[str, float]:
     """α (ms) and β (ms per byte) of a gloo all-reduce over `world` local processes."""
-    return _spawn(world, None, ar=True, ddp=False)[0]
-
-
-def ddp_key(spec) -> str:
-    """Profile key of one DDP step: world, model, optimizer and every rank's env, threads, batch."""
-    import hashlib
-    import json
-
-    from qsync_opt.training.predictor.measuring import group_threads
-
-    world = spec.cluster.world_size
-    ranks = [(g.env, group_threads(g, world), spec.local_batches()[g.name])
-             for g in spec.cluster.groups for _ in range(g.count)]
-    data = spec.data.model_dump(mode="json") if getattr(spec, "data", None) is not None else "synthetic"
-    ident = json.dumps([spec.model.model_dump(mode="json"), spec.training.optimizer, ranks, data], sort_keys=True)
-    return f"ddp/{world}|{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
+    return _spawn(world, None, ar=True, ddp=False).allreduce_fit
 
 
 def measure_ddp_step(spec) -> float:
     """ms of the slowest rank's fp32 DDP training step, every rank of `spec` running here at once."""
-    return _spawn(spec.cluster.world_size, spec, ar=False, ddp=True)[1]
+    return _spawn(spec.cluster.world_size, spec, ar=False, ddp=True).ddp_step_ms

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from qsync_opt.runtime.data import build_task
 
 if TYPE_CHECKING:
     from qsync_opt.training.spec import JobSpec
@@ -13,7 +14,6 @@ if TYPE_CHECKING:
 def calibration_batches(spec: JobSpec, task=None) -> list[tuple[tuple[torch.Tensor, ...], torch.Tensor]]:
     """The first N batches of the job's training data (its `data:` section, else the synthetic
     task), as (inputs, targets): sensitivity is a property of the data the job trains on."""
-    from qsync_opt.runtime.data import build_task
 
     cal = spec.indicator.calibration
     size = cal.batch_size or min(spec.training.global_batch, 32)

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 
 from qsync_opt.training.predictor.profile import Profile, ProfileError, load_profile
+from qsync_opt.training.predictor.allreduce_profile import read_results
+from qsync_opt.training.predictor.measuring import group_threads
 
 #: A companion stops after this long even if a profiler never reports (e.g. it was killed).
 BUSY_LIMIT_S = 1800.0
@@ -48,8 +50,6 @@ def run_colocated(spec, jobs: list[tuple[object, bool]], path: Path, progress: b
     DDP step is not taken here but in fresh ranks (profiler.profile_spec): read in these
     processes after their profiling, it came out a median 8% below what `train` then measured
     (benchmarks/ddp_step_readings.py), fresh ranks 3% above."""
-    from qsync_opt.training.predictor.allreduce_profile import read_results
-    from qsync_opt.training.predictor.measuring import group_threads
 
     path = Path(path)
     with tempfile.TemporaryDirectory() as d:
@@ -81,7 +81,7 @@ def run_colocated(spec, jobs: list[tuple[object, bool]], path: Path, progress: b
         if bad:
             raise ProfileError(f"profiler: group(s) {', '.join(f'{n} (exit {rc})' for n, rc in bad)} failed; "
                                "see the messages above (measured entries are kept and resumed next time)")
-        fitted, _ = read_results(busy, len(jobs))
+        fitted = read_results(busy, len(jobs)).allreduce_fit
     merge_parts(path, [(part, key_of(g)) for g, part in parts])
     return fitted
 

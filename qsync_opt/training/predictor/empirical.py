@@ -19,6 +19,8 @@ from torch import nn
 
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.training.predictor.sensitivity import Sensitivity, check_precisions, normalise
+from qsync_opt.models.rewrite import make_applicable
+from qsync_opt.runtime.apply import apply_plan, selectable_modules
 
 
 @torch.no_grad()
@@ -32,7 +34,6 @@ def measurable(module: nn.Module, ops: Sequence[str], batches: Sequence, leaf_mo
     missing = set(ops) - {name for name, _ in module.named_modules()}
     if not missing or not batches:
         return module
-    from qsync_opt.models.rewrite import make_applicable
 
     return make_applicable(module, tuple(batches[0][0]), leaf_modules=leaf_modules, fqns=missing)
 
@@ -41,7 +42,6 @@ def loss_changes(module: nn.Module, ops: Sequence[str], batches: Sequence, loss_
                  precisions: Iterable[str], *, backward_precision: str = "bf16",
                  leaf_modules: Iterable = ()) -> tuple[dict, float]:
     """({op: {p: |ΔL|}}, fp32 loss) with one op at a time lowered to p."""
-    from qsync_opt.runtime.apply import apply_plan, selectable_modules
 
     model = measurable(copy.deepcopy(module), ops, batches, leaf_modules).eval()
     base = _mean_loss(model, batches, loss_fn)
@@ -68,7 +68,6 @@ def empirical_indicator(module: nn.Module, graph: OpGraph, batches: Sequence, lo
     ops = [n.name for n in graph.selectable]
     raw, base = loss_changes(module, ops, batches, loss_fn, ps, backward_precision=backward_precision,
                              leaf_modules=leaf_modules)
-    from qsync_opt.runtime.apply import selectable_modules
 
     swappable = selectable_modules(measurable(module, ops, batches, leaf_modules))
     fixed = [op for op in ops if op not in swappable]

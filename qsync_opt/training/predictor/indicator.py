@@ -83,7 +83,8 @@ def surrogate_noise(numel: int, precision: str) -> float:
     return 2.0 ** (-2 * (MANTISSA_BITS[precision] + 1)) / 3.0 * numel
 
 
-def _weight_of(module: nn.Module, node: OpNode) -> torch.Tensor | None:
+def weight_of(module: nn.Module, node: OpNode) -> torch.Tensor | None:
+    """The weight tensor `node` multiplies by (its module's, or a functional op's named one); None if it has none."""
     if getattr(node, "weight_fqn", None):  # a functional op's weight (F.linear(x, self.weight), x @ self.w)
         try:
             return module.get_parameter(node.weight_fqn)
@@ -110,7 +111,7 @@ def weight_indicator(module: nn.Module, graph: OpGraph, precisions: Iterable[str
     raw: dict[str, dict[str, float]] = {}
     surrogates = []
     for node in graph.selectable:
-        w = _weight_of(module, node)
+        w = weight_of(module, node)
         if w is not None and w.device.type == "meta" and stats is None:
             raise ModelError(
                 f"{node.name}: weights are on the meta device; build the model on a real device "

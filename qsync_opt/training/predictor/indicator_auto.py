@@ -31,6 +31,11 @@ from qsync_opt.precision import PRECISIONS
 from qsync_opt.training.spec import JobSpec
 from qsync_opt.training.predictor.measuring import ProgressBar
 from qsync_opt.training.predictor.sensitivity import Sensitivity
+from qsync_opt.data.task import build_task
+from qsync_opt.training.predictor.calibration import calibration_batches
+from qsync_opt.training.predictor.empirical import empirical_indicator
+from qsync_opt.training.predictor.indicator import weight_indicator
+from qsync_opt.training.runtime.trainer import make_optimizer
 
 WARMUP_BATCH = 64
 """Samples per warm-up step (the accuracy runs' fp32 checkpoints used 64), at most global_batch."""
@@ -63,7 +68,6 @@ def _warmup_batch(spec: JobSpec) -> int:
 def warm_up(spec: JobSpec, module: nn.Module, task, *, progress: bool = True, log: Callable | None = None) -> nn.Module:
     """A copy of `module` trained in fp32 for indicator.warmup_steps steps on the job's training data
     (the spec's optimizer and lr, `WARMUP_BATCH` samples a step, in order from the data's start)."""
-    from qsync_opt.training.runtime.trainer import make_optimizer
 
     steps = spec.indicator.warmup_steps
     net = copy.deepcopy(module).float().train()
@@ -94,7 +98,6 @@ def compute_auto(spec: JobSpec, module: nn.Module, graph: OpGraph, *, base_key: 
                  compute: bool, log: Callable | None, progress: bool) -> tuple[Sensitivity, str]:
     """(Sensitivity, note) for method 'auto' (module docstring). `module` holds the initial (or
     checkpoint) weights; `compute` False reads the cache only and falls back to 'weight'."""
-    from qsync_opt.training.predictor.indicator import weight_indicator
 
     if spec.data is None:
         return (weight_indicator(module, graph, PRECISIONS),
@@ -111,15 +114,10 @@ def compute_auto(spec: JobSpec, module: nn.Module, graph: OpGraph, *, base_key: 
         except (ValueError, KeyError, TypeError):
             pass  # a damaged entry is recomputed (or, for solve, fallen back from)
     if not compute:
-        from qsync_opt.training.predictor.indicator import weight_indicator
-
         return (weight_indicator(module, graph, PRECISIONS),  # as method: weight computes it
                 f"indicator: weight on {weights_words(spec)}: fell back, the auto indicator (empirical on {on}) "
                 f"is not in the cache; run `qsync-opt indicate SPEC` (or `qsync-opt run`) once to compute it, "
                 "then solve again")
-    from qsync_opt.data.task import build_task
-    from qsync_opt.training.predictor.empirical import empirical_indicator
-    from qsync_opt.training.predictor.calibration import calibration_batches
 
     task = build_task(spec)
     net = warm_up(spec, module, task, progress=progress, log=log) if steps else copy.deepcopy(module).float().eval()

@@ -28,6 +28,16 @@ from qsync_opt.precision import PRECISIONS
 from qsync_opt.training.spec import JobSpec
 from qsync_opt.training.predictor.calibration import calibration_batches  # noqa: F401 (re-exported)
 from qsync_opt.training.predictor.sensitivity import Sensitivity
+from qsync_opt.models.from_spec import build_from_spec, input_maker
+from qsync_opt.models.private_rng import private_rng
+from qsync_opt.models.trace import TRACE_BATCH, trace
+from qsync_opt.runtime.data import build_task
+from qsync_opt.training.predictor.empirical import empirical_indicator
+from qsync_opt.training.predictor.gvar import gvar_indicator
+from qsync_opt.training.predictor.hessian import hessian_indicator
+from qsync_opt.training.predictor.indicator import weight_indicator
+from qsync_opt.training.predictor.indicator_auto import compute_auto, resolved_method
+from qsync_opt.training.predictor.profile import cache_dir
 
 METHODS = ("auto", "weight", "gvar", "hessian", "empirical")
 
@@ -79,7 +89,6 @@ def cache_key(spec: JobSpec, module: nn.Module, precisions: tuple[str, ...]) -> 
 
 def indicator_precisions(spec: JobSpec) -> tuple[str, ...]:
     """Every format: one indicator serves any cluster (empirical: the cluster's formats only, it is costly)."""
-    from qsync_opt.training.predictor.indicator_auto import resolved_method
 
     if resolved_method(spec) != "empirical":
         return PRECISIONS
@@ -94,15 +103,9 @@ def compute_indicator(spec: JobSpec, module: nn.Module | None = None, graph: OpG
 
     method 'auto' (indicator_auto.py): `compute` False reads its cache only (what `solve` does) and
     falls back to 'weight' with a note saying how to get the better one; `progress` shows its warm-up."""
-    from qsync_opt.training.predictor.profile import cache_dir
 
     method = spec.indicator.method
     if module is None or graph is None:
-        from qsync_opt.models.trace import TRACE_BATCH
-        from qsync_opt.models.from_spec import build_from_spec, input_maker
-        from qsync_opt.models.trace import trace
-
-        from qsync_opt.models.private_rng import private_rng
 
         with private_rng(spec.training.seed):  # never torch's global RNG
             module = build_from_spec(spec)
@@ -112,14 +115,10 @@ def compute_indicator(spec: JobSpec, module: nn.Module | None = None, graph: OpG
     module = load_checkpoint(spec, module)
     ps = indicator_precisions(spec)
     if method == "auto":
-        from qsync_opt.training.predictor.indicator_auto import compute_auto
-
         return compute_auto(spec, module, graph, base_key=lambda p: cache_key(spec, module, p),
                             cache_path=lambda kind, key: cache_dir() / "indicators" / f"{kind}-{key}.json",
                             precisions=ps, use_cache=use_cache, compute=compute, log=log, progress=progress)
     if method == "weight":
-        from qsync_opt.training.predictor.indicator import weight_indicator
-
         return weight_indicator(module, graph, ps), "indicator: weight (weight quantisation noise, no data)"
     path = cache_dir() / "indicators" / f"{method}-{cache_key(spec, module, ps)}.json"
     if not use_cache:
@@ -147,24 +146,17 @@ def _compute(spec: JobSpec, module: nn.Module, graph: OpGraph, ps: tuple[str, ..
     method = spec.indicator.method
     if log:
         log(f"computing the {method} indicator from {spec.indicator.calibration.batches} calibration batches")
-    from qsync_opt.runtime.data import build_task
 
     task = build_task(spec)
     batches = calibration_batches(spec, task)
     loss = task.loss  # the job's own training loss
     bwd = spec.runtime.backward_precision
     if method == "gvar":
-        from qsync_opt.training.predictor.gvar import gvar_indicator
-
         sens = gvar_indicator(module, graph, batches, lambda out, batch: loss(out, batch[1]), ps,
                               backward_precision=bwd)
     elif method == "hessian":
-        from qsync_opt.training.predictor.hessian import hessian_indicator
-
         sens = hessian_indicator(_train_copy(module), graph, batches, loss, ps)
     elif method == "empirical":
-        from qsync_opt.training.predictor.empirical import empirical_indicator
-
         sens = empirical_indicator(module, graph, batches, loss, ps, backward_precision=bwd,
                                    leaf_modules=spec.model.leaf_modules)
     else:

@@ -3,7 +3,11 @@ sizes, a rank's thread count and a clamped least-squares line and a progress bar
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+
+import torch
 
 from qsync_opt.training.predictor import estimator as est
 
@@ -60,3 +64,28 @@ class ProgressBar:
     def close(self):
         if self.p:
             self.p.stop()
+
+
+def local_ranks(spec) -> int:
+    """Ranks of `spec` that train on this machine at once (its section is measured beside them)."""
+    return sum(g.count for g in spec.cluster.groups if is_local(g.device_spec))
+
+
+def is_local(device) -> bool:
+    """Whether `device` is this machine's own kind of device, so its profile can be measured here."""
+    if device.kind == "cpu":
+        return True
+    if not torch.cuda.is_available():
+        return False
+    here = torch.cuda.get_device_name(0).lower().replace(" ", "")
+    return device.name.lower().split("-")[0] in here
+
+
+def ddp_key(spec) -> str:
+    """Profile key of one DDP step: world, model, optimizer and every rank's env, threads, batch."""
+    world = spec.cluster.world_size
+    ranks = [(g.env, group_threads(g, world), spec.local_batches()[g.name])
+             for g in spec.cluster.groups for _ in range(g.count)]
+    data = spec.data.model_dump(mode="json") if getattr(spec, "data", None) is not None else "synthetic"
+    ident = json.dumps([spec.model.model_dump(mode="json"), spec.training.optimizer, ranks, data], sort_keys=True)
+    return f"ddp/{world}|{hashlib.sha256(ident.encode()).hexdigest()[:12]}"

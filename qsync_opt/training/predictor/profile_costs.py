@@ -44,6 +44,8 @@ from qsync_opt.errors import SpecError
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.training.predictor.costs import OpCost
 from qsync_opt.training.predictor.profile import Profile, ProfileError, Section, default_profile_path, load_profile, op_signature, step_key
+from qsync_opt.training.predictor.measuring import ddp_key, group_threads, is_local, local_ranks
+from qsync_opt.training.predictor.replayer import replay
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,19 @@ class MeasuredCosts:
     """precision -> measured whole step − the sum of its isolated ops (ms); see `step_terms`."""
 
 
+@dataclass(frozen=True)
+class StepTerms:
+    """One section's costs of a graph, with its measured whole steps folded in (`step_terms`)."""
+
+    costs: dict[str, dict[str, OpCost]]
+    """Selectable op -> precision -> cost."""
+    other_costs: dict[str, dict[str, OpCost]]
+    """Fixed op -> {"fp32": cost}."""
+    optimizer_ms: float
+    step_gap_ms: dict[str, float]
+    """precision -> measured whole step − the sum of its isolated ops (ms)."""
+
+
 class Incomplete(Exception):
     """The profile lacks entries this group needs (listed)."""
 
@@ -66,9 +81,8 @@ class Incomplete(Exception):
 
 
 def section_costs(sec: Section, gg: OpGraph, offer: tuple[str, ...], optimizer: str,
-                  steps_at: str | None = None) -> tuple[dict, dict, float, dict]:
-    """(selectable costs, other costs, per-step ms, gap per precision) of `gg` from one section,
-    the whole-step terms folded in (`step_terms`)."""
+                  steps_at: str | None = None) -> StepTerms:
+    """The costs of `gg` from one section, the whole-step terms folded in (`step_terms`)."""
     missing = []
 
     def get(node, p) -> OpCost:
@@ -92,8 +106,8 @@ def section_costs(sec: Section, gg: OpGraph, offer: tuple[str, ...], optimizer: 
     return step_terms(costs, other, opt, {p: steps[p] for p in offer})
 
 
-def step_terms(costs: dict, other: dict, opt: float, steps: dict[str, float]) -> tuple[dict, dict, float, dict]:
-    """Fold measured whole steps into op costs: (costs, other, optimizer ms, gap per precision).
+def step_terms(costs: dict, other: dict, opt: float, steps: dict[str, float]) -> StepTerms:
+    """Fold measured whole steps into op costs.
 
     gap_p = step_p − (S_p + Σ other ops + opt), S_p = Σ selectable op fwd+bwd at p; each selectable
     op's fwd and bwd at p are scaled by max(0, 1 + gap_p / S_p); the optimizer figure stays the
@@ -105,12 +119,11 @@ def step_terms(costs: dict, other: dict, opt: float, steps: dict[str, float]) ->
     scale = {p: max(0.0, 1 + gap[p] / sel[p]) if sel[p] > 0 else 1.0 for p in gap}
     out = {name: {p: OpCost(c.fwd_ms * scale.get(p, 1.0), c.bwd_ms * scale.get(p, 1.0), c.weight_cast_ms)
                   for p, c in per.items()} for name, per in costs.items()}
-    return out, other, opt, gap
+    return StepTerms(out, other, opt, gap)
 
 
 def profile_for(group, spec_dir: Path | None = None) -> Path | None:
     """The profile file a group should use, or None (roofline)."""
-    from qsync_opt.training.predictor.profiler import is_local
 
     if group.profile:
         p = Path(group.profile)
@@ -121,8 +134,6 @@ def profile_for(group, spec_dir: Path | None = None) -> Path | None:
 def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
                    *, profile_on_first_use: bool = False, log=None) -> tuple[MeasuredCosts | None, str]:
     """Measured costs of `group`, or (None, why not) when the roofline must be used."""
-    from qsync_opt.training.predictor.profiler import group_threads, local_ranks, profile_spec
-    from qsync_opt.training.predictor.step_profile import steps_key
 
     if spec.costs == "roofline":
         return None, "roofline (costs: roofline)"
@@ -141,10 +152,11 @@ def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
             + (f" beside {local_ranks(spec) - 1} other busy rank(s)" if local_ranks(spec) > 1 else "") if sec is None else "")
         if sec is not None:
             try:
-                c, o, opt, gap = section_costs(sec, gg, offer, spec.training.optimizer,
-                                               steps_key(spec, gg, group.name))
+                from qsync_opt.training.predictor.step_profile import steps_key  # import cost: the trainer stack
+
+                t = section_costs(sec, gg, offer, spec.training.optimizer, steps_key(spec, gg, group.name))
                 first = "; profiled on first use" if attempt else ""
-                return MeasuredCosts(c, o, opt, f"measured ({path}{first})", gap), ""
+                return MeasuredCosts(t.costs, t.other_costs, t.optimizer_ms, f"measured ({path}{first})", t.step_gap_ms), ""
             except Incomplete as e:
                 why = f"profile {path} lacks {len(e.missing)} of this model's entries (e.g. {e.missing[0]!r})"
         can_measure = group.profile is None and (profile_on_first_use or spec.costs == "measured")
@@ -158,13 +170,14 @@ def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
             return None, f"roofline ({why}; run `qsync-opt profile SPEC`)"
         log = log or (lambda s: print(s, file=sys.stderr))
         log(f"note: {why}; profiling this machine now (first use; `qsync-opt profile SPEC` does it ahead)")
+        from qsync_opt.training.predictor.profiler import profile_spec  # import cost: the profiler stack (trainer, DDP)
+
         profile_spec(spec, path, groups=[group.name], allreduce=spec.cluster.world_size > 1, progress=False, log=log)
     return None, "roofline"
 
 
 def _load_for(group, path: Path) -> Profile:
     """A profile of this machine for devices that run here; of the group's own device otherwise."""
-    from qsync_opt.training.predictor.profiler import is_local
 
     if is_local(group.device_spec):
         return load_profile(path)  # refused, by name, when measured on another machine
@@ -202,11 +215,6 @@ def ddp_calibrate(spec, gcs: list, proto) -> tuple[list, str] | None:
     per-step figures are scaled by measured / replayed (the all-reduce fit is left alone).
     """
     from dataclasses import replace
-
-    from qsync_opt.training.predictor.allreduce_profile import ddp_key
-    from qsync_opt.training.predictor.costs import OpCost
-    from qsync_opt.training.predictor.profiler import is_local
-    from qsync_opt.training.predictor.replayer import replay
 
     if spec.cluster.world_size < 2 or not all(gc.cost_source.startswith("measured") for gc in gcs):
         return None

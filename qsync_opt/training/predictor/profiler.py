@@ -36,29 +36,21 @@ from qsync_opt.models import trace_walk as walk  # trace's graph walk: its class
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.training.spec import JobSpec, load_spec
 from qsync_opt.training.predictor.measuring import (  # noqa: F401
-    CAST_PAIRS, CAST_SIZES, ProgressBar, fit_line, group_threads, robust_ms)
+    CAST_PAIRS, CAST_SIZES, ProgressBar, ddp_key, fit_line, group_threads, is_local, local_ranks, robust_ms)
 from qsync_opt.training.predictor.profile import Profile, ProfileError, Section, load_profile, op_signature, section_key, step_key
+from qsync_opt.io import entry_lock
+from qsync_opt.models.from_spec import build_from_spec, input_maker
+from qsync_opt.runtime.qmodules import SWAPPABLE
+from qsync_opt.runtime.recipe import Recipe
+from qsync_opt.training.predictor.allreduce_profile import collectives, measure_allreduce, measure_ddp_step
+from qsync_opt.training.predictor.colocate import keep_busy, rank_jobs, run_colocated
+from qsync_opt.training.predictor.step_profile import fp32_step, measure_casts, measure_step, measure_steps, steps_key
 
 tr = importlib.import_module("qsync_opt.models.trace")  # the module (models/__init__ exports a function of that name)
 
 
 
 
-
-
-def local_ranks(spec) -> int:
-    """Ranks of `spec` that train on this machine at once (its section is measured beside them)."""
-    return sum(g.count for g in spec.cluster.groups if is_local(g.device_spec))
-
-
-def is_local(device) -> bool:
-    """Whether `device` is this machine's own kind of device, so its profile can be measured here."""
-    if device.kind == "cpu":
-        return True
-    if not torch.cuda.is_available():
-        return False
-    here = torch.cuda.get_device_name(0).lower().replace(" ", "")
-    return device.name.lower().split("-")[0] in here
 
 
 # --------------------------------------------------------------------------- graph walk
@@ -155,9 +147,6 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
 
     Runs in the current process: the caller sets the group's env (see `profile_spec`).
     """
-    from qsync_opt.models.from_spec import build_from_spec, input_maker
-    from qsync_opt.runtime.qmodules import SWAPPABLE
-    from qsync_opt.runtime.recipe import Recipe
 
     g = next((x for x in spec.cluster.groups if x.name == group), None)
     if g is None:
@@ -211,7 +200,6 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
         sec.ops[op_signature(node, p)] = {"fwd_ms": fwd, "bwd_ms": bwd}
         prof.save(path)
         bar.advance()
-    from qsync_opt.training.predictor.step_profile import measure_casts, measure_step, measure_steps, steps_key
 
     if not sec.casts:
         sec.casts = measure_casts(spec, robust_ms)
@@ -234,7 +222,6 @@ def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None =
     One profiling run per profile file at a time (io.entry_lock): two at once would each time
     the other's load into its own figures, and the later save would drop the earlier's sections.
     A run that waited resumes what the first one measured instead of measuring it again."""
-    from qsync_opt.io import entry_lock
 
     with entry_lock(path, on_wait=lambda: log(f"waiting: another process is profiling into {path}")):
         return _profile_spec(spec_or_path, path, groups=groups, allreduce=allreduce, progress=progress, log=log)
@@ -254,7 +241,6 @@ def _profile_spec(spec_or_path, path, *, groups, allreduce, progress, log) -> Pr
             profile.append(g)
     here = [g for g in spec.cluster.groups if is_local(g.device_spec)]
     world = spec.cluster.world_size
-    from qsync_opt.training.predictor.allreduce_profile import ddp_key, measure_allreduce, measure_ddp_step
 
     before = load_profile(path) if Path(path).exists() else None
     every_rank_here = world > 1 and local_ranks(spec) == world
@@ -262,7 +248,6 @@ def _profile_spec(spec_or_path, path, *, groups, allreduce, progress, log) -> Pr
     want_ddp = allreduce and every_rank_here and (before is None or ddp_key(spec) not in before.allreduce)
     ar_fit = None
     if local_ranks(spec) > 1:  # ranks train at once here: time them so (colocate.py)
-        from qsync_opt.training.predictor.colocate import rank_jobs, run_colocated
 
         for g in profile:
             log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
@@ -322,14 +307,9 @@ def main(argv: list[str] | None = None) -> int:
         if "--busy-only" not in argv:
             profile_group(spec, group, path, progress="--quiet" not in argv)
         if busy is not None:
-            from qsync_opt.training.predictor.colocate import keep_busy
-            from qsync_opt.training.predictor.step_profile import fp32_step
-
             keep_busy(fp32_step(spec, group), busy, int(argv[argv.index("--peers") + 1]),
                       done_name=None if "--busy-only" in argv else group)
             if "--allreduce" in argv:  # every rank, together (the DDP step is taken in fresh ranks)
-                from qsync_opt.training.predictor.allreduce_profile import collectives
-
                 collectives(spec, int(argv[argv.index("--rank") + 1]), int(argv[argv.index("--world") + 1]),
                             f"file://{busy / 'store'}", busy, ar=True, ddp=False)
     except SpecError as e:

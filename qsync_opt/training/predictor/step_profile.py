@@ -21,6 +21,20 @@ from torch import nn
 
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.training.predictor.profile import step_key
+from qsync_opt.data.task import build_task
+from qsync_opt.models.from_spec import build_from_spec
+from qsync_opt.runtime.apply import apply_plan
+from qsync_opt.runtime.casts import cast, quantize
+from qsync_opt.runtime.recipe import Recipe
+from qsync_opt.training.predictor.estimator import BLOCKS, REPEATS
+from qsync_opt.training.predictor.measuring import (
+    CAST_PAIRS,
+    CAST_SIZES,
+    fit_line as _fit_line,
+    group_threads,
+    robust_ms,
+)
+from qsync_opt.training.runtime.trainer import forward_backward, loss_weight, make_optimizer, rank_batches, shard
 
 
 def rank_data(spec, rank: int):
@@ -28,9 +42,6 @@ def rank_data(spec, rank: int):
     slice of the next global batch (task.batch), so a timed step pays what a training step pays
     for its data (the synthetic task labels every new chunk with a teacher forward pass)."""
     import itertools
-
-    from qsync_opt.data.task import build_task
-    from qsync_opt.training.runtime.trainer import loss_weight, rank_batches, shard
 
     batches = rank_batches(spec, None)
     offset, local = shard(batches, rank)
@@ -41,7 +52,6 @@ def rank_data(spec, rank: int):
 
 def steps_key(spec, gg: OpGraph, group: str) -> str:
     """Profile key of `group`'s whole steps: step_key plus the data and the slice its first rank reads."""
-    from qsync_opt.training.runtime.trainer import rank_batches, shard
 
     offset, _ = shard(rank_batches(spec, None), spec.cluster.first_rank(group))
     data = spec.data.source if getattr(spec, "data", None) is not None else "synthetic"
@@ -54,8 +64,6 @@ def loop_step(spec, rank: int, model: nn.Module, opt, *, all_reduce_loss: bool =
     `all_reduce_loss` the one scalar all-reduce a DDP trainer makes per step (training/runtime/trainer.py;
     its logging and checkpoints left out). Every whole step timed for the planner is this one."""
     import torch.distributed as dist
-
-    from qsync_opt.training.runtime.trainer import forward_backward
 
     task, fetch, weight = rank_data(spec, rank)
 
@@ -74,8 +82,6 @@ def loop_step(spec, rank: int, model: nn.Module, opt, *, all_reduce_loss: bool =
 def make_step(spec, module: nn.Module, rank: int, gg: OpGraph | None, p: str):
     """A zero-argument whole training step of `module` with every selectable op of `gg` at `p`
     (`gg` may be None for fp32): what the trainer's loop runs for `rank`."""
-    from qsync_opt.runtime.apply import apply_plan
-    from qsync_opt.training.runtime.trainer import make_optimizer
 
     rt = spec.runtime
     torch.manual_seed(spec.training.seed)
@@ -97,8 +103,6 @@ def step_times_ms(step, *, warmup: int = STEP_WARMUP, calls: int | None = None) 
     """ms of each of `calls` consecutive steps after `warmup` untimed ones (fixed counts, so the
     ranks of a DDP group take the same steps)."""
     import time
-
-    from qsync_opt.training.predictor.estimator import BLOCKS, REPEATS
 
     for _ in range(warmup):
         step()
@@ -139,8 +143,6 @@ def measure_steps(spec, module: nn.Module, group: str, gg: OpGraph, precisions) 
 
 def fp32_step(spec, group: str):
     """`group`'s whole fp32 training step, as a companion rank runs it (colocate.py)."""
-    from qsync_opt.models.from_spec import build_from_spec
-    from qsync_opt.training.predictor.measuring import group_threads
 
     g = next(x for x in spec.cluster.groups if x.name == group)
     torch.set_num_threads(group_threads(g, spec.cluster.world_size))
@@ -151,9 +153,6 @@ def fp32_step(spec, group: str):
 
 def measure_casts(spec, robust_ms) -> dict[str, dict[str, float]]:
     """a·n + b per (src, dst) pair, timed through the runtime's own cast and quantize."""
-    from qsync_opt.runtime.casts import cast, quantize
-    from qsync_opt.training.predictor.measuring import CAST_PAIRS, CAST_SIZES, fit_line as _fit_line
-    from qsync_opt.runtime.recipe import Recipe
 
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     out = {}
@@ -177,8 +176,6 @@ def measure_casts(spec, robust_ms) -> dict[str, dict[str, float]]:
 
 def measure_step(spec, module: nn.Module, inputs) -> float:
     """ms of one optimizer step plus the loss's forward and backward."""
-    from qsync_opt.training.runtime.trainer import make_optimizer
-    from qsync_opt.training.predictor.measuring import robust_ms
 
     model = copy.deepcopy(module).train()
     params = [p for p in model.parameters() if p.requires_grad]

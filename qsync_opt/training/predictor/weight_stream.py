@@ -12,16 +12,18 @@ nothing on meta, a model whose forward needs real values, ...).
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 from torch import nn
 
 from qsync_opt.models.graph import OpGraph
 import torch
 
-from qsync_opt.models.lazy_weights import Recording, build_recorded, zero_stride_twin
+from qsync_opt.models.lazy_weights import Recording, build_recorded, meta_parameter_bytes, zero_stride_twin
 from qsync_opt.training.spec import JobSpec
-from qsync_opt.training.predictor.indicator import _weight_of, weight_indicator, weight_stats
+from qsync_opt.training.predictor.indicator import weight_of, weight_indicator, weight_stats
 from qsync_opt.training.predictor.sensitivity import Sensitivity
+from qsync_opt.models.from_spec import build_from_spec, warm_imports
 
 
 LIGHT_MIN_BYTES = 256 << 20
@@ -43,8 +45,6 @@ def light_capable(spec: JobSpec) -> bool:
 def _parameter_bytes(spec: JobSpec) -> float:
     """The model's parameter bytes from a plain meta build (no weights, no recording: milliseconds);
     infinity where that build fails, so prepare_light decides (it refuses what it cannot replay)."""
-    from qsync_opt.models.from_spec import build_from_spec
-    from qsync_opt.models.lazy_weights import meta_parameter_bytes
 
     try:
         return float(meta_parameter_bytes(lambda: build_from_spec(spec)))
@@ -52,10 +52,19 @@ def _parameter_bytes(spec: JobSpec) -> float:
         return float("inf")
 
 
-def prepare_light(spec: JobSpec, seed: int) -> tuple[nn.Module, Recording, dict] | None:
-    """(module with placeholder weights, its recorded init, {id(placeholder): meta tensor}), or
-    None when the build cannot run on meta."""
-    from qsync_opt.models.from_spec import build_from_spec, warm_imports
+class LightBuild(NamedTuple):
+    """A model built on the meta device, ready to trace and to replay its init one tensor at a time."""
+
+    module: nn.Module
+    """The model, its parameters zero-stride placeholders."""
+    recording: Recording
+    """Its recorded init."""
+    meta_of: dict[int, torch.Tensor]
+    """id(placeholder) -> the recorded meta tensor."""
+
+
+def prepare_light(spec: JobSpec, seed: int) -> LightBuild | None:
+    """The spec's model built on meta with its init recorded, or None when the build cannot run on meta."""
 
     try:
         module, rec = build_recorded(lambda: build_from_spec(spec), seed, warm=lambda: warm_imports(spec))
@@ -63,7 +72,7 @@ def prepare_light(spec: JobSpec, seed: int) -> tuple[nn.Module, Recording, dict]
         return None
     if rec.refused or any(p.device.type != "meta" for p in module.parameters()):
         return None
-    return module, rec, zero_stride_twin(module)
+    return LightBuild(module, rec, zero_stride_twin(module))
 
 
 def start_weight_stats(module: nn.Module, rec: Recording, meta_of: dict[int, "torch.Tensor"]) -> "Future":
@@ -91,7 +100,7 @@ def streamed_weight_indicator(module: nn.Module, graph: OpGraph, rec: Recording,
     `stats`, from start_weight_stats, holds the replay already under way."""
     weights = {}  # selectable op -> its placeholder weight
     for node in graph.selectable:
-        w = _weight_of(module, node)
+        w = weight_of(module, node)
         if w is not None:
             if id(w) not in meta_of:
                 return None

@@ -21,6 +21,7 @@ from qsync_opt.training.program.compile import compile_training
 from qsync_opt.training.program.diagnose import diagnose, use_solver
 from qsync_opt.training.program.greedy import greedy
 from qsync_opt.training.program.instance import Assignment, Evaluation, TrainingInstance, evaluate
+from qsync_opt.solver.backends.linear import linearize
 
 DEFAULT_BACKEND = "highs"
 """Measured with `qsync-opt bench solvers` (synthetic, 5 precisions x 4 groups): HiGHS was the
@@ -80,10 +81,13 @@ def solve_problem(
     """Solve a compiled (or JSON-imported) Problem; evaluation needs `problem.source`.
 
     `start` (an Assignment) replaces the greedy warm start; it is used only if it checks.
+    Every solver run draws on `budget` (the caller's); a standalone solve (a problem read from a
+    file) gives none, and `options.time_limit_s` is then its one Budget.
     """
 
     options = options or SolveOptions()
-    budget = budget or Budget(options.time_limit_s)
+    if budget is None:
+        budget = Budget(options.time_limit_s)
     be = get_backend(backend)
     if not be.available():
         ok = [n for n, a in available().items() if a]
@@ -152,7 +156,6 @@ def sign(problem: Problem, raw: RawResult, options: SolveOptions) -> RawResult:
 
 def _nothing_to_choose(problem: Problem, backend: str) -> RawResult:
     """The only plan of a problem without variables: optimal if its constant rows hold."""
-    from qsync_opt.solver.backends.linear import linearize
 
     model = linearize(problem, "mccormick")
     if (early := constant_infeasibility(model, backend)) is not None:

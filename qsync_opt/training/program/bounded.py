@@ -20,6 +20,7 @@ from qsync_opt.solver.budget import Budget
 from qsync_opt.training.program.greedy import greedy
 from qsync_opt.training.program.instance import TrainingInstance, evaluate
 from qsync_opt.training.program.lagrange import group_arrays, solve_dual
+from qsync_opt.training.program.backend_solve import GREEDY_ALWAYS_CHOICES, SolveResult, compiled, solve_problem
 
 DUAL_SHARE = 0.7
 """At most this part of what remains goes to the Lagrangian; the MIP gets the rest. At 5,000 ops
@@ -40,7 +41,6 @@ def applies(instance: TrainingInstance) -> bool:
 
 def solve_group(instance: TrainingInstance, backend: str, options: SolveOptions, budget: Budget):
     """A SolveResult for a one-group instance, or None when the Lagrangian does not apply or has no time."""
-    from qsync_opt.training.program.backend_solve import GREEDY_ALWAYS_CHOICES, SolveResult, compiled, solve_problem
 
     if not applies(instance):
         return None

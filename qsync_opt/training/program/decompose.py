@@ -17,6 +17,9 @@ from qsync_opt.errors import InfeasibleError
 from qsync_opt.solver.backends.base import OPTIMALITY_TOL, SolveOptions, proven_within
 from qsync_opt.solver.budget import Budget
 from qsync_opt.training.program.instance import TrainingInstance, evaluate
+from qsync_opt.training.program.backend_solve import SolveResult, compiled, solve_problem
+from qsync_opt.training.program.bounded import solve_group
+from qsync_opt.training.program.diagnose import diagnose
 
 
 def separable(instance: TrainingInstance) -> bool:
@@ -30,25 +33,21 @@ def solve_by_group(instance: TrainingInstance, backend: str, options: SolveOptio
 
     With `lagrangian` (and a warm start allowed), each group first gets a Lagrangian bound,
     plan and fixing (bounded.py), and the backend solves only what is left."""
-    from qsync_opt.training.program.bounded import solve_group
-    from qsync_opt.training.program.backend_solve import SolveResult, compiled, solve_problem
 
     parts, build0, spent0 = [], budget.build_s, budget.spent_s
     for k, g in enumerate(instance.groups):
         left = len(instance.groups) - k
-        share = Budget(budget.remaining() / left)  # an equal share of what remains
         sub = TrainingInstance(groups=(g,), omega=instance.omega, objective=instance.objective)
         failed = None
-        try:
-            part = solve_group(sub, backend, options, share) if lagrangian and warm_start else None
-            parts.append(part or solve_problem(compiled(sub, share), backend, options, warm_start=warm_start, budget=share))
-        except InfeasibleError as e:
-            failed = e
-        finally:  # charged whether the group found a plan or not
-            budget.charge(share.spent_s + share.build_s, share.build_s)
-            budget.grants.extend((f"group {g.name}: {label}", given, left_s) for label, given, left_s in share.grants)
+        # an equal share of what remains, charged back whether the group found a plan or not
+        with budget.part(budget.remaining() / left, f"group {g.name}") as share:
+            try:
+                part = solve_group(sub, backend, options, share) if lagrangian and warm_start else None
+                parts.append(part or solve_problem(compiled(sub, share), backend, options, warm_start=warm_start,
+                                                   budget=share))
+            except InfeasibleError as e:
+                failed = e
         if failed is not None:  # the diagnosis covers every group, as the undivided solve's would
-            from qsync_opt.training.program.diagnose import diagnose
 
             raise InfeasibleError(str(failed).splitlines()[0], diagnose(instance, budget=budget) or failed.diagnosis)
     t0 = time.perf_counter()

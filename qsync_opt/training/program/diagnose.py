@@ -8,9 +8,10 @@ from dataclasses import replace
 
 from qsync_opt.solver.backends import EXACT, available, get_backend
 from qsync_opt.solver.backends.base import RawResult, SolveOptions
-from qsync_opt.solver.budget import Budget
+from qsync_opt.solver.budget import DEFAULT_TIME_LIMIT_S, Budget
 from qsync_opt.training.program.instance import TrainingInstance
 from qsync_opt.training.program.compile import compile_training
+from qsync_opt.errors import QSyncError
 
 DEFAULT_EXACT = "highs"
 
@@ -26,21 +27,22 @@ class Diagnosis(list):
     fixes: list[str]
 
 
-def diagnose(instance: TrainingInstance, time_limit_s: float = 60.0, budget: Budget | None = None) -> Diagnosis:
+def diagnose(instance: TrainingInstance, budget: Budget | None = None) -> Diagnosis:
     """Why `instance` has no plan: per group, which bound, the best achievable value, the shortfall.
 
     Memory is separable (its least value takes each op's lowest-memory precision); the least
     time, with casts, comes from an exact auxiliary solve of that group alone. Only proven
     shortfalls are listed (an auxiliary solve stopped early contributes its bound, never its
-    plan); an empty list means none was found. The side-solves draw on `budget` (a fresh one of
-    `time_limit_s` if none is given); when it runs out, the last line says the diagnosis is
+    plan); an empty list means none was found. The side-solves draw on `budget` (the caller's;
+    a standalone diagnosis gets one of DEFAULT_TIME_LIMIT_S); when it runs out, the last line says the diagnosis is
     incomplete, and the status stays unknown.
 
     After the shortfalls come the fixes it can prove, as "fix: ..." lines: the least
     `objective.max_iteration_time` at which an exact solve finds a plan (when time is short),
     and the least indicator budget (when that is what is short).
     """
-    budget = budget or Budget(time_limit_s)
+    if budget is None:
+        budget = Budget(DEFAULT_TIME_LIMIT_S)
     lines = Diagnosis()
     lines.fixes = []
     least_ms: dict[str, float] = {}  # proven least time within memory, per bounded group
@@ -127,7 +129,6 @@ def use_solver(solve_problem) -> None:
 def _has_plan(instance: TrainingInstance, budget: Budget) -> bool:
     """Whether an exact solve finds a plan (through solve_problem, which also settles programs
     that presolve empties, e.g. every group but one fixed to its only format)."""
-    from qsync_opt.errors import QSyncError
 
     solve_problem = _solve_problem
     if solve_problem is None:  # no solver registered (backend_solve not imported): no fix is claimed
@@ -140,7 +141,7 @@ def _has_plan(instance: TrainingInstance, budget: Budget) -> bool:
     problem = compile_training(instance)
     budget.charge(time.perf_counter() - t0, build_s=time.perf_counter() - t0)
     try:
-        r = solve_problem(problem, name, SolveOptions(time_limit_s=budget.remaining(), rel_gap=0.0), budget=budget)
+        r = solve_problem(problem, name, SolveOptions(rel_gap=0.0), budget=budget)
     except QSyncError:  # infeasible (its own diagnosis finds nothing to propose: every group meets the bound alone)
         return False
     return r.status in ("optimal", "feasible")

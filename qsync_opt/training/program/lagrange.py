@@ -25,6 +25,7 @@ import numpy as np
 
 from qsync_opt.training.program.instance import GroupInstance, TrainingInstance
 from qsync_opt.training.program.lagrange_dp import Chainlike, Energy, decomposition, steps
+from qsync_opt.solver.backends.quiet import swallow_highs_banner
 
 MAX_TABLE = 4096
 """Largest DP table (P ** bag size) per batch entry; wider cast graphs go to the MIP unaided."""
@@ -210,8 +211,6 @@ def _safe(value: float, part: np.ndarray, lam: np.ndarray) -> float:
 def _cut_lp(cuts: np.ndarray, box: np.ndarray, active) -> tuple[float, np.ndarray]:
     """max z s.t. z ≤ f_k + λ (t_k − 1) + μ (m_k − 1), 0 ≤ λ, μ ≤ box: the cutting-plane model's peak."""
     import highspy
-
-    from qsync_opt.solver.backends.quiet import swallow_highs_banner
 
     swallow_highs_banner()
     h = highspy.Highs()

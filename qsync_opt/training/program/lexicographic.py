@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from qsync_opt.errors import QSyncError
-from qsync_opt.solver.backends.base import SolveOptions
+from qsync_opt.solver.backends.base import OPTIMALITY_TOL, SolveOptions
 from qsync_opt.solver.budget import Budget
 from qsync_opt.training.program.instance import TrainingInstance, evaluate
+from qsync_opt.training.program.backend_solve import compiled, solve_problem
 
 
 def second_instance(instance: TrainingInstance, value: float) -> TrainingInstance:
@@ -29,8 +30,6 @@ def second_instance(instance: TrainingInstance, value: float) -> TrainingInstanc
 
 def tie_break(instance: TrainingInstance, first, backend: str, options: SolveOptions, budget: Budget):
     """`first` (a SolveResult), or the tie-broken plan when it keeps the first objective's value."""
-    from qsync_opt.solver.backends.base import OPTIMALITY_TOL
-    from qsync_opt.training.program.backend_solve import compiled, solve_problem
 
     def note(text: str):
         return replace(first, message=f"{first.message}; {text}".strip("; "))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from qsync_opt.solver.backends import EXACT
 from qsync_opt.solver.backends.base import OPTIMALITY_TOL, SolveOptions
-from qsync_opt.solver.budget import Budget
+from qsync_opt.solver.budget import DEFAULT_TIME_LIMIT_S, Budget
 from qsync_opt.training.program.backend_solve import (  # noqa: F401 (re-exported)
     CHECK_S_PER_VARIABLE, DEFAULT_BACKEND, GREEDY_ALWAYS_CHOICES, POST_S_PER_VARIABLE, WARM_START_SHARE, SolveResult,
     compiled, sign, solve_problem)
@@ -27,7 +27,7 @@ __all__ = ["DEFAULT_BACKEND", "OPTIMALITY_TOL", "SolveResult", "diagnose", "sign
 def solve_instance(
     instance: TrainingInstance,
     backend: str = DEFAULT_BACKEND,
-    time_limit_s: float = 60.0,
+    time_limit_s: float | None = None,
     rel_gap: float = 1e-4,
     threads: int | None = None,
     seed: int = 0,
@@ -46,9 +46,15 @@ def solve_instance(
     With `decompose`, a separable instance (decompose.py) is solved one group at a time; with
     `lagrangian` too, each group's exact solve starts from a Lagrangian bound, plan and
     variable fixing (bounded.py), a single-group instance included.
+
+    Every solver run draws on `budget` (the caller's); a standalone solve gives `time_limit_s`
+    instead (default DEFAULT_TIME_LIMIT_S), and this call makes its one Budget of it.
     """
-    budget = budget or Budget(time_limit_s)
-    opts = SolveOptions(time_limit_s=time_limit_s, rel_gap=rel_gap, threads=threads, seed=seed, formulation=formulation)
+    if budget is None:
+        budget = Budget(DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s)
+    elif time_limit_s is not None:
+        raise TypeError("solve_instance: give `budget` or `time_limit_s`, not both")
+    opts = SolveOptions(time_limit_s=budget.remaining(), rel_gap=rel_gap, threads=threads, seed=seed, formulation=formulation)
     if decompose and backend in EXACT and (separable(instance) or (lagrangian and warm_start and applies(instance))):
         first = solve_by_group(instance, backend, opts, budget, warm_start, lagrangian)
     else:

@@ -43,6 +43,9 @@ from qsync_opt.runtime.process_exit import Stopped, stop_on_signals
 from qsync_opt.runtime.spawn import Spawned, spawn_ranks
 from qsync_opt.runtime.support import precision_refusal
 from qsync_opt.training.runtime.trainer import EXIT_STOPPED, rank_batches
+from qsync_opt.data.check import check_data
+from qsync_opt.data.evaluation import read_eval
+from qsync_opt.runtime.emulation import check_emulation
 
 
 @dataclass
@@ -156,13 +159,13 @@ def validate(spec: JobSpec, plan: Plan | None, nproc: int | None = None, *, forc
                     + "\n  - ".join(refused[:10]) + ("\n  - ..." if len(refused) > 10 else "")
                     + f"\nre-solve the plan for this spec (the solver only offers {list(g.allowed_precisions)})")
             apply_plan(model, plan, g.name, dry_run=True, force=force)
-    from qsync_opt.data.check import check_data
 
     check_data(spec)  # the data loads and fits the model: a bad data section exits 2 before any rank starts
     return batches
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this host now (for a rendezvous the caller starts next)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -208,7 +211,6 @@ def run_job(spec, plan=None, *, nproc: int | None = None, steps: int | None = No
     spec = spec if isinstance(spec, JobSpec) else load_spec(spec)
     plan = plan if (plan is None or isinstance(plan, Plan)) else Plan.load(plan)
     check_job(spec, plan, nproc, plan_name=plan_name)
-    from qsync_opt.runtime.emulation import check_emulation
 
     emulated = check_emulation(spec, plan, emulate=emulate, log=lambda s: print(s, file=sys.stderr, flush=True))
     if resume and not checkpoint_dir:
@@ -240,7 +242,7 @@ def run_job(spec, plan=None, *, nproc: int | None = None, steps: int | None = No
             argv += ["--resume", "--resume-from", str(choice.path)]
         if force:
             argv.append("--force")
-        envs = [with_pythonpath(env, paths) for env in rank_envs(spec, threads, _free_port())]
+        envs = [with_pythonpath(env, paths) for env in rank_envs(spec, threads, free_port())]
         ready_dir = Path(tempfile.mkdtemp(prefix="qsync-ready-"))
         for r, env in enumerate(envs):
             env["QSYNC_READY_FILE"] = str(ready_dir / f"rank{r}")
@@ -368,7 +370,6 @@ def launch(spec_path, plan_path=None, *, nproc: int | None = None, steps: int | 
               f"{result.samples_per_s:.0f} samples/s; per-rank mean step ms "
               + ", ".join(f"{r}: {ms:.1f}" for r, ms in result.step_ms.items())
               + f"; metrics in {result.metrics_dir}", file=out)
-        from qsync_opt.data.evaluation import read_eval
 
         if evals := read_eval(result.metrics_dir):
             last = evals[-1]

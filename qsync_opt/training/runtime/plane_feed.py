@@ -20,13 +20,16 @@ import torch
 import torch.distributed as dist
 
 from qsync_opt.loading import collate
+from qsync_opt.errors import RuntimeSetupError, SpecError
+from qsync_opt.loading.checkpoint import DiffCheckpointer
+from qsync_opt.loading.engine import open_engine
+from qsync_opt.loading.sources import open_source
+from qsync_opt.training.data_plane import rank_costs
 
 
 class PlaneFeed:
     def __init__(self, spec, plan, rank: int, world: int, global_batch: int, device, checkpoint_dir=None,
                  metrics_dir=None, note=print):
-        from qsync_opt.loading.sources import open_source
-
         self.rank, self.world, self.device = rank, world, device
         self.global_batch = global_batch
         data = spec.data
@@ -34,14 +37,8 @@ class PlaneFeed:
         self.ckpt = None
         self.log = None
         if rank == 0:
-            from qsync_opt.loading.checkpoint import DiffCheckpointer
-            from qsync_opt.loading.engine import open_engine
-            from qsync_opt.training.data_plane import rank_costs
-
             speeds, costs, origin = rank_costs(spec, plan)
             if len(speeds) != world:
-                from qsync_opt.errors import SpecError
-
                 raise SpecError(f"data plane: the cluster has {len(speeds)} ranks but {world} were started")
             self.engine = open_engine(data, global_batch=global_batch, speeds=speeds, cost=costs)
             self.sources = self.engine.sources if hasattr(self.engine, "sources") else \
@@ -69,7 +66,6 @@ class PlaneFeed:
     def resume(self, record: dict | None, step: int, resumed: bool) -> None:
         if self.engine is None:
             return
-        from qsync_opt.errors import RuntimeSetupError
 
         if record is None:
             if step:

@@ -12,6 +12,13 @@ from __future__ import annotations
 
 import os
 import sys
+from qsync_opt.errors import SpecError
+from qsync_opt.runtime.emulation import check_emulation
+from qsync_opt.training.plan import Plan
+from qsync_opt.training.runtime import launch
+from qsync_opt.training.runtime.trainer import WorkerConfig, run_worker
+from qsync_opt.training.runtime.worker import guarded
+from qsync_opt.training.spec import load_spec
 
 #: Keys that act only when a process starts (the dynamic loader, the interpreter): a rank cannot
 #: give them to itself, so under torchrun they must be set on the torchrun command instead.
@@ -26,9 +33,6 @@ def under_torchrun() -> bool:
 
 def train_rank(args) -> int:
     """Validate, take this rank's group env, train; the exit code of this rank."""
-    from qsync_opt.errors import SpecError
-    from qsync_opt.training.plan import Plan
-    from qsync_opt.training.spec import load_spec
 
     spec = load_spec(args.spec)
     if spec.kind != "training" or spec.training is None:
@@ -52,14 +56,8 @@ def train_rank(args) -> int:
 
     import torch  # noqa: F401  (only now: the group's env is in place)
 
-    from qsync_opt.training.runtime.worker import guarded
-
     def run() -> int:
-        from qsync_opt.training.runtime.launch import validate
-        from qsync_opt.training.runtime.trainer import WorkerConfig, run_worker
-
-        validate(spec, plan, force=args.force)
-        from qsync_opt.runtime.emulation import check_emulation
+        launch.validate(spec, plan, force=args.force)
 
         # every rank refuses alike; rank 0 alone announces
         check_emulation(spec, plan, emulate=getattr(args, "emulate", False),
@@ -76,8 +74,6 @@ def train_rank(args) -> int:
 
 
 def _int_env(name: str) -> int:
-    from qsync_opt.errors import SpecError
-
     raw = os.environ.get(name, "")
     try:
         return int(raw)

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from qsync_opt.errors import KernelBuildError, SpecError
+from qsync_opt.errors import KernelBuildError, RuntimeSetupError, SpecError
 from qsync_opt.training.plan import Plan
 from qsync_opt.training.spec import JobSpec, TrainingSpec
 from qsync_opt.runtime import checkpoint as ckpt
@@ -205,7 +205,7 @@ def _train(cfg: WorkerConfig, rank: int, world: int, stop: _StopFlag, use_cuda: 
     metrics = _Metrics(cfg.metrics_dir, rank, group, resume=cfg.resume)
     feed = None
     if spec.data is not None and spec.data.sources:  # variable-length samples through the data plane
-        from qsync_opt.training.runtime.plane_feed import PlaneFeed
+        from qsync_opt.training.runtime.plane_feed import PlaneFeed  # import cost: the data plane (loading/), for data.sources only
 
         feed = PlaneFeed(spec, plan, rank, world, global_batch, device, checkpoint_dir=cfg.checkpoint_dir,
                          metrics_dir=cfg.metrics_dir, note=metrics.note)
@@ -282,8 +282,6 @@ def _resume_dir(cfg: WorkerConfig, rank: int) -> str:
             choice = [f"!{e}"]
     dist.broadcast_object_list(choice, src=0)
     if choice[0].startswith("!"):
-        from qsync_opt.errors import RuntimeSetupError
-
         raise RuntimeSetupError(choice[0][1:])
     return choice[0]
 
@@ -295,11 +293,12 @@ def prepare_kernels(kernels: str, counts: dict[str, int], note) -> None:
     """
     if kernels == "torch" or not any(p in counts for p in ("int8", "int4", "fp8_e4m3", "fp8_e5m2")):
         return
-    from qsync_opt.kernels.registry import get_cpu_module
 
     note("preparing the templated CPU kernels (compiled on first use, then cached; can take minutes)")
     t0 = time.perf_counter()
     try:
+        from qsync_opt.kernels.registry import get_cpu_module  # import cost: the kernel build stack (jinja2 templates)
+
         mod = get_cpu_module()
     except KernelBuildError as e:
         if kernels == "templated":

@@ -13,6 +13,9 @@ import os
 import sys
 
 from qsync_opt.errors import ModelError, QSyncError, RuntimeSetupError, SpecError
+from qsync_opt.training.plan import Plan
+from qsync_opt.training.runtime.trainer import WorkerConfig, run_worker
+from qsync_opt.training.spec import load_spec
 
 EXIT_FAIL, EXIT_BAD_INPUT = 1, 2
 
@@ -34,10 +37,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(a) -> int:
-    from qsync_opt.training.plan import Plan
-    from qsync_opt.training.spec import load_spec
-    from qsync_opt.training.runtime.trainer import WorkerConfig, run_worker
-
     cfg = WorkerConfig(
         spec=load_spec(a.spec),
         plan=Plan.load(a.plan) if a.plan else None,

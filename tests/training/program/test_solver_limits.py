@@ -55,7 +55,7 @@ def test_a_small_limit_bounds_the_whole_solve_of_a_large_instance(big, lagrangia
     budget = Budget(LIMIT_S)
     t0 = time.perf_counter()
     try:
-        r = solve_instance(big, backend="highs", time_limit_s=LIMIT_S, threads=1, tie_break=False, budget=budget,
+        r = solve_instance(big, backend="highs", threads=1, tie_break=False, budget=budget,
                            lagrangian=lagrangian)
         reported = (r.build_s, r.solve_s)
         assert evaluate(big, r.assignment).feasible

@@ -15,7 +15,7 @@ import torch
 
 from qsync_opt.errors import RuntimeSetupError
 from qsync_opt.runtime.data import SyntheticTask
-from qsync_opt.training.runtime.launch import _free_port, rank_envs, run_job, spawn_ranks, validate
+from qsync_opt.training.runtime.launch import free_port, rank_envs, run_job, spawn_ranks, validate
 from qsync_opt.training.runtime.trainer import build_rank_model, loss_weight
 from tests.runtime.rt_jobs import make_plan, write_spec
 
@@ -57,7 +57,7 @@ def test_ddp_gradient_is_the_global_batch_gradient(tmp_path):
              write_spec(tmp_path / "unequal.yaml", batches=(22, 10))]
     worker = Path(__file__).with_name("ddp_grad_worker.py")
     argv = [sys.executable, str(worker), str(tmp_path), str(tmp_path / "equal.yaml"), str(tmp_path / "unequal.yaml")]
-    codes = spawn_ranks(argv, rank_envs(specs[0], threads=1, port=_free_port()), timeout_s=180).codes
+    codes = spawn_ranks(argv, rank_envs(specs[0], threads=1, port=free_port()), timeout_s=180).codes
     assert codes == [0, 0]
     torch.set_num_threads(1)
     for i, spec in enumerate(specs):
