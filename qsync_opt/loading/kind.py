@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from qsync_opt.kind import Kind, RunRequest
 from qsync_opt.loading.plan import LoadingPlan
+from qsync_opt.loading.planner import plan_loading
+from qsync_opt.loading.serve import run_loading
 from qsync_opt.loading.report import print_loading_plan
 from qsync_opt.loading.spec import LoadingJob
 
@@ -13,8 +15,6 @@ STAGES = ("plan", "serve", "report")
 
 
 def plan(job: LoadingJob, budget, export_problem=None) -> LoadingPlan:
-    from qsync_opt.loading.planner import plan_loading  # import cost: the engine, the balancer and its solvers
-
     return plan_loading(job, budget)
 
 
@@ -25,8 +25,6 @@ def report(plan: LoadingPlan, console, verbose: bool = False) -> None:
 def run(job: LoadingJob, request: RunRequest) -> dict[str, str]:
     """plan -> serve -> report: OUT/plan.json, OUT/served.csv (per step and rank: samples, tokens, predicted and
     read seconds, the ids) and OUT/report.md; `--steps` sets how many global batches are served."""
-    from qsync_opt.loading.serve import run_loading  # import cost: the engine, the balancer and its solvers
-
     return run_loading(job, request.out, steps=request.steps, console=request.console, budget_for=KIND.budget)
 
 

@@ -7,13 +7,12 @@ import math
 
 from qsync_opt.errors import SpecError
 from qsync_opt.kind import Kind, RunRequest
-from qsync_opt.rollout.plan import RolloutPlan, print_plan
+from qsync_opt.rollout.plan import RolloutPlan, print_plan, solve
+from qsync_opt.rollout.run_report import run_report, write_measured
 from qsync_opt.rollout.spec import RolloutJob
 
 
 def plan(job: RolloutJob, budget, export_problem=None) -> RolloutPlan:
-    from qsync_opt.rollout.plan import solve  # import cost: the simulator and its repack solvers
-
     return solve(job, budget)
 
 
@@ -35,8 +34,6 @@ def run(job: RolloutJob, request: RunRequest) -> dict[str, str]:
 
         need_ray()  # the extra is missing: say so before simulating anything
         check_runs_here(job)
-    from qsync_opt.rollout.run_report import run_report, write_measured  # import cost: matplotlib
-
     made, paths = run_report(job, request.out, steps=request.steps)
     out = request.console
     if out is not None:

@@ -13,13 +13,12 @@ from rich.console import Console
 from qsync_opt.io import atomic_write_text
 from qsync_opt.kind import Kind, RunRequest
 from qsync_opt.serving.plan import ServingPlan
+from qsync_opt.serving.planner import plan_serving
 from qsync_opt.serving.report import print_serving_plan
 from qsync_opt.serving.spec import ServingJob
 
 
 def plan(job: ServingJob, budget, export_problem=None) -> ServingPlan:
-    from qsync_opt.serving.planner import plan_serving  # import cost: the solver backends
-
     return plan_serving(job, budget)
 
 

@@ -3,26 +3,23 @@
 from __future__ import annotations
 
 from qsync_opt.kind import Kind, RunRequest
+from qsync_opt.training.pipeline import plan_job
 from qsync_opt.training.plan import Plan
+from qsync_opt.training.report import print_plan
 from qsync_opt.training.run import STAGES
+from qsync_opt.training.run import run as run_stages
 from qsync_opt.training.spec import JobSpec
 
 
 def plan(job: JobSpec, budget, export_problem=None) -> Plan:
-    from qsync_opt.training.pipeline import plan_job  # import cost: the program compiler and the solvers
-
     return plan_job(job, budget, export_problem=export_problem)
 
 
 def report(plan: Plan, console, verbose: bool = False) -> None:
-    from qsync_opt.training.report import print_plan  # import cost: the report tables pull the predictor
-
     print_plan(plan, console, verbose=verbose)
 
 
 def run(job: JobSpec, request: RunRequest) -> dict[str, str]:
-    from qsync_opt.training.run import run as run_stages  # import cost: torch and the runtime
-
     stages = run_stages(request.spec_path, request.out, start=request.start, steps=request.steps,
                         emulate=request.emulate)
     return {"report": stages["report"]}
