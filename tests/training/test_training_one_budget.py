@@ -117,13 +117,20 @@ def test_plan_job_is_the_training_planner_with_its_data_plane(prepared, monkeypa
     assert budget.grants and plan.solver.solve_s == pytest.approx(budget.spent_s)
 
 
-def test_serving_draws_on_the_budget_it_is_given():
-    from tests.serving.test_serving_plan import spec
+SERVING = {
+    "kind": "serving", "name": "tiny",
+    "cluster": {"groups": [{"name": "t4", "device": "T4", "count": 2, "memory_gb": 0.1},
+                           {"name": "v100", "device": "V100-16GB", "count": 1, "memory_gb": 0.12}]},
+    "serving": {"model": {"layers": 6, "hidden": 1024, "ffn": 4096, "heads": 16, "vocab": 32000, "max_positions": 512},
+                "prompt_len": 128, "gen_tokens": 16, "global_batch": 8, "bits": [3, 4, 16], "runtime_overhead_gb": 0.0},
+    "solver": {"time_limit_s": LIMIT},
+}
+"""Six small layers on three devices whose memory makes the bits matter (tests/serving's tiny spec)."""
 
-    s = spec()
-    s["solver"] = {"time_limit_s": LIMIT}
+
+def test_serving_draws_on_the_budget_it_is_given():
     budget = Budget(LIMIT)
-    plan = plan_serving(qsync_opt.load_spec(s), budget)
+    plan = plan_serving(qsync_opt.load_spec(SERVING), budget)
     assert budget.grants and all(g.given_s <= g.left_s + 1e-12 for g in budget.grants)
     assert plan.solver.objective_ms > 0
 
