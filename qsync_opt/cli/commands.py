@@ -41,6 +41,7 @@ from qsync_opt.runtime.process_exit import Stopped, stop_on_signals
 from qsync_opt.solver.backends import EXACT, available
 from qsync_opt.solver.backends.base import SolveOptions
 from qsync_opt.solver.backends.quiet import fd1_redirected
+from qsync_opt.solver.budget import DEFAULT_TIME_LIMIT_S
 from qsync_opt.solver.files import load_problem
 from qsync_opt.spec.load import Override
 from qsync_opt.training.runtime.torchrun import train_rank, under_torchrun
@@ -207,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
     bs.add_argument("--models", help="comma-separated zoo models (default: all; 'none' for synthetic only)")
     bs.add_argument("--sizes", help="comma-separated synthetic sizes (default 50,200,1000,5000)")
     bs.add_argument("--backends", help="comma-separated backends (default: all available)")
-    bs.add_argument("--limit", type=float, default=60.0, help="time limit per solve, s")
+    bs.add_argument("--limit", type=float, default=DEFAULT_TIME_LIMIT_S, help=f"time limit per solve, s (default {DEFAULT_TIME_LIMIT_S:g})")
     bs.add_argument("--gap", type=float, default=1e-3, help="relative gap")
     bs.add_argument("--formulations", help="comma-separated cast linearisations: mccormick (products), marginal (arcs)")
     bs.add_argument("--kinds", help="comma-separated synthetic kinds (default chain,dag)")
@@ -268,7 +269,7 @@ def _solve_problem(args, overrides: dict, out) -> int:
     if not available().get(backend, False):
         raise SpecError(f"--backend: {backend!r} is not installed here; available: "
                         + ", ".join(n for n, ok in available().items() if ok))
-    opts = SolveOptions(time_limit_s=overrides.get("solver.time_limit_s", 60.0),
+    opts = SolveOptions(time_limit_s=overrides.get("solver.time_limit_s", DEFAULT_TIME_LIMIT_S),
                         rel_gap=overrides.get("solver.rel_gap", 1e-4))
     if args.json:
         with fd1_redirected(2):

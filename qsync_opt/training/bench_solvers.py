@@ -31,7 +31,7 @@ from qsync_opt.training.program.decompose import separable
 from qsync_opt.training.program.solve import solve_instance, solve_problem
 from qsync_opt.training.program.compile import compile_training
 from qsync_opt.models.zoo import list_models
-from qsync_opt.solver.budget import Budget
+from qsync_opt.solver.budget import DEFAULT_TIME_LIMIT_S, Budget
 from qsync_opt.solver.files import load_problem
 from qsync_opt.training.pipeline import prepare
 from qsync_opt.training.predictor.instance_builder import build_instance
@@ -149,7 +149,7 @@ def run_case(case: Case, backend: str, limit: float, gap: float, repeats: int, f
 
 def run_benchmark(out_dir: Path, instances_dir: str | None = None, quick: bool = False,
                   models: list[str] | None = None, sizes: list[int] | None = None,
-                  backends: list[str] | None = None, limit: float = 60.0, gap: float = 1e-3,
+                  backends: list[str] | None = None, limit: float = DEFAULT_TIME_LIMIT_S, gap: float = 1e-3,
                   formulations: list[str] | None = None, kinds: list[str] | None = None,
                   command: str | None = None, name: str = "solvers", limit_check: float | None = None) -> list[dict]:
     """Every case x formulation x backend; each CSV row is written (and flushed) as soon as it is measured."""
@@ -160,7 +160,7 @@ def run_benchmark(out_dir: Path, instances_dir: str | None = None, quick: bool =
     if models is None:
         models = ["resnet18"] if quick else list_models_default()
     models = [m for m in models if m != "none"]
-    if quick and limit == 60.0:
+    if quick and limit == DEFAULT_TIME_LIMIT_S:
         limit = 5.0
     if quick and limit_check is None:
         limit_check = 0.05
