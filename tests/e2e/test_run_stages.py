@@ -39,8 +39,20 @@ def test_measured_step_is_the_slowest_rank_median_after_the_first_step(tmp_path)
     assert measured_iteration_ms(tmp_path / "none") is None
 
 
-def test_run_refuses_a_serving_spec_by_its_kind(tmp_path, capsys):
+def test_run_on_a_serving_spec_goes_through_the_serving_kinds_stages(tmp_path, capsys):
+    """A serving spec's run is its kind's stages (solve, report), not training's: plan.json is the plan `solve`
+    gives and report.md prints it; nothing of training's stages is made."""
+    import json
+
+    import qsync_opt
     from qsync_opt.cli.commands import main
 
-    assert main(["run", "examples/serving_opt30b_t4_v100.yaml", "-o", str(tmp_path)]) == 2
-    assert "kind: serving: `qsync-opt run` profiles, plans and trains a training job" in capsys.readouterr().err
+    assert main(["run", "examples/serving_opt30b_t4_v100.yaml", "-o", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json", "report.md"]
+    ran = json.loads((tmp_path / "plan.json").read_text())
+    solved = json.loads(qsync_opt.solve("examples/serving_opt30b_t4_v100.yaml").to_json())
+    assert ran["stages"] == solved["stages"] and ran["prediction"] == solved["prediction"]
+    report = (tmp_path / "report.md").read_text()
+    assert "stage" in report and "prefill ms/mb" in report
+    assert f"report: {tmp_path / 'report.md'}" in printed
