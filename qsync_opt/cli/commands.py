@@ -182,12 +182,13 @@ def _parser() -> argparse.ArgumentParser:
                    "that is expected >10x slower (runtime.emulate: true in the spec does the same)")
     t.set_defaults(func=_cmd_train)
 
-    r = sub.add_parser("run", help="profile -> indicate -> solve -> predict -> train -> report; each stage's artefact "
-                       "cached in the output folder (a rollout spec: every policy simulated, timeline and KV PNGs)")
+    r = sub.add_parser("run", help="the spec's kind through its stages into a folder: " + "; ".join(
+        f"{k.name}: {' -> '.join(k.stages)}" for k in KINDS.values()))
     r.add_argument("spec")
     r.add_argument("-o", "--output", required=True, help="folder for the stages' artefacts, train/, report.md and PNGs")
-    r.add_argument("--from", dest="start", help="rerun from this stage: profile | indicate | solve | predict | train | report")
-    r.add_argument("--steps", type=int, help="training steps (default: training.steps; rollout: rollout.steps)")
+    r.add_argument("--from", dest="start", help="rerun from this stage (" + "; ".join(
+        f"{k.name}: {' | '.join(k.stages)}" for k in KINDS.values() if "start" in k.run_options) + ")")
+    r.add_argument("--steps", type=int, help="steps to run (default: the spec's training.steps, rollout.steps or, for loading, steps)")
     r.add_argument("--emulate", action="store_true", help="as for train: emulate absent devices even when >10x slower")
     r.add_argument("--real", action="store_true", help="rollout spec: also run every policy here on Ray actors (extra "
                    "'rollout') and write measured.csv beside the simulator calibrated from that run")
