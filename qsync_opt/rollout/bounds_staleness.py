@@ -1,43 +1,50 @@
-"""A proven ceiling that counts the staleness rule: rollout.bounds' trainer and decode-plane bounds, plus the room
-the rule leaves, in one linear program on the shared IR.
+"""A proven ceiling that counts the staleness rule: rollout.bounds' trainer and decode-plane bounds, plus two bounds
+of the rule itself, its admission gate (an exact recursion) and its room (a linear program on the shared IR).
 
-**The rule.** Every policy the simulator runs admits new trajectories (in id order) only while
-admitted ≤ (η + V + 1)·batch, V the trainer steps done (AReaL's rule; sync and one-step-off admit less: η ≥ 1 here,
-as in the simulator). So at every instant at most (η + 1)·batch trajectories are admitted and not yet trained (the
-batch in training included).
-
-**Little's law on that room.** A trajectory i trained in step k lives from its admission to the end of step k: at
-least its own decode latency ℓ_i (it is prefilled, then decodes its n tokens one step after another) plus the step
-T_k (its batch must be finished before the step starts). Integrating the count of such trajectories over a run of
-length R:  Σ_i ℓ_i + batch · Σ_k T_k  ≤  (η + 1) · batch · R.  A long tail makes Σ ℓ_i large, so a small η caps the
-rate at (η + 1)·batch / (mean ℓ + mean T) however many rollouts there are.
+**The rule.** Every policy the simulator runs admits new trajectories in id order, and only while
+admitted ≤ (η + V + 1)·batch, V the trainer steps done (AReaL's rule; sync and one-step-off admit less; η ≥ 1, as in
+the simulator). It is a count, not a per-trajectory deadline: a long trajectory admitted within it may be trained
+many versions later, so a bound that assumed "started under version v, trained by step v + η + 1" would not hold
+for these policies. Two consequences: cohort g (ids g·batch … (g + 1)·batch − 1) is admitted no earlier than the end
+of step g − η (time 0 for g ≤ η); and at every instant at most (η + 1)·batch trajectories are admitted and not yet
+trained (the batch in training included).
 
 **The latency of a token.** A decode step of B sequences whose contexts sum to S, one of them at context c (so
 S ≥ c + B − 1), takes at least λ + μ·c for every B ≤ cap (`latency_line`, exact over that domain like
 rollout.bounds.decode_plane: t − μ·c is convex in c along S = c + B − 1). Linear in c, so it also holds under the
-simulator's chunks (a chunk is priced at its mean context). A trajectory of prompt p and length n therefore waits at
-least Σ_j (λ + μ·(p + j)) on one kind, plus its prefill (at least the quickest single prefill, π).
+simulator's chunks (a chunk is priced at its mean context). A trajectory of prompt p and length n therefore takes
+at least ℓ = Σ_j (λ + μ·(p + j)) + π from admission to its last token on one kind (π: the quickest prefill any
+micro-batch takes); interrupting, re-queueing, migrating, pausing only add.
 
-**The program.** Tokens are grouped by context as in rollout.bounds (each group priced at its lowest context, at
-most BUCKET_TOKENS below any of its tokens) and split fractionally among the worker kinds, as are the prefills:
+**The gate** (`gate_seconds`). Step k starts no earlier than the end of step k − 1 and than the moment k·batch
+trajectories are finished; trajectory i finishes no earlier than its cohort's opening plus ℓ_i (on the quickest
+kind). With steps of the run's lengths in order, taking each step as early as these allow gives the least end of
+the last step: every quantity is non-decreasing in the earlier steps' ends, so no other choice ends sooner. It keeps
+the gate, each trajectory's latency and the trainer's steps; it drops capacity (any number decode at once, each at
+its single-sequence step), which kind decodes what, and everything a policy waits on besides.
+
+**The room** (`_program`, Little's law). A trajectory trained in step k stays admitted-and-untrained from its
+admission to the end of step k: at least ℓ plus the step. Integrated over a run of length R:
+Σ_i ℓ_i + batch · Σ_k T_k ≤ (η + 1)·batch · R. Tokens are grouped by context as in rollout.bounds (each group priced
+at its lowest context) and split fractionally among the worker kinds, as are the prefills:
   minimize R  s.t.  every kind's worker-seconds (the decode plane and φ per prefill) ≤ its count · R,
                     Σ over tokens of their step latency on the kind that decoded them + Σ prefill latencies
-                        + batch · Σ_k T_k ≤ (η + 1) · batch · R,
+                        + batch · Σ_k T_k ≤ (η + 1)·batch · R,
                     R ≥ Σ_k T_k.
-It keeps: the trainer's steps, the fleet's decode capacity (the plane, as rollout.bounds), each token's latency on
-its kind, and the rule's room. It drops: which trajectory decodes when (the program only counts), the order of the
-trainer's batches, every idle, sync, re-prefill or migration second (they only add), the tie between a token's kind
-for work and for latency being one worker (a token priced on kind k for both, fractionally), and the stricter
-gates of the barrier policies. Each kept constraint holds in every run, so R is a lower bound on the run's length.
-The value is taken only from a proven optimum (status optimal, the solver's bound); otherwise the ceiling falls back
-to rollout.bounds' without the rule and says so (`StalenessCeiling.note`). The ceiling's run length is the larger
-of the program's R and rollout.bounds' (whose single-kind rollout bound prices contexts exactly), so it never
-exceeds the ceiling without the rule and equals it where the rule's room is not binding (η large).
+It keeps the fleet's decode capacity, each token's latency on its kind and the rule's room; it drops which
+trajectory decodes when, the order of the batches, and the tie between a token's work and its latency being on one
+worker. The value is taken only from a proven optimum (status optimal, the solver's bound); otherwise the room is
+left out and `StalenessCeiling.note` says so (the trainer, plane and gate bounds stand).
 
-`staleness_run_ceiling(job, consumed, ...)` is the bound for one run (the trajectories its trainer consumed, in
-order): every simulated run lies under it. `staleness_ceiling(job)` is the long-run one over the first
-steps × batch trajectories the simulator draws, with rollout.bounds.ceiling's caveat (a finite run may train its
-short trajectories and leave long ones in flight).
+Each bound holds in every run, so the ceiling's run length is the largest of rollout.bounds' (trainer, rollouts'
+hardware), the gate's and the room's: never above the ceiling without the rule, and equal to it where the rule
+leaves slack (η large).
+
+`staleness_run_ceiling(job, consumed, drawn, ...)` is the bound for one run (the trajectories its trainer consumed,
+in order, and those it could admit): every simulated run lies under it (tests/rollout/test_rollout_bounds_staleness.py).
+`staleness_ceiling(job)` is the long-run one over the first steps × batch trajectories the simulator draws, with
+rollout.bounds.ceiling's caveat (a finite run may train its short trajectories first); it also leaves out the one-off
+wait for the first batch, which a long run amortises.
 """
 
 from __future__ import annotations
