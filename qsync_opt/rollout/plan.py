@@ -21,12 +21,12 @@ from pydantic import BaseModel, ConfigDict
 from qsync_opt.errors import SpecError
 from qsync_opt.io import atomic_write_text
 from qsync_opt.rollout.agreement import figures_tied, ratio_interval
-from qsync_opt.solver.budget import Budget
-from qsync_opt.spec.load import read_text_file
 from qsync_opt.rollout.bounds_staleness import staleness_ceiling
 from qsync_opt.rollout.costs import all_worker_costs, sync_costs
 from qsync_opt.rollout.sim_worker import read_msg, write_msg
 from qsync_opt.rollout.simulate import VARIANTS, SimResult, simulate, variant_of
+from qsync_opt.solver.budget import Budget
+from qsync_opt.spec.load import read_text_file
 
 PLAN_VERSION = 1
 
