@@ -1,14 +1,15 @@
-"""How far each rollout policy is from what any policy could reach: the proven ceilings of rollout.bounds.
+"""How far each rollout policy is from what any policy could reach: the proven ceilings of rollout.bounds and
+rollout.bounds_staleness.
 
 For every case of benchmarks/rollout.py (the same specs, workload seed, η and steps as its simulated rows), the
-long-run ceiling (the trainer's steps back to back; the rollouts' hardware with every decode step priced at the plane
-under its cost, no admission rule), then every policy simulated with the ceiling of its own run (the trajectories it
-trained). The column that bears on #22's "≥ 1.3× the best other asynchronous policy": the ceiling over the best of
-one-step-off, stale, partial-rollout and trajectory-async without repack, the most any policy can gain over it in
-the long run. Where that is below 1.3, no policy reaches the target under this cost model; where it is above, the
-target is not ruled out by the hardware or the trainer, only (or not) by the staleness rule, which the ceiling leaves
-out: admitted − trained ≤ (η + 1) batches. Each streaming policy's mean use of that room is printed beside it, with
-the share of it held by finished trajectories waiting for the trainer.
+long-run ceiling under the staleness rule (rollout.bounds_staleness.staleness_ceiling: the trainer's steps back to
+back; the rollouts' hardware with every decode step priced at the plane under its cost; and the rule, admitted ≤
+(η + version + 1) batches, through its admission gate and its room), beside the one without the rule
+(rollout.bounds.ceiling), then every policy simulated with the ceiling of its own run (the trajectories it trained
+and could admit, under the rule). The column that bears on #22's "≥ 1.3× the best other asynchronous policy": the
+ceiling over the best of one-step-off, stale, partial-rollout and trajectory-async without repack, the most any
+policy can gain over it in the long run. Each streaming policy's mean use of the rule's room is printed beside it,
+with the share of it held by finished trajectories waiting for the trainer, and the trainer's busy share.
 
     PYTHONPATH=. python benchmarks/rollout_ceilings.py --out DIR [--cases ...] [--sim-steps 50] [--variants ...]
         [--jobs 1]
@@ -27,18 +28,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results_table import load_now, write_table  # noqa: E402
 from benchmarks.rollout import ASYNC, CASES, case_job  # noqa: E402
-from qsync_opt.rollout.bounds import ceiling  # noqa: E402
+from qsync_opt.rollout.bounds_staleness import staleness_ceiling  # noqa: E402
 from qsync_opt.rollout.simulate import VARIANTS, simulate  # noqa: E402
 
 COLS = ("case", "eta", "steps", "policy", "trajectories_per_s", "run_ceiling_tps", "of_run_ceiling",
-        "ceiling_tps", "ceiling_trainer_tps", "ceiling_rollout_tps", "bound_by", "of_ceiling", "gate_fill_mean",
-        "gate_waiting_mean", "trainer_idle_frac")
+        "ceiling_tps", "ceiling_without_rule_tps", "ceiling_trainer_tps", "ceiling_rollout_tps", "ceiling_rule_tps",
+        "bound_by", "of_ceiling", "of_ceiling_without_rule", "gate_fill_mean", "gate_waiting_mean",
+        "trainer_idle_frac", "rollout_idle_frac")
 
 
 def _run(task):
     name, steps, eta, variant = task
     r = simulate(case_job(name, steps, eta), variant)
-    return task, (r.trajectories_per_s, r.ceiling_tps, r.gate_fill_mean, r.gate_waiting_mean, r.trainer_idle_frac)
+    return task, (r.trajectories_per_s, r.ceiling_tps, r.gate_fill_mean, r.gate_waiting_mean, r.trainer_idle_frac,
+                  r.rollout_idle_frac)
 
 
 def main(argv=None) -> int:
@@ -70,29 +73,37 @@ def main(argv=None) -> int:
         done = [_run(t) for t in tasks]
     got = {task[0::3]: figs for task, figs in done}
     rows = []
-    print(f"proven ceilings (rollout.bounds), {args.sim_steps} trainer steps, workload seed of each spec")
+    print(f"proven ceilings (rollout.bounds_staleness), {args.sim_steps} trainer steps, workload seed of each spec")
     for c in args.cases:
         job = case_job(c, args.sim_steps, args.eta)
-        cl = ceiling(job)
-        eta = job.rollout.policy.eta
+        cl = staleness_ceiling(job)
+        old = cl.base
+        eta = cl.eta
         best = max(ASYNC, key=lambda v: got[(c, v)][0])
         b = got[(c, best)][0]
         repacked = [v for v in ("repack-best-fit", "repack-program") if v in variants]
-        print(f"\n{c} (η = {eta}): ceiling {cl.tps:.2f} traj/s, bound by the {cl.bound_by} (trainer {cl.trainer_tps:.2f}, "
-              f"rollouts' hardware {cl.rollout_tps:.2f})")
+        print(f"\n{c} (η = {eta}): ceiling {cl.tps:.2f} traj/s, bound by the {cl.bound_by} (trainer "
+              f"{old.trainer_tps:.2f}, rollouts' hardware {old.rollout_tps:.2f}, staleness rule {cl.rule_tps:.2f}); "
+              f"without the rule {old.tps:.2f}" + (f" ({cl.note})" if cl.note else ""))
         for v in variants:
-            tps, run_c, fill, waiting, t_idle = got[(c, v)]
+            tps, run_c, fill, waiting, t_idle, r_idle = got[(c, v)]
             gate = f"  staleness room {fill:6.1%} in use ({waiting:5.1%} finished, untrained)" if fill is not None else ""
             print(f"  {v:17s} {tps:8.2f} traj/s  {tps / run_c:6.1%} of its run's ceiling ({run_c:.2f})  "
-                  f"{tps / cl.tps:6.1%} of the long-run one  trainer busy {1 - t_idle:5.1%}{gate}")
+                  f"{tps / cl.tps:6.1%} of the long-run one  trainer busy {1 - t_idle:5.1%}  rollouts idle "
+                  f"{r_idle:5.1%}{gate}")
             rows.append({"case": c, "eta": eta, "steps": args.sim_steps, "policy": v,
                          "trajectories_per_s": round(tps, 3), "run_ceiling_tps": round(run_c, 3),
                          "of_run_ceiling": round(tps / run_c, 4), "ceiling_tps": round(cl.tps, 3),
-                         "ceiling_trainer_tps": round(cl.trainer_tps, 3), "ceiling_rollout_tps": round(cl.rollout_tps, 3),
+                         "ceiling_without_rule_tps": round(old.tps, 3), "ceiling_trainer_tps": round(old.trainer_tps, 3),
+                         "ceiling_rollout_tps": round(old.rollout_tps, 3), "ceiling_rule_tps": round(cl.rule_tps, 3),
                          "bound_by": cl.bound_by, "of_ceiling": round(tps / cl.tps, 4),
+                         "of_ceiling_without_rule": round(tps / old.tps, 4),
                          "gate_fill_mean": "" if fill is None else round(fill, 4),
                          "gate_waiting_mean": "" if waiting is None else round(waiting, 4),
-                         "trainer_idle_frac": round(t_idle, 4)})
+                         "trainer_idle_frac": round(t_idle, 4), "rollout_idle_frac": round(r_idle, 4)})
+        top = max(variants, key=lambda v: got[(c, v)][0])
+        print(f"  best policy: {top} {got[(c, top)][0]:.2f}, {got[(c, top)][0] / cl.tps:.1%} of the ceiling "
+              f"({got[(c, top)][0] / old.tps:.1%} of the one without the rule)")
         verdict = "rules out 1.3x" if cl.tps / b < 1.3 else "leaves room for 1.3x"
         print(f"  best other asynchronous: {best} {b:.2f}; the ceiling is {cl.tps / b:.2f}x it ({verdict}); "
               + ", ".join(f"{v} {got[(c, v)][0] / b:.2f}x it" for v in repacked))

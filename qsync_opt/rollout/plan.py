@@ -21,12 +21,12 @@ from pydantic import BaseModel, ConfigDict
 from qsync_opt.errors import SpecError
 from qsync_opt.io import atomic_write_text
 from qsync_opt.rollout.agreement import figures_tied, ratio_interval
-from qsync_opt.solver.budget import Budget
-from qsync_opt.spec.load import read_text_file
-from qsync_opt.rollout.bounds import ceiling
+from qsync_opt.rollout.bounds_staleness import staleness_ceiling
 from qsync_opt.rollout.costs import all_worker_costs, sync_costs
 from qsync_opt.rollout.sim_worker import read_msg, write_msg
 from qsync_opt.rollout.simulate import VARIANTS, SimResult, simulate, variant_of
+from qsync_opt.solver.budget import Budget
+from qsync_opt.spec.load import read_text_file
 
 PLAN_VERSION = 1
 
@@ -219,7 +219,8 @@ class WorkerSummary(BaseModel):
 
 
 class CeilingFigures(BaseModel):
-    """rollout.bounds.ceiling: what no policy trains faster than, in the long run, under these costs."""
+    """rollout.bounds_staleness.staleness_ceiling: what no policy obeying the staleness rule trains faster than, in the
+    long run, under these costs."""
 
     model_config = ConfigDict(frozen=True)
     trajectories_per_s: float
@@ -228,11 +229,31 @@ class CeilingFigures(BaseModel):
     rollout_tps: float
     """The rollouts' hardware, every decode step priced at the plane under its cost (no admission rule)."""
     bound_by: str
+    """"trainer", "rollouts" or "staleness rule"."""
+    eta: int | None = None
+    """The staleness bound the ceiling counts (None: a plan made before it did)."""
+    without_rule_tps: float | None = None
+    """rollout.bounds.ceiling: the trainer and the rollouts' hardware alone (the staleness rule left out)."""
+    rule_tps: float | None = None
+    """The staleness rule's own bound (admission gate and its room; StalenessCeiling.rule_tps)."""
+    note: str = ""
+    """Why a part of the bound was left out (the rule's program ended without a proven optimum)."""
 
     @classmethod
     def of(cls, c) -> CeilingFigures:
-        return cls(trajectories_per_s=c.tps, trainer_tps=c.trainer_tps, rollout_tps=c.rollout_tps,
-                   bound_by=c.bound_by)
+        b = c.base
+        return cls(trajectories_per_s=c.tps, trainer_tps=b.trainer_tps, rollout_tps=b.rollout_tps, bound_by=c.bound_by,
+                   eta=c.eta, without_rule_tps=b.tps, rule_tps=c.rule_tps, note=c.note)
+
+    def line(self) -> str:
+        """The ceiling in words: its value, what binds, and the value without the staleness rule where it differs."""
+        rule = f", staleness η={self.eta}" if self.eta is not None else ""
+        text = (f"{self.trajectories_per_s:.2f} traj/s (proven, any policy{rule}, long run), bound by the "
+                f"{self.bound_by} (trainer {self.trainer_tps:.2f}, rollouts' hardware {self.rollout_tps:.2f}"
+                + (f", staleness rule {self.rule_tps:.2f}" if self.rule_tps is not None else "") + ")")
+        if self.without_rule_tps is not None and self.without_rule_tps > self.trajectories_per_s * (1 + 1e-9):
+            text += f"; without the staleness rule: {self.without_rule_tps:.2f} traj/s"
+        return text + (f" ({self.note})" if self.note else "")
 
 
 class RolloutPlan(BaseModel):
@@ -429,13 +450,14 @@ def plan_from(job, results: dict[str, SimResult], steps: int | None = None) -> R
     return RolloutPlan(name=job.name, model=r.model.label, batch=w.batch, recommended=recommended, reason=reason,
                        spec_policy=variant_of(job), policies=[PolicyFigures.of(x) for x in results.values()],
                        workers=workers, broadcast_s=sc.broadcast_s, push_s=sc.push_s,
-                       steps=steps or r.steps, notes=notes, ceiling=CeilingFigures.of(ceiling(job, steps=steps)))
+                       steps=steps or r.steps, notes=notes, ceiling=CeilingFigures.of(staleness_ceiling(job, steps=steps)))
 
 
 POLICY_LEGEND = (
     ("traj/s", "trajectories trained per simulated second; tokens/s: response tokens trained per second"),
     ("× sync", "traj/s over sync's"),
-    ("of ceiling", "traj/s over the proven ceiling of the trajectories that run trained"),
+    ("of ceiling", "traj/s over the proven ceiling of the trajectories that run trained, under the staleness rule "
+     "(rollout.bounds_staleness)"),
     ("rollout idle", "share of the rollouts' time not generating (idle, receiving weights, migrating)"),
     ("trainer idle", "share of the time the trainer is not training"),
     ("staleness mean / max", "per trained trajectory, the trainer's version when it trains on it minus the version "
@@ -478,9 +500,7 @@ def print_plan(plan: RolloutPlan, console, real_pending: bool = False) -> None:
     console.print(f"weight sync: global broadcast {plan.broadcast_s:.2f} s (all stall), relay push {plan.push_s:.2f} s "
                   "(trainer only)")
     if plan.ceiling:
-        c = plan.ceiling
-        console.print(f"ceiling (proven, any policy, long run): {c.trajectories_per_s:.2f} traj/s, bound by the "
-                      f"{c.bound_by} (trainer {c.trainer_tps:.2f}, rollouts' hardware {c.rollout_tps:.2f})")
+        console.print(f"ceiling: {plan.ceiling.line()}")
     p = Table(title="policies (simulated, same costs)", title_justify="left",
               caption="\n".join(legend_lines(POLICY_LEGEND)), caption_justify="left")
     for col in ("policy", "traj/s", "tokens/s", "× sync", "of ceiling", "rollout idle", "trainer idle",

@@ -198,10 +198,7 @@ def report_markdown(plan: RolloutPlan, shown: list[str], measured: MeasuredSecti
         head += [f"**Recommended: {plan.recommended}**: {plan.reason}.", ""]
     lines = head
     if plan.ceiling:
-        c = plan.ceiling
-        lines += [f"Ceiling (proven for any policy, in the long run, under these costs): {c.trajectories_per_s:.2f} "
-                  f"trajectories/s, bound by the {c.bound_by} (trainer {c.trainer_tps:.2f}, rollouts' hardware "
-                  f"{c.rollout_tps:.2f}).", ""]
+        lines += [f"Ceiling (under these costs): {plan.ceiling.line()}.", ""]
     lines += ["## Policies (simulated, the spec's costs)", "",
               "| policy | traj/s | tokens/s | × sync | of ceiling | rollout idle | trainer idle | staleness mean / max "
               "| KV util | repacks | moves |", "|---|---|---|---|---|---|---|---|---|---|---|"]

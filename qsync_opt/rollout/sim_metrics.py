@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from qsync_opt.rollout.bounds import run_ceiling
+from qsync_opt.rollout.bounds_staleness import staleness_run_ceiling
 from qsync_opt.rollout.sim_records import GEN, MIGRATE, STATES, SYNC
 
 
@@ -65,8 +65,9 @@ class SimResult:
     not when a trajectory finishes, so a long one overtaken by shorter ones is trained later. None for the barrier
     policies (sync, one-step-off), whose staleness is fixed."""
     ceiling_tps: float | None = None
-    """The proven ceiling of this run (rollout.bounds.run_ceiling over the trajectories it trained): no schedule of
-    them trains faster. None on a calibrated shared host, whose costs the bound does not cover."""
+    """The proven ceiling of this run under its staleness rule (rollout.bounds_staleness.staleness_run_ceiling over
+    the trajectories it trained and those it could admit): no schedule of them obeying the rule trains faster. None on
+    a calibrated shared host, whose costs the bound does not cover."""
 
     def row(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("kv_series", "timeline", "worker_labels")}
@@ -131,4 +132,5 @@ class Metrics:
             return None
 
         kinds = list({id(w.c): w.c for w in self.workers}.values())
-        return run_ceiling(self.job, self.consumed, costs=kinds, train_s=self.train_s).tps
+        return staleness_run_ceiling(self.job, self.consumed, (self.prompts, self.targets), self.eta, costs=kinds,
+                                     train_s=self.train_s).tps

@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks import rollout_ceilings as rc  # noqa: E402
 from benchmarks.rollout import case_job  # noqa: E402
 from qsync_opt.rollout.bounds import ceiling  # noqa: E402
+from qsync_opt.rollout.bounds_staleness import staleness_ceiling  # noqa: E402
 from qsync_opt.rollout.simulate import VARIANTS, simulate  # noqa: E402
 
 
@@ -23,15 +24,17 @@ def test_each_policy_lies_under_its_run_ceiling_and_the_csv_says_so(tmp_path, ca
     rows = list(csv.DictReader(ln for ln in text.splitlines() if not ln.startswith("#")))
     assert [r["policy"] for r in rows] == list(VARIANTS)
     job = case_job("h100x128", 1)
-    c = ceiling(job)
+    c = staleness_ceiling(job)
     for r in rows:
         assert float(r["of_run_ceiling"]) <= 1.0
         assert float(r["ceiling_tps"]) == pytest.approx(c.tps, rel=1e-4)
+        assert float(r["ceiling_without_rule_tps"]) == pytest.approx(ceiling(job).tps, rel=1e-4)
+        assert float(r["ceiling_tps"]) <= float(r["ceiling_without_rule_tps"])
         assert r["bound_by"] == c.bound_by
     sync = simulate(job, "sync")
     assert float(rows[0]["trajectories_per_s"]) == pytest.approx(sync.trajectories_per_s, rel=1e-4)
     out = capsys.readouterr().out
-    assert "best other asynchronous" in out and ("rules out 1.3x" in out or "leaves room for 1.3x" in out)
+    assert "best policy:" in out and "best other asynchronous" in out and ("rules out 1.3x" in out or "leaves room for 1.3x" in out)
 
 
 def test_an_unknown_case_is_named():

@@ -100,17 +100,22 @@ def test_the_long_run_ceiling_names_its_binding_side(job):
 def test_the_plan_reports_its_ceiling_and_each_run_lies_under_its_own(job):
     from rich.console import Console
 
+    from qsync_opt.rollout.bounds_staleness import staleness_ceiling
     from qsync_opt.rollout.plan import RolloutPlan, print_plan, solve
 
     plan = solve(job, processes=1)
-    c = bounds.ceiling(job)
+    c = staleness_ceiling(job)
     assert plan.ceiling.trajectories_per_s == pytest.approx(c.tps)
-    assert plan.ceiling.bound_by == c.bound_by
+    assert plan.ceiling.bound_by == c.bound_by and plan.ceiling.eta == c.eta
+    assert plan.ceiling.without_rule_tps == pytest.approx(bounds.ceiling(job).tps)
     for p in plan.policies:
         assert p.ceiling_tps is not None and p.trajectories_per_s <= p.ceiling_tps * (1 + 1e-9), p.variant
     assert RolloutPlan.model_validate_json(plan.to_json()) == plan
     console = Console(record=True, width=250)
     print_plan(plan, console)
     text = console.export_text()
-    assert f"ceiling (proven, any policy, long run): {c.tps:.2f} traj/s" in text
+    assert f"ceiling: {c.tps:.2f} traj/s (proven, any policy, staleness η={c.eta}, long run)" in text
+    # the rule binds on this job's long tail: the ceiling without it stays in view
+    assert c.tps < bounds.ceiling(job).tps
+    assert f"without the staleness rule: {bounds.ceiling(job).tps:.2f} traj/s" in text
     assert "of ceiling" in text
