@@ -116,7 +116,7 @@ class LengthDist(_Model):
         if cap < 1:
             raise ValueError(f"cap {cap} must be ≥ 1 token")
         if self.sigma == 0:
-            return float(min(max(int(round(self.median)), 1), cap))
+            return float(min(max(round(self.median), 1), cap))
         mu, s = math.log(self.median), self.sigma
         full = math.exp(mu + s * s / 2)
         capped = full * _phi((math.log(cap) - mu - s * s) / s) + cap * _phi(-(math.log(cap) - mu) / s)
