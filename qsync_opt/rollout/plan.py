@@ -432,7 +432,7 @@ def plan_from(job, results: dict[str, SimResult], steps: int | None = None) -> R
     r = job.rollout
     recommended, reason = recommend(results.values())
     w = r.workload
-    mean_prompt = w.prompt_len if isinstance(w.prompt_len, int) else w.prompt_len.mean(10**9)
+    mean_prompt = w.prompt_len if isinstance(w.prompt_len, int) else w.prompt_len.mean(w.max_prompt())
     mean_ctx = mean_prompt + w.response.mean(w.max_len) / 2
     sc = sync_costs(job)
     workers = [WorkerSummary(group=c.group, device=c.device, bits=c.bits, count=c.count,

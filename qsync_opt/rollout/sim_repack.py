@@ -5,8 +5,8 @@ rollouts that hold stale weights and still decode by version, asks rollout.repac
 to move (freeing pays only for workers the admissible work can fill), frees the emptied workers to
 pull, and pauses receivers for the migration (re-prefill or KV transfer, plus `decision_s`). A freed rollout is valued
 at its full rate over its drain, capped at how long its fresh weights stay fresh (`fresh_horizon_s`). The program's
-plan does not depend on the wall clock (SIM_ROUNDS, SIM_HANG_S), so the simulation stays deterministic on a loaded
-machine.
+plan does not depend on the wall clock (SIM_FULL_LIMIT, SIM_ROUNDS, SIM_HANG_S), so the simulation stays
+deterministic on a loaded machine, and its work per decision is bounded.
 """
 
 from __future__ import annotations
@@ -20,6 +20,12 @@ from qsync_opt.rollout.sim_records import MIGRATE, SimWorker
 
 SIM_ROUNDS = 4
 """Solve-and-pack rounds of the aggregate form per simulated repack (deterministic)."""
+SIM_FULL_LIMIT = 300
+"""Largest trajectories × workers count the simulator solves in the full form, to its optimum; a larger state goes to
+the aggregate form under SIM_ROUNDS. A bound on each decision's work, not a clock, so the simulation stays
+deterministic: the full form's solve time grows steeply past it on the hybrid fleets, where those solves were nearly
+all of a simulation's time (docs/rollout.md, "How long a simulation takes"). The library call (`repack`) keeps
+rollout.repack.FULL_LIMIT under its clock."""
 SIM_HANG_S = 120.0
 """Clock limit of a simulated repack: a hang detector only (a solve that reaches it is counted, since its plan then
 depends on the machine's speed), set well above the slowest full-form solve seen on a loaded machine
@@ -110,10 +116,12 @@ class RepackTick:
                 trajs.append(RepackTraj(str(t.id), str(w.idx), t.prompt + g, t.target - g))
         state = RepackState(rws, trajs, self.theta, max_freed=useful, tail_guard=self._tail_guard())
         # a plan that depends on the wall clock would make the simulation depend on the machine's load: the program
-        # gets a deterministic budget (SIM_ROUNDS aggregate rounds; the full form, small, solved to its optimum) and a
-        # clock limit only as a hang detector; the decision's latency is charged as repack.decision_s
+        # gets a deterministic budget (the full form, up to SIM_FULL_LIMIT pairs, solved to its optimum; beyond it
+        # SIM_ROUNDS aggregate rounds) and a clock limit only as a hang detector; the decision's latency is charged
+        # as repack.decision_s
+        form = "full" if len(trajs) * len(rws) <= SIM_FULL_LIMIT else "aggregate"
         res = repack(state, method=self.repack_method, backend=self.backend, time_limit_s=SIM_HANG_S,
-                     max_rounds=SIM_ROUNDS)
+                     max_rounds=SIM_ROUNDS, form=form)
         if res.wall_s >= SIM_HANG_S:
             self.repack_clock_stops += 1
         self.solver_walls.append(res.wall_s)

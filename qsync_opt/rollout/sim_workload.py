@@ -12,16 +12,18 @@ def draw(job, steps: int, eta: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     w = job.rollout.workload
     n_max = (steps + eta + 2) * w.batch
     rng = np.random.RandomState(seed)
-    targets = _sample(w.response, n_max, rng, w.max_len)
+    targets = sample_lengths(w.response, n_max, rng, w.max_len)
     groups = (n_max + w.group_size - 1) // w.group_size
     if isinstance(w.prompt_len, int):
         prompts = np.full(groups, w.prompt_len, dtype=np.int64)
     else:
-        prompts = _sample(w.prompt_len, groups, rng, w.max_prompt())
+        prompts = sample_lengths(w.prompt_len, groups, rng, w.max_prompt())
     return np.repeat(prompts, w.group_size)[:n_max], targets
 
 
-def _sample(dist, n, rng, cap) -> np.ndarray:
+def sample_lengths(dist, n, rng, cap) -> np.ndarray:
+    """`n` lengths of `dist` (a LengthDist) from `rng`: a file's lengths with replacement, or a lognormal's rounded to
+    whole tokens; each clipped to [1, cap]. LengthDist.mean(cap) is the mean of this draw."""
     if dist.file is not None:
         xs = np.asarray(dist.observed(), dtype=np.int64)
         out = xs[rng.randint(0, len(xs), size=n)]

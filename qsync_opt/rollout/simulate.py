@@ -346,7 +346,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
     def run(self) -> SimResult:
         wall0 = time.perf_counter()
         w = self.job.rollout.workload
-        self._mean_ctx = (w.max_prompt() if isinstance(w.prompt_len, int) else w.prompt_len.mean(10**9)) + \
+        self._mean_ctx = (w.max_prompt() if isinstance(w.prompt_len, int) else w.prompt_len.mean(w.max_prompt())) + \
             w.response.mean(w.max_len) / 2
         est = self._estimate_step_s()
         self.sample_dt = max(est / 20, est * self.steps_target / 500, 1e-3)  # ≤ ~500 samples per ideal run

@@ -34,6 +34,11 @@ MAX_ROLLOUT_DEVICES = 100_000
 """Most rollout devices a plan may simulate, each one a worker of the event loop."""
 
 
+def _phi(x: float) -> float:
+    """The standard normal's CDF."""
+    return 0.5 * math.erfc(-x / math.sqrt(2))
+
+
 class LengthDist(_Model):
     """Token lengths: a lognormal by median and p99, or a file of observed lengths (one integer per
     line or whitespace-separated), sampled with replacement."""
@@ -94,10 +99,37 @@ class LengthDist(_Model):
         return 0.5 * math.erfc(math.log(cap / self.median) / self.sigma / math.sqrt(2))
 
     def mean(self, cap: int) -> float:
+        """Mean length of what the simulator draws (rollout.sim_workload.sample_lengths): D = clip(rint(X), 1, cap).
+
+        A file: the mean of its lengths cut at `cap`. A lognormal X (μ = ln median, σ): the closed form of
+        E[clip(X, 1, c)] = E[min(X, c)] + E[(1 − X)⁺], with
+        E[min(X, c)] = e^{μ+σ²/2}·Φ((ln c − μ − σ²)/σ) + c·(1 − Φ((ln c − μ)/σ)) and
+        E[(1 − X)⁺] = Φ(−μ/σ) − e^{μ+σ²/2}·Φ((−μ − σ²)/σ).
+        The draw rounds to whole tokens: E[D] = 1 + Σ_{k=1}^{c−1} P(X > k + ½) is the midpoint rule of
+        1 + ∫_1^c P(X > t) dt, which this form is, so they differ by at most about pdf(mode)/12 =
+        e^{σ²/2} / (12 · median · σ · √(2π)) tokens (`rounding_gap`): under 10⁻³ tokens for a median of 100.
+        Not min(cap, the lognormal's mean), which overstates every capped mean (by 0.2-1.6% at p99/median = 10).
+        """
         if self.file is not None:
             xs = [min(x, cap) for x in self.observed()]
             return sum(xs) / len(xs)
-        return min(cap, self.median * math.exp(self.sigma ** 2 / 2))
+        if cap < 1:
+            raise ValueError(f"cap {cap} must be ≥ 1 token")
+        if self.sigma == 0:
+            return float(min(max(round(self.median), 1), cap))
+        mu, s = math.log(self.median), self.sigma
+        full = math.exp(mu + s * s / 2)
+        capped = full * _phi((math.log(cap) - mu - s * s) / s) + cap * _phi(-(math.log(cap) - mu) / s)
+        below_one = _phi(-mu / s) - full * _phi((-mu - s * s) / s)
+        return capped + below_one
+
+    def rounding_gap(self) -> float:
+        """How far, in tokens, `mean(cap)` may lie from the mean of the simulator's whole-token draw at most (about):
+        the midpoint rule's error, pdf(mode)/12 (0 for a file or a fixed length, which `mean` counts exactly)."""
+        if self.file is not None or self.sigma == 0:
+            return 0.0
+        s = self.sigma
+        return math.exp(s * s / 2) / (12 * self.median * s * math.sqrt(2 * math.pi))
 
 
 class Workload(_Model):

@@ -59,6 +59,7 @@ WRITES = {
     "rollout_plan_time.py": ["rollout_plan_time.csv"],
     "rollout_resolution.py": ["rollout_resolution.csv"],
     "rollout_seeds.py": ["rollout_seeds.csv"],
+    "rollout_sim_time.py": ["rollout_sim_time.csv"],
     "serving.py": ["serving.csv"],
     "solve_memory.py": ["solve_memory.csv"],
     "solvers.py": ["solvers.csv", "solvers.png"],

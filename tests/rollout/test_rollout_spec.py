@@ -79,16 +79,16 @@ def test_yaml_line_named(tmp_path):
 
 
 def test_cut_frac_is_the_share_the_simulator_ends_at_max_len(tmp_path):
-    """cut_frac(cap) against the simulator's own draw (sim_workload._sample, 200,000 lengths): within 0.005."""
+    """cut_frac(cap) against the simulator's own draw (sim_workload.sample_lengths, 200,000 lengths): within 0.005."""
     import numpy as np
 
-    from qsync_opt.rollout.sim_workload import _sample
+    from qsync_opt.rollout.sim_workload import sample_lengths
 
     for over in ({"median": 300, "p99": 3000}, {"median": 300, "p99": 600}):
         dist = load_rollout_spec(job_dict(**{"rollout.workload.response": over})).rollout.workload.response
         for cap in (100, 300, 1000, 3000):
-            drawn = _sample(dist, 200_000, np.random.RandomState(0), cap)
-            above = float(np.mean(_sample(dist, 200_000, np.random.RandomState(0), 10**9) > cap))  # the same, uncut
+            drawn = sample_lengths(dist, 200_000, np.random.RandomState(0), cap)
+            above = float(np.mean(sample_lengths(dist, 200_000, np.random.RandomState(0), 10**9) > cap))  # the same, uncut
             assert dist.cut_frac(cap) == pytest.approx(above, abs=0.005), (over, cap)
             assert float(np.mean(drawn == cap)) >= above  # those cut end exactly at cap
     f = tmp_path / "lengths.txt"
@@ -112,3 +112,31 @@ def test_plan_notes_a_max_len_that_cuts_more_than_the_tail():
     assert notes() == []  # p99 3000 under max_len 4000: 0.4% cut
     (note,) = notes(**{"rollout.workload.max_len": 200})
     assert note.startswith("rollout.workload.max_len 200 cuts 65.9% of the responses (median 300, p99 3000)")
+
+
+def test_capped_mean_is_the_mean_of_the_simulators_draw():
+    """LengthDist.mean(cap) against the simulator's own draw (sim_workload.sample_lengths: rounded to whole tokens,
+    clipped to [1, cap]), 10^6 lengths at seed 0: within 4 standard errors (plus the rounding gap, far below them);
+    and against the draw's exact mean (a finite sum over whole tokens) within `rounding_gap()`. The old
+    min(cap, uncapped mean) lay above it wherever the cap cuts the tail (unless the 1-token floor lifts more)."""
+    import math
+
+    import numpy as np
+
+    from qsync_opt.rollout.sim_workload import sample_lengths
+
+    cases = [({"median": 1000, "p99": 10000}, 16384), ({"median": 1000, "p99": 10000}, 2000),
+             ({"median": 300, "p99": 3000}, 1000), ({"median": 24, "p99": 240}, 320), ({"median": 3, "p99": 30}, 50)]
+    for over, cap in cases:
+        dist = load_rollout_spec(job_dict(**{"rollout.workload.response": over})).rollout.workload.response
+        got = dist.mean(cap)
+        x = sample_lengths(dist, 1_000_000, np.random.RandomState(0), cap)
+        se = float(x.std()) / math.sqrt(len(x))
+        assert abs(float(x.mean()) - got) <= 4 * se + dist.rounding_gap(), (over, cap, got, float(x.mean()), se)
+        mu, s = math.log(dist.median), dist.sigma
+        exact = 1 + sum(0.5 * math.erfc((math.log(k + 0.5) - mu) / s / math.sqrt(2)) for k in range(1, cap))
+        assert abs(got - exact) <= dist.rounding_gap(), (over, cap, got, exact)
+        if dist.median >= 24:  # the old form, high by 1-47% on these (at median 3 the floor of 1 token lifts the mean)
+            assert got < min(cap, dist.median * math.exp(s * s / 2))
+    fixed = load_rollout_spec(job_dict(**{"rollout.workload.response": {"median": 300}})).rollout.workload.response
+    assert (fixed.mean(200), fixed.mean(1000)) == (200.0, 300.0)
