@@ -7,6 +7,7 @@ with `SourceReadError` naming it.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,10 @@ class SourceReadError(QSyncError):
     """A source raised while a sample was read; the message names the source and the sample."""
 
 
+MAX_SYNTHETIC_SAMPLES = 100_000_000
+"""The most samples a synthetic-lm source makes: its lengths are one in-memory array."""
+
+
 class SyntheticLM:
     """Token sequences with log-normal lengths; sample i is the same on every process."""
 
@@ -29,6 +34,14 @@ class SyntheticLM:
         if num_samples < 1 or min_len < 1 or max_len < min_len or vocab < 2:
             raise SpecError(f"builtin synthetic-lm: need num_samples >= 1, 1 <= min_len <= max_len, vocab >= 2; got "
                             f"num_samples={num_samples}, min_len={min_len}, max_len={max_len}, vocab={vocab}")
+        if num_samples > MAX_SYNTHETIC_SAMPLES:
+            raise SpecError(f"builtin synthetic-lm: num_samples={num_samples:,} is more than {MAX_SYNTHETIC_SAMPLES:,} "
+                            "(its index of lengths is held in memory); give fewer")
+        if not (math.isfinite(median) and median > 0 and math.isfinite(sigma) and sigma >= 0):
+            raise SpecError(f"builtin synthetic-lm: need a finite median > 0 and a finite sigma >= 0; got median={median}, "
+                            f"sigma={sigma}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise SpecError(f"builtin synthetic-lm: seed must be an integer >= 0, got {seed!r}")
         rng = np.random.default_rng([seed, 0x51])
         raw = np.exp(np.log(median) + sigma * rng.standard_normal(num_samples))
         self.lengths = np.clip(np.round(raw), min_len, max_len).astype(np.int32)
@@ -113,8 +126,13 @@ def open_source(spec: SourceSpec, index: int, base_dir: str | Path | None = None
         cls, takes = BUILTIN_CLASSES[spec.builtin]
         try:
             ds = cls(**spec.kwargs)
+        except SpecError as e:
+            raise SpecError(f"{field}.kwargs: {e}") from None
         except TypeError as e:
             raise SpecError(f"{field}.kwargs: {e}; {spec.builtin} takes {takes}") from None
+        except (ValueError, OverflowError, MemoryError) as e:  # a value the generator cannot use
+            raise SpecError(f"{field}.kwargs: builtin {spec.builtin} refused {spec.kwargs} ({type(e).__name__}: "
+                            f"{e}); {spec.builtin} takes {takes}") from None
         if len(ds) == 0:
             raise SpecError(f"{field}.kwargs: builtin {spec.builtin} made no samples; raise train_bytes or lower min_len")
         return Source(spec.name, ds, ds.lengths)
