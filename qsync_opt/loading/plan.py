@@ -10,12 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from qsync_opt.errors import SpecError
-from qsync_opt.io import atomic_write_text
-from qsync_opt.spec.load import read_text_file
+from qsync_opt.spec.load import load_plan_file, save_plan_file
 
 LOADING_PLAN_VERSION = 1
 BOUND_TOL = 1e-9
@@ -136,19 +133,9 @@ class LoadingPlan(_Record):
 
     def save(self, path: "str | Path") -> Path:
         """Write the plan atomically: YAML for a .yaml/.yml path, else JSON."""
-        path = Path(path)
-        data = self.model_dump(mode="json")
-        text = yaml.safe_dump(data, sort_keys=False) if path.suffix in (".yaml", ".yml") else json.dumps(data, indent=2)
-        return atomic_write_text(path, text)
+        return save_plan_file(self.model_dump(mode="json"), path)
 
     @classmethod
     def load(cls, path: "str | Path") -> LoadingPlan:
         """Read a plan `save` wrote; SpecError naming the file when it is not one."""
-        text = read_text_file(Path(path), "plan file", "a plan written by `qsync-opt solve LOADING_SPEC -o plan.json`")
-        try:
-            data = yaml.safe_load(text) if str(path).endswith((".yaml", ".yml")) else json.loads(text)
-            return cls.model_validate(data)
-        except (ValueError, yaml.YAMLError) as e:
-            raise SpecError(f"plan file {str(path)!r} is not a loading plan ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0]}); write one with `qsync-opt solve LOADING_SPEC -o "
-                            "plan.json`") from None
+        return load_plan_file(cls, path, "loading")

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from qsync_opt.errors import SpecError
 from qsync_opt.io import atomic_write_text
 from qsync_opt.rollout.agreement import figures_tied, ratio_interval
 from qsync_opt.rollout.bounds_staleness import staleness_ceiling
@@ -26,7 +25,7 @@ from qsync_opt.rollout.costs import all_worker_costs, sync_costs
 from qsync_opt.rollout.sim_worker import read_msg, write_msg
 from qsync_opt.rollout.simulate import VARIANTS, SimResult, simulate, variant_of
 from qsync_opt.solver.budget import Budget
-from qsync_opt.spec.load import read_text_file
+from qsync_opt.spec.load import load_plan_file
 
 PLAN_VERSION = 1
 
@@ -298,13 +297,8 @@ class RolloutPlan(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> "RolloutPlan":
-        """Read a plan `save` wrote."""
-        text = read_text_file(Path(path), "plan file", "a plan written by `qsync-opt solve ROLLOUT_SPEC -o plan.json`")
-        try:
-            return cls.model_validate_json(text)
-        except ValueError as e:
-            raise SpecError(f"plan file {str(path)!r} is not a rollout plan ({e.__class__.__name__}: "
-                            f"{str(e).splitlines()[0]}); write it again with `qsync-opt solve SPEC -o FILE`") from None
+        """Read a plan `save` wrote; SpecError naming the file when it is not one."""
+        return load_plan_file(cls, path, "rollout")
 
 
 WORKER_MODULE = "qsync_opt.rollout.sim_worker"

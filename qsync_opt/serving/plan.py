@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from qsync_opt.io import atomic_write_text
+from qsync_opt.spec.load import load_plan_file, save_plan_file
 
 SERVING_PLAN_VERSION = 1
 _CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
@@ -114,12 +113,10 @@ class ServingPlan(_M):
         return json.dumps(self.model_dump(mode="json"), indent=2)
 
     def save(self, path: "str | Path") -> Path:
-        path = Path(path)
-        data = self.model_dump(mode="json")
-        text = yaml.safe_dump(data, sort_keys=False) if path.suffix in (".yaml", ".yml") else json.dumps(data, indent=2)
-        return atomic_write_text(path, text)
+        """Write the plan atomically: YAML for a .yaml/.yml path, else JSON."""
+        return save_plan_file(self.model_dump(mode="json"), path)
 
     @classmethod
     def load(cls, path: "str | Path") -> "ServingPlan":
-        text = Path(path).read_text()
-        return cls.model_validate(yaml.safe_load(text) if str(path).endswith((".yaml", ".yml")) else json.loads(text))
+        """Read a plan `save` wrote; SpecError naming the file when it is not one."""
+        return load_plan_file(cls, path, "serving")

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from qsync_opt.errors import SpecError
+from qsync_opt.io import atomic_write_text
 from qsync_opt.spec.errors import format_errors
 from qsync_opt.spec.importing import add_to_sys_path, import_paths
 from qsync_opt.spec.yaml_loader import DuplicateKey, UniqueKeyLoader
@@ -200,3 +201,24 @@ def kind_of(data: dict, origin: str, known: "tuple[str, ...]") -> str:
     if kind not in known:
         raise SpecError(f"{origin}: kind: {kind!r} is not a problem kind; use one of {', '.join(known)}")
     return kind
+
+
+def save_plan_file(data: dict, path: "str | Path") -> Path:
+    """Write a plan's JSON-mode dump atomically: YAML for a .yaml/.yml path, else JSON."""
+    path = Path(path)
+    text = yaml.safe_dump(data, sort_keys=False) if path.suffix in (".yaml", ".yml") else json.dumps(data, indent=2)
+    return atomic_write_text(path, text)
+
+
+def load_plan_file(model: type[M], path: "str | Path", kind: str) -> M:
+    """The `kind` plan in the file at `path` (YAML by suffix, else JSON) as `model`; SpecError naming the file when
+    it cannot be read, does not parse or is not such a plan, never a traceback."""
+    command = f"`qsync-opt solve {kind.upper()}_SPEC -o plan.json`"
+    text = read_text_file(Path(path), "plan file", f"a plan written by {command}")
+    try:
+        data = yaml.safe_load(text) if str(path).endswith((".yaml", ".yml")) else json.loads(text)
+        return model.model_validate(data)
+    except (ValueError, yaml.YAMLError) as e:  # JSONDecodeError and pydantic's ValidationError are ValueErrors
+        raise SpecError(f"plan file {str(path)!r} is not a {kind} plan ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0]}); write one with {command}") from None
+

@@ -106,3 +106,15 @@ def _branches_on_kinds(path: Path) -> list[str]:
 def test_jobs_and_cli_do_not_branch_on_kinds():
     files = [PACKAGE / "jobs.py", *sorted((PACKAGE / "cli").glob("*.py"))]
     assert [f for path in files for f in _branches_on_kinds(path)] == []
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_report_names_a_plan_file_whose_content_is_not_its_kinds_plan(name, tmp_path, capsys):
+    """A file that carries a kind's plan keys but not a valid plan: exit 2 naming the file and the kind, no
+    traceback (a serving plan's load used to raise pydantic's ValidationError)."""
+    keys = next(keys for kind, keys, _ in PLAN_MARKS if kind == name)
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps({k: 1 for k in keys}))
+    assert main(["report", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert str(f) in err and "plan" in err and "Traceback" not in err
