@@ -15,7 +15,7 @@ Public surface (what the CLI calls):
 from importlib import import_module
 
 _LAZY = {  # name -> module: imported on first use, so that reading any spec does not import the simulator
-    "RolloutPlan": "plan", "print_plan": "plan", "solve": "plan", "write_report": "run_report", "run_report": "run_report",
+    "RolloutPlan": "plan", "print_plan": "report", "solve": "plan", "write_report": "run_report", "run_report": "run_report",
     "RepackState": "repack", "RepackTraj": "repack", "RepackWorker": "repack", "repack": "repack",
     "VARIANTS": "simulate", "SimResult": "simulate", "simulate": "simulate",
     "RolloutJob": "spec", "load_rollout_spec": "spec",

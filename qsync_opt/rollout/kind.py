@@ -7,7 +7,8 @@ import math
 
 from qsync_opt.errors import SpecError
 from qsync_opt.kind import Kind, RunRequest
-from qsync_opt.rollout.plan import RolloutPlan, print_plan, solve
+from qsync_opt.rollout.plan import RolloutPlan, solve
+from qsync_opt.rollout.report import print_plan
 from qsync_opt.rollout.run_report import run_report, write_measured
 from qsync_opt.rollout.spec import RolloutJob
 

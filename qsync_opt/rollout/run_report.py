@@ -10,15 +10,13 @@ from pathlib import Path
 from qsync_opt.io import atomic_write_bytes, atomic_write_text
 from qsync_opt.rollout import ray_run
 from qsync_opt.rollout.plan import (
-    POLICY_LEGEND,
     TIE_FRAC,
     RolloutPlan,
-    legend_lines,
     plan_from,
     recommend_measured,
     simulate_variants,
-    staleness_cell,
 )
+from qsync_opt.rollout.report import POLICY_LEGEND, legend_lines, staleness_cell
 from qsync_opt.rollout.simulate import VARIANTS, SimResult, simulate
 
 COLORS = {"generating": "#2b8a3e", "idle": "#dee2e6", "syncing": "#1c7ed6", "migrating": "#e8590c"}

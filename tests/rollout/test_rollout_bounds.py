@@ -101,7 +101,8 @@ def test_the_plan_reports_its_ceiling_and_each_run_lies_under_its_own(job):
     from rich.console import Console
 
     from qsync_opt.rollout.bounds_staleness import staleness_ceiling
-    from qsync_opt.rollout.plan import RolloutPlan, print_plan, solve
+    from qsync_opt.rollout.plan import RolloutPlan, solve
+    from qsync_opt.rollout.report import print_plan
 
     plan = solve(job, processes=1)
     c = staleness_ceiling(job)

@@ -10,14 +10,13 @@ from rich.console import Console
 
 from qsync_opt.rollout.plan import (
     MEASURED_TIE_FRAC,
-    POLICY_LEGEND,
     CeilingFigures,
     PolicyFigures,
     RolloutPlan,
-    print_plan,
     recommend_measured,
     separated,
 )
+from qsync_opt.rollout.report import POLICY_LEGEND, print_plan
 from qsync_opt.rollout.run_report import MEASURED_LEGEND, MeasuredSection, print_measured, report_markdown, with_measured
 from qsync_opt.rollout.simulate import VARIANTS
 

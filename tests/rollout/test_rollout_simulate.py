@@ -118,7 +118,7 @@ def test_recommend_takes_the_simpler_variant_in_a_tie():
 def test_report_writes_timeline_and_kv_pngs(job, tmp_path):
     from rich.console import Console
 
-    from qsync_opt.rollout.plan import print_plan
+    from qsync_opt.rollout.report import print_plan
     from qsync_opt.rollout.run_report import write_report
 
     paths = write_report(job, tmp_path, variants=("sync", "repack-best-fit"), timeline_steps=2)
