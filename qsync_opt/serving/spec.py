@@ -56,6 +56,41 @@ class MicroBatches(_Model):
         return v
 
 
+class ServeRuntime(_Model):
+    """What `qsync-opt run` serves: the weights, the requests and the compute dtype of the pipeline.
+
+    The model's shape is `serving.model` (what the planner prices); `family` picks the transformers
+    class that has it. Prompts are `prompt_len` tokens each: byte-level windows of the Python
+    standard library's test-split text (`pysource`, vocabulary 256, the text the training kind's
+    byte-level models learn), windows of a local text file (byte-level), or random token ids."""
+
+    family: Literal["llama", "opt", "bloom"] = "llama"
+    """transformers model class: LlamaForCausalLM, OPTForCausalLM or BloomForCausalLM."""
+    checkpoint: str | None = None
+    """Weights: a training run's output folder, a checkpoints folder, a state.pt or a Hugging Face model
+    folder (config.json); null = random weights from `seed`."""
+    seed: int = Field(default=0, ge=0)
+    requests: int | None = Field(default=None, ge=1)
+    """Prompts served, in batches of global_batch (default: one batch)."""
+    prompts: str = "pysource"
+    """'pysource', 'random', or the path of a text file (byte-level, needs vocab ≥ 256)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Compute dtype: 'auto' = float16 on CUDA, float32 on CPU. 16-bit layers store 16-bit weights."""
+    group_size: int = Field(default=64, ge=2)
+    """Input columns per quantisation group (weight-only, symmetric)."""
+    perplexity_windows: int = Field(default=16, ge=0)
+    """Test-text windows of prompt_len + gen_tokens tokens scored for perplexity (0: skip)."""
+    stage_timeout_s: float = Field(default=120.0, gt=0)
+    """A stage silent this long (no message, no exit) ends the run naming it."""
+
+    @field_validator("group_size")
+    @classmethod
+    def _even(cls, v):
+        if v % 2:
+            raise ValueError(f"{v} is odd; 4-bit storage packs two columns per byte: give an even size, e.g. 64")
+        return v
+
+
 class ServingSpec(_Model):
     """LLM serving on a pipeline of unlike GPUs (LLM-PQ): partition, bit per layer, micro-batches."""
 
@@ -80,6 +115,8 @@ class ServingSpec(_Model):
     """Usable fraction of each device's memory (LLM-PQ: 0.95)."""
     runtime_overhead_gb: float = Field(default=1.9, ge=0)
     """Per-device memory taken by the CUDA context and framework (LLM-PQ measured ~1.9 GB)."""
+    runtime: ServeRuntime = Field(default_factory=ServeRuntime)
+    """What `qsync-opt run` serves (weights, prompts, dtype); `solve` does not read it."""
 
     @field_validator("bits")
     @classmethod
@@ -117,8 +154,9 @@ class ServingJob(_Model):
     solver: SolverSpec = Field(default_factory=SolverSpec)
 
     def digest(self) -> str:
-        """Stable hash of the spec's content, recorded in plans for provenance."""
-        blob = json.dumps(self.model_dump(mode="json", by_alias=True), sort_keys=True)
+        """Stable hash of what the plan depends on (the spec without `serving.runtime`, which only `run` reads),
+        recorded in plans for provenance."""
+        blob = json.dumps(self.model_dump(mode="json", by_alias=True, exclude={"serving": {"runtime"}}), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def to_yaml(self) -> str:
