@@ -1,12 +1,14 @@
 """The serving kind (LLM-PQ): layer partition, per-layer bits and micro-batch sizes for an LLM on a pipeline of
 unlike GPUs.
 
-`run` plans and writes the plan and its report; serving the plan on real devices is not part of it yet.
+`run` plans, serves the plan's pipeline for real (one process per stage, serving/pipeline.py) and
+writes the plan, the measurements beside the predictions, a timeline and the report (serving/serve.py).
 """
 
 from __future__ import annotations
 
 import io
+import json
 
 from rich.console import Console
 
@@ -14,6 +16,7 @@ from qsync_opt.io import atomic_write_text
 from qsync_opt.kind import Kind, RunRequest
 from qsync_opt.serving.plan import ServingPlan
 from qsync_opt.serving.planner import plan_serving
+from qsync_opt.serving import serve
 from qsync_opt.serving.report import print_serving_plan
 from qsync_opt.serving.spec import ServingJob
 
@@ -27,18 +30,33 @@ def report(plan: ServingPlan, console, verbose: bool = False) -> None:
 
 
 def run(job: ServingJob, request: RunRequest) -> dict[str, str]:
-    """solve -> report: OUT/plan.json and OUT/report.md (the plan as `qsync-opt solve` prints it)."""
+    """solve -> serve -> report: OUT/plan.json, then the pipeline served for real (OUT/pipeline/), OUT/serve.json,
+    OUT/requests.csv, OUT/timeline.png and OUT/report.md (the plan as `qsync-opt solve` prints it, then predicted
+    beside measured)."""
     out = request.out
     out.mkdir(parents=True, exist_ok=True)
+    log = request.console.print if request.console is not None else (lambda *a, **k: None)
+    serve.check_present(job)  # devices absent or a checkpoint that is none: exit 2 before anything is written
+    serve.model_source(job)
     made = plan(job, KIND.budget(job))
     paths = {"plan": str(made.save(out / "plan.json"))}
+    if request.console is not None:
+        report(made, request.console)
+    log(f"[serve] {len(made.stages)} stage processes, {job.serving.runtime.requests or job.serving.global_batch} "
+        "requests", highlight=False)
+    served = serve.run_pipeline(job, made, out / "pipeline")
+    measured = serve.measure(job, made, served)
+    paths["measured"] = str(atomic_write_text(out / "serve.json", json.dumps(measured, indent=2)))
+    paths["requests"] = str(atomic_write_text(out / "requests.csv", serve.requests_csv(measured)))
+    paths["timeline"] = str(serve.timeline(served, made, out / "timeline.png",
+                                           f"{job.name}: {measured['tokens_per_s']:.1f} tokens/s measured, "
+                                           f"{measured['predicted_tokens_per_s']:.1f} predicted"))
     buf = io.StringIO()
     report(made, Console(file=buf, width=120, color_system=None, highlight=False))
     printed = "\n".join(line.rstrip() for line in buf.getvalue().rstrip().splitlines())
-    text = f"# {job.name}: serving plan\n\n```\n{printed}\n```\n"
-    paths["report"] = str(atomic_write_text(out / "report.md", text))
-    if request.console is not None:
-        report(made, request.console)
+    paths["report"] = str(atomic_write_text(out / "report.md", serve.report_md(job, printed, measured)))
+    log(f"[serve] measured {measured['tokens_per_s']:.1f} tokens/s (predicted {measured['predicted_tokens_per_s']:.1f}), "
+        f"time to first token p50 {measured['ttft_ms_p50']:.1f} ms", highlight=False)
     return paths
 
 
@@ -52,5 +70,5 @@ KIND = Kind(
     report=report,
     load_plan=ServingPlan.load,
     run=run,
-    stages=("solve", "report"),
+    stages=("solve", "serve", "report"),
 )

@@ -71,7 +71,7 @@ class ServeRuntime(_Model):
     folder (config.json); null = random weights from `seed`."""
     seed: int = Field(default=0, ge=0)
     requests: int | None = Field(default=None, ge=1)
-    """Prompts served, in batches of global_batch (default: one batch)."""
+    """Prompts served, in batches of global_batch (a multiple of it; default: one batch)."""
     prompts: str = "pysource"
     """'pysource', 'random', or the path of a text file (byte-level, needs vocab ≥ 256)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -80,8 +80,8 @@ class ServeRuntime(_Model):
     """Input columns per quantisation group (weight-only, symmetric)."""
     perplexity_windows: int = Field(default=16, ge=0)
     """Test-text windows of prompt_len + gen_tokens tokens scored for perplexity (0: skip)."""
-    stage_timeout_s: float = Field(default=120.0, gt=0)
-    """A stage silent this long (no message, no exit) ends the run naming it."""
+    start_timeout_s: float = Field(default=120.0, gt=0)
+    """Every stage process must have built its model and joined the others within this many seconds."""
 
     @field_validator("group_size")
     @classmethod
@@ -140,6 +140,11 @@ class ServingSpec(_Model):
                 bad = [s for s in sizes if self.global_batch % s]
                 if bad:
                     raise ValueError(f"micro_batches.{phase} sizes {bad} do not divide global_batch {self.global_batch}")
+        n = self.runtime.requests
+        if n is not None and n % self.global_batch:
+            raise ValueError(f"runtime.requests: {n} is not a multiple of global_batch {self.global_batch} (requests are "
+                             f"served in whole batches); give {n - n % self.global_batch or self.global_batch} or "
+                             f"{n + self.global_batch - n % self.global_batch}")
         return self
 
 

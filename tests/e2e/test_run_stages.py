@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from qsync_opt.training.run_stages import measured_iteration_ms, missing_profile
 from qsync_opt.training.spec import load_spec
 
@@ -39,20 +41,51 @@ def test_measured_step_is_the_slowest_rank_median_after_the_first_step(tmp_path)
     assert measured_iteration_ms(tmp_path / "none") is None
 
 
-def test_run_on_a_serving_spec_goes_through_the_serving_kinds_stages(tmp_path, capsys):
-    """A serving spec's run is its kind's stages (solve, report), not training's: plan.json is the plan `solve`
-    gives and report.md prints it; nothing of training's stages is made."""
+def test_run_on_a_serving_spec_for_absent_gpus_is_refused_before_anything_is_written(tmp_path, capsys):
+    """`run` serves for real, so a spec whose devices are not here (T4s and a V100 on a CPU machine) is exit 2
+    naming the group, before the solve; `solve` still plans it."""
+    import torch
+
+    from qsync_opt.cli.commands import main
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the spec's GPUs are served on it")
+    assert main(["run", "examples/serving_opt30b_t4_v100.yaml", "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "cluster.groups.0.device: T4 is not present here" in err and "qsync-opt solve SPEC" in err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_run_on_a_cpu_serving_spec_serves_it_and_reports_predicted_beside_measured(tmp_path, capsys):
+    """A serving spec on CPU groups: solve, the pipeline served by one process per stage, then serve.json,
+    requests.csv, timeline.png and report.md; plan.json is the plan `solve` gives."""
     import json
+
+    import yaml
 
     import qsync_opt
     from qsync_opt.cli.commands import main
 
-    assert main(["run", "examples/serving_opt30b_t4_v100.yaml", "-o", str(tmp_path)]) == 0
+    spec = {"kind": "serving", "name": "cpu-two-stage",
+            "cluster": {"groups": [{"name": "a", "device": "cpu-local", "count": 2}], "interconnect": "loopback"},
+            "serving": {"model": {"layers": 2, "hidden": 32, "ffn": 64, "heads": 2, "vocab": 256,
+                                  "max_positions": 64, "ffn_matrices": 3, "tied_embeddings": False},
+                        "prompt_len": 8, "gen_tokens": 4, "global_batch": 4, "bits": [8, 16],
+                        "runtime": {"family": "llama", "requests": 8}},
+            "solver": {"time_limit_s": 10}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    assert main(["run", str(path), "-o", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json", "report.md"]
-    ran = json.loads((tmp_path / "plan.json").read_text())
-    solved = json.loads(qsync_opt.solve("examples/serving_opt30b_t4_v100.yaml").to_json())
-    assert ran["stages"] == solved["stages"] and ran["prediction"] == solved["prediction"]
-    report = (tmp_path / "report.md").read_text()
-    assert "stage" in report and "prefill ms/mb" in report
-    assert f"report: {tmp_path / 'report.md'}" in printed
+    assert {"plan.json", "serve.json", "requests.csv", "timeline.png", "report.md", "pipeline"} <= {
+        p.name for p in out.iterdir()}
+    ran = json.loads((out / "plan.json").read_text())
+    solved = json.loads(qsync_opt.solve(str(path)).to_json())
+    assert ran["stages"] == solved["stages"]
+    m = json.loads((out / "serve.json").read_text())
+    assert m["requests"] == 8 and len(m["ttft_ms"]) == 8 and len(m["stages"]) == len(ran["stages"])
+    assert (out / "requests.csv").read_text().count("\n") == 9
+    report = (out / "report.md").read_text()
+    assert "| tokens/s |" in report and "predicted" in report and "measured" in report
+    assert f"report: {out / 'report.md'}" in printed
