@@ -52,7 +52,7 @@ def prompts(job: ServingJob):
         raise SpecError(f"serving.runtime.prompts: {rt.prompts!r} is byte-level text (token ids 0..255) but "
                         f"serving.model.vocab is {vocab}; give a vocabulary of at least 256 or prompts: random")
     if rt.prompts == "pysource":
-        from qsync_opt.data.text import is_test_file, read_files, stdlib_files  # import cost: reads the stdlib file list only when serving text
+        from qsync_opt.data.text import is_test_file, read_files, stdlib_files  # import cost: torch
 
         blob = read_files([f for f in stdlib_files() if is_test_file(f.name)], n * plen)
     else:
