@@ -90,6 +90,8 @@ def device_kind(job: ServingJob) -> str:
 
 
 def stage_envs(job: ServingJob, plan: ServingPlan, port: int, ready: Path) -> list[dict[str, str]]:
+    """Each stage's environment: the launcher's, OMP_NUM_THREADS (the CPU count over the stages unless the group's
+    env sets it: a stage limited to fewer threads is a slower device), the group's env, the rendezvous."""
     groups = {g.name: g for g in job.cluster.groups}
     world = len(plan.stages)
     threads = max(1, (os.cpu_count() or 1) // world)
@@ -97,6 +99,10 @@ def stage_envs(job: ServingJob, plan: ServingPlan, port: int, ready: Path) -> li
     for r, st in enumerate(plan.stages):
         g = groups[st.device.split("[")[0]]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), **g.env}
+        if not env["OMP_NUM_THREADS"].isdigit() or int(env["OMP_NUM_THREADS"]) < 1:
+            i = next(k for k, grp in enumerate(job.cluster.groups) if grp.name == g.name)
+            raise SpecError(f"cluster.groups.{i}.env.OMP_NUM_THREADS: {env['OMP_NUM_THREADS']!r} is not a thread count; "
+                            "give a positive integer, e.g. '1'")
         env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), QSYNC_GROUP=f"{st.device}, stage {r}",
                    QSYNC_READY_FILE=str(ready / f"stage{r}"))
@@ -122,19 +128,19 @@ def write_pipeline(job: ServingJob, plan: ServingPlan, workdir: Path) -> list[di
         stale.unlink()
     s = job.serving
     source = model_source(job)
-    threads = max(1, (os.cpu_count() or 1) // len(plan.stages))
+    ready = workdir / "ready"
+    ready.mkdir(exist_ok=True)
+    for f in ready.iterdir():
+        f.unlink()
+    envs = stage_envs(job, plan, free_port(), ready)
     cfg = {"stages": [{"first": st.layers[0], "last": st.layers[1], "bits": st.bits, "device": st.device,
-                       "threads": threads} for st in plan.stages],
+                       "threads": int(env["OMP_NUM_THREADS"])} for st, env in zip(plan.stages, envs, strict=True)],
            "source": source.__dict__, "dtype": s.runtime.dtype, "group_size": s.runtime.group_size,
            "global_batch": s.global_batch, "prompt_len": s.prompt_len, "gen_tokens": s.gen_tokens,
            "prefill_mb": plan.prefill_micro_batch, "decode_mb": plan.decode_micro_batch, "device": device_kind(job)}
     atomic_write_text(workdir / "pipeline.json", json.dumps(cfg, indent=2))
     torch.save(prompts(job), workdir / "prompts.pt")
-    ready = workdir / "ready"
-    ready.mkdir(exist_ok=True)
-    for f in ready.iterdir():
-        f.unlink()
-    return stage_envs(job, plan, free_port(), ready)
+    return envs
 
 
 def run_pipeline(job: ServingJob, plan: ServingPlan, workdir: Path) -> dict:
