@@ -11,7 +11,9 @@ from pathlib import Path
 
 from rich.table import Table
 
+from qsync_opt import jobs
 from qsync_opt.console import make_console
+from qsync_opt.errors import SpecError
 from qsync_opt.io import atomic_write_text
 from qsync_opt.spec.load import Override
 from qsync_opt.training import run_stages
@@ -20,7 +22,7 @@ from qsync_opt.training.spec import load_spec
 
 
 def register(sub) -> None:
-    p = sub.add_parser("profile", help="measure the runtime's kernels on this machine for a spec's groups")
+    p = sub.add_parser("profile", help="measure the runtime's kernels on this machine for a spec's groups (training: per op; serving: per layer)")
     p.add_argument("spec")
     p.add_argument("-o", "--output", help="profile file (default: this machine's cached profile)")
     p.add_argument("--groups", help="comma-separated groups to profile (default: every group that runs here)")
@@ -47,9 +49,17 @@ def _console():
 
 
 def cmd_profile(args) -> int:
+    out = _console()
+    kind = jobs.kind_of_file(args.spec)
+    if kind != "training":  # another kind measures through its Kind record
+        k = jobs.kind(kind)
+        if k.profile is None:
+            raise SpecError(f"profile: a {kind} spec has nothing to measure on this machine; `qsync-opt profile` takes "
+                            f"the kinds {', '.join(n for n, x in jobs.KINDS.items() if x.profile or n == 'training')}")
+        k.profile(jobs.load_spec(args.spec), args.output, args.groups.split(",") if args.groups else None, out)
+        return 0
     from qsync_opt.training.predictor.profiler import profile_spec  # import cost: the profiler's kernels
 
-    out = _console()
     path = Path(args.output) if args.output else default_profile_path()
     groups = args.groups.split(",") if args.groups else None
     prof = profile_spec(args.spec, path, groups=groups, progress=not args.quiet,

@@ -14,6 +14,7 @@ from qsync_opt.io import atomic_write_text
 from qsync_opt.kind import Kind, RunRequest
 from qsync_opt.serving.plan import ServingPlan
 from qsync_opt.serving.planner import plan_serving
+from qsync_opt.serving.profile import cli_profile
 from qsync_opt.serving.report import print_serving_plan
 from qsync_opt.serving.spec import ServingJob
 
@@ -53,4 +54,5 @@ KIND = Kind(
     load_plan=ServingPlan.load,
     run=run,
     stages=("solve", "report"),
+    profile=cli_profile,
 )

@@ -44,7 +44,8 @@ from pathlib import Path
 
 from qsync_opt.errors import SpecError
 from qsync_opt.io import atomic_write_text, entry_lock
-from qsync_opt.serving.instance import micro_batch_sizes
+from qsync_opt.llm import costs as C
+from qsync_opt.serving.instance import micro_batch_sizes, workload
 from qsync_opt.serving.spec import ServingJob
 from qsync_opt.serving.weights import ModelSource, build, family_config
 from qsync_opt.spec.yaml_loader import loads_code
@@ -322,6 +323,7 @@ def profile_job(job: ServingJob, *, path: "str | Path | None" = None, groups: li
     todo = [g for g in cl if (groups is None or g.name in groups) and present(g.device_spec)]
     if not todo:
         raise SpecError("profile: no group of cluster.groups runs on this machine's device; nothing to measure")
+    fits_to_profile(job, todo)
     runner = runner or run_subprocess
     need = wanted(job)
     with entry_lock(path, on_wait=lambda: log(f"waiting: another process is profiling into {path}")):
@@ -344,6 +346,61 @@ def profile_job(job: ServingJob, *, path: "str | Path | None" = None, groups: li
             table["entries"].update({k: float(got[k]) for k in missing})
             prof.save(path)
         return {k: prof.entries(k) for k in {table_key(job, g) for g in todo}}
+
+
+def fits_to_profile(job: ServingJob, groups) -> None:
+    """SpecError naming serving.model when the model built to profile (PROFILE_LAYERS layers, fp32 weights
+    and embeddings, the KV cache of the largest micro-batch) cannot fit a group's device memory."""
+    s = job.serving
+    cfg, m, ctx = s.model, max(sizes(job)), s.prompt_len + s.gen_tokens
+    attn, ffn = C.linear_params(cfg)
+    need = 4 * (PROFILE_LAYERS * (attn + ffn) + 2 * cfg.get("vocab") * cfg.get("hidden"))
+    need += 2 * m * ctx * cfg.get("kv_heads") * cfg.head_dim * 4
+    for g in groups:
+        have = g.device_spec.memory_bytes
+        if need > have:
+            raise SpecError(f"serving.model: the {PROFILE_LAYERS}-layer model built to measure costs on {g.name} "
+                            f"needs {need / 1e9:.3g} GB, more than its device's {have / 1e9:.3g} GB; use a smaller "
+                            "model or serving.costs: roofline")
+
+
+def rows(job: ServingJob, group, entries: Mapping[str, float]) -> list[tuple]:
+    """(bits, m, measured prefill, roofline prefill, measured decode, roofline decode) per layer, ms, for a
+    group's table, beside the roofline the planner would use otherwise; the head as bits 'head'."""
+    s, dev, w, ctx = job.serving, group.device_spec, workload(job.serving), decode_context(job)
+    out = []
+    for m in sizes(job):
+        for b in s.bits:
+            out.append((b, m, entries.get(entry_key("layer", "prefill", m, s.prompt_len, b)),
+                        C.prefill_layer_ms(s.model, w, dev, b, m),
+                        entries.get(entry_key("layer", "decode", m, ctx, b)), C.decode_layer_ms(s.model, w, dev, b, m)))
+        out.append(("head", m, entries.get(entry_key("head", "prefill", m, s.prompt_len)),
+                    C.head_ms(s.model, w, dev, m, "prefill"), entries.get(entry_key("head", "decode", m, ctx)),
+                    C.head_ms(s.model, w, dev, m, "decode")))
+    return out
+
+
+def cli_profile(job: ServingJob, output: "str | None", groups: list[str] | None, console) -> None:
+    """`qsync-opt profile SERVING_SPEC [-o FILE] [--groups a,b]`: measure what the cache lacks, then print each
+    present group's table beside the roofline."""
+    from rich.table import Table  # import cost: rich's table, only for this verb
+
+    path = Path(output) if output else default_path()
+    profile_job(job, path=path, groups=groups, log=lambda m: console.print(m, highlight=False))
+    prof = load(path)
+    for g in job.cluster.groups:
+        if (groups is not None and g.name not in groups) or not present(g.device_spec):
+            continue
+        t = Table(title=f"{g.name} ({g.device_spec.name}, env {g.env or '{}'}): one layer, ms per micro-batch",
+                  title_justify="left")
+        for col in ("bits", "micro-batch", "prefill measured", "prefill roofline", "decode measured", "decode roofline"):
+            t.add_column(col, justify="right")
+        for r in rows(job, g, prof.entries(table_key(job, g))):
+            t.add_row(str(r[0]), str(r[1]), *(("-" if v is None else f"{v:.4g}") for v in r[2:]))
+        console.print(t)
+    s = job.serving
+    console.print(f"prefill: {s.prompt_len} tokens per prompt; decode: one token at context {decode_context(job)}; "
+                  f"head: embedding + LM head per micro-batch; profile {path}", highlight=False)
 
 
 def request(job: ServingJob, group, keys: list[str]) -> dict:
