@@ -61,6 +61,7 @@ WRITES = {
     "rollout_seeds.py": ["rollout_seeds.csv"],
     "rollout_sim_time.py": ["rollout_sim_time.csv"],
     "serving.py": ["serving.csv"],
+    "serving_costs.py": ["serving_costs.csv", "serving_costs_plans.csv"],
     "solve_memory.py": ["solve_memory.csv"],
     "solvers.py": ["solvers.csv", "solvers.png"],
 }
