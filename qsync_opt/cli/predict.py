@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from qsync_opt import jobs
 from qsync_opt.console import make_console
 from qsync_opt.io import atomic_write_text
 from qsync_opt.spec.load import Override
@@ -20,7 +21,7 @@ from qsync_opt.training.spec import load_spec
 
 
 def register(sub) -> None:
-    p = sub.add_parser("profile", help="measure the runtime's kernels on this machine for a spec's groups")
+    p = sub.add_parser("profile", help="measure the runtime's kernels on this machine for a spec's groups (training: per op; serving: per layer)")
     p.add_argument("spec")
     p.add_argument("-o", "--output", help="profile file (default: this machine's cached profile)")
     p.add_argument("--groups", help="comma-separated groups to profile (default: every group that runs here)")
@@ -47,9 +48,13 @@ def _console():
 
 
 def cmd_profile(args) -> int:
+    out = _console()
+    k = jobs.kind(jobs.kind_of_file(args.spec))
+    if k.profile is not None:  # a kind that measures through its Kind record (serving); else training's profiler
+        k.profile(jobs.load_spec(args.spec), args.output, args.groups.split(",") if args.groups else None, out)
+        return 0
     from qsync_opt.training.predictor.profiler import profile_spec  # import cost: the profiler's kernels
 
-    out = _console()
     path = Path(args.output) if args.output else default_profile_path()
     groups = args.groups.split(",") if args.groups else None
     prof = profile_spec(args.spec, path, groups=groups, progress=not args.quiet,

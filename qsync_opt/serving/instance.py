@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from qsync_opt.hardware.device import DeviceSpec
@@ -39,8 +40,13 @@ def micro_batch_sizes(s: ServingSpec, phase: str) -> list[int]:
 
 
 def build(s: ServingSpec, order: list[PipelineDevice], prefill_mb: int, decode_mb: int,
-          omega: list[dict[int, float]], link: tuple[float, float], max_indicator: float | None) -> ServingInstance:
-    """Costs of every layer on every pipeline position for these micro-batch sizes."""
+          omega: list[dict[int, float]], link: tuple[float, float], max_indicator: float | None,
+          measured: Mapping | None = None) -> ServingInstance:
+    """Costs of every layer on every pipeline position for these micro-batch sizes.
+
+    `measured`: group name -> measured costs (`serving.profile.GroupCosts`: `prefill[(bits, m)]`,
+    `decode[(bits, m)]`, `head[(phase, m)]`, ms) replacing the roofline's layer and head times on that
+    group's devices; memory and the transfers stay modelled."""
     cfg, w = s.model, workload(s)
     bw, lat_us = link
     stages = []
@@ -48,16 +54,28 @@ def build(s: ServingSpec, order: list[PipelineDevice], prefill_mb: int, decode_m
         dev = pd.device
         act = C.activation_peak_bytes(cfg, w, prefill_mb)
         head = j == 0
+        mc = (measured or {}).get(pd.group)
+        if mc is None:
+            pre = {b: C.prefill_layer_ms(cfg, w, dev, b, prefill_mb) for b in s.bits}
+            dec = {b: C.decode_layer_ms(cfg, w, dev, b, decode_mb) for b in s.bits}
+            fpre = C.head_ms(cfg, w, dev, prefill_mb, "prefill") if head else 0.0
+            fdec = C.head_ms(cfg, w, dev, decode_mb, "decode") if head else 0.0
+        else:
+            pre = {b: mc.prefill[(b, prefill_mb)] for b in s.bits}
+            dec = {b: mc.decode[(b, decode_mb)] for b in s.bits}
+            fpre = mc.head[("prefill", prefill_mb)] if head else 0.0
+            fdec = mc.head[("decode", decode_mb)] if head else 0.0
         stages.append(StageData(
             name=pd.name,
             device=dev.name,
-            pre_ms={b: C.prefill_layer_ms(cfg, w, dev, b, prefill_mb) for b in s.bits},
-            dec_ms={b: C.decode_layer_ms(cfg, w, dev, b, decode_mb) for b in s.bits},
+            pre_ms=pre,
+            dec_ms=dec,
             mem_bytes={b: C.layer_bytes(cfg, w, b) for b in s.bits},
-            fixed_pre_ms=C.head_ms(cfg, w, dev, prefill_mb, "prefill") if head else 0.0,
-            fixed_dec_ms=C.head_ms(cfg, w, dev, decode_mb, "decode") if head else 0.0,
+            fixed_pre_ms=fpre,
+            fixed_dec_ms=fdec,
             fixed_mem_bytes=act + (C.embedding_bytes(cfg) + prefill_mb * cfg.get("vocab") * 4 if head else 0.0),
             capacity_bytes=C.capacity_bytes(dev, s.memory_fraction, s.runtime_overhead_gb),
+            cost_source="roofline" if mc is None else "measured",
         ))
     return ServingInstance(
         stages=tuple(stages),

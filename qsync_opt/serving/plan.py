@@ -32,6 +32,8 @@ class Stage(_M):
     """One decode step of one micro-batch through this stage."""
     memory_gb: float
     capacity_gb: float
+    cost_source: str = "roofline"
+    """'roofline' (device catalog) or 'measured' (timed on this machine): where the stage's times come from."""
 
     @property
     def bit_counts(self) -> dict[int, int]:

@@ -21,10 +21,12 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from qsync_opt.errors import InfeasibleError, SolverError, SpecError
 from qsync_opt.serving.instance import COST_SOURCE, PipelineDevice, build, micro_batch_sizes
+from qsync_opt.serving.profile import GroupCosts, measured_costs
 from qsync_opt.serving.quality import layer_omegas
 from qsync_opt.serving.plan import BaselineResult, Prediction, ServingPlan, SolverStats, Stage
 from qsync_opt.solver.backends import EXACT, available
@@ -74,8 +76,12 @@ def candidate_orders(devices: list[PipelineDevice], orderable: bool, identical: 
     return out, "every distinct device-type order"
 
 
-def plan_serving(job: ServingJob, budget: Budget) -> ServingPlan:
-    """The serving plan of `job`; every solve it makes draws on `budget` (module docstring)."""
+def plan_serving(job: ServingJob, budget: Budget, measured: Mapping[str, GroupCosts] | None = None) -> ServingPlan:
+    """The serving plan of `job`; every solve it makes draws on `budget` (module docstring).
+
+    `measured`: group name -> measured per-layer costs replacing the roofline on that group's devices;
+    None: what `serving.costs` says (serving.profile.measured_costs: this machine's cached tables, or
+    measured now under costs: measured)."""
     spec = job
     if spec.serving is None:
         raise SpecError("kind: serving needs a 'serving' section")
@@ -85,6 +91,9 @@ def plan_serving(job: ServingJob, budget: Budget) -> ServingPlan:
         raise SpecError(f"solver.backend: {backend!r} cannot plan serving jobs; use one of {', '.join(EXACT)} or 'default'")
     if not available().get(backend):
         raise SpecError(f"solver.backend: {backend!r} is not available here; available: {[n for n, ok in available().items() if ok]}")
+    cost_notes: list[str] = []
+    if measured is None:  # before the clock: measuring is not solver time
+        measured, cost_notes = measured_costs(spec)
     t0 = time.perf_counter()
     devices = expand(spec)
     link = (spec.cluster.link.bandwidth_gbs, spec.cluster.link.latency_us)
@@ -97,10 +106,10 @@ def plan_serving(job: ServingJob, budget: Budget) -> ServingPlan:
         f"objective: {s.objective} — the batch's end-to-end time is minimised either way "
         f"(tokens/s = {s.global_batch}·{s.gen_tokens} / that time); decode costed at the mean context {s.prompt_len + s.gen_tokens / 2:g}",
         f"device orders tried: {order_note}", f"micro-batch sizes tried: prefill {pres}, decode {decs}",
-    ]
+    ] + cost_notes
 
     def inst_for(order, bp, bd, bound):
-        return build(s, order, bp, bd, omega, link, bound)
+        return build(s, order, bp, bd, omega, link, bound, measured)
 
     free = [inst_for(o, bp, bd, None) for o, bp, bd in candidates]
     bound, bound_note = _quality_bound(s, free)
@@ -144,7 +153,8 @@ def plan_serving(job: ServingJob, budget: Budget) -> ServingPlan:
         name=spec.name, model=s.model.label, spec_digest=spec.digest(),
         workload={"global_batch": s.global_batch, "prompt_len": s.prompt_len, "gen_tokens": s.gen_tokens},
         stages=_stages(inst, a, ev), prefill_micro_batch=inst.meta["prefill_mb"], decode_micro_batch=inst.meta["decode_mb"],
-        prediction=_prediction(s, ev), quality_bound=bound, quality_source=quality_source, cost_source=COST_SOURCE,
+        prediction=_prediction(s, ev), quality_bound=bound, quality_source=quality_source,
+        cost_source=cost_source(spec, measured),
         solver=stats, baselines=[b.result for b in baselines], notes=notes,
     )
 
@@ -295,7 +305,7 @@ def _stages(inst: ServingInstance, a: Assignment, ev: Evaluation) -> list[Stage]
     return [
         Stage(position=j, device=st.name, device_type=st.device, layers=rng, bits=list(a.bits[rng[0]:rng[1]]),
               prefill_ms=ev.stage_prefill_ms[j], decode_ms=ev.stage_decode_ms[j],
-              memory_gb=ev.memory_bytes[j] / 1e9, capacity_gb=st.capacity_bytes / 1e9)
+              memory_gb=ev.memory_bytes[j] / 1e9, capacity_gb=st.capacity_bytes / 1e9, cost_source=st.cost_source)
         for j, (st, rng) in enumerate(zip(inst.stages, a.ranges()))
     ]
 
@@ -304,6 +314,19 @@ def _uniform_baseline(free: list[ServingInstance], s) -> _Base:
     """The reported uniform baseline: the highest bit-width that fits some candidate (its order and
     micro-batch pair) under an even split, the fastest such candidate; `free` carries no quality terms."""
     return _pick("uniform", [(i, uniform(i)) for i in free], s, 0.0, key=lambda ev, a: (-a.bits[0], ev.e2e_ms))
+
+
+def cost_source(job: ServingJob, measured: Mapping[str, GroupCosts]) -> str:
+    """The plan's cost source: the roofline's description when no group is measured, else which groups are
+    measured (and where the table came from) and which stay on the roofline."""
+    if not measured:
+        return COST_SOURCE
+    groups = job.cluster.groups
+    meas = [g.name for g in groups if g.name in measured]
+    where = sorted({measured[n].source for n in meas})
+    roof = [g.name for g in groups if g.name not in measured]
+    return (f"measured per layer for {', '.join(meas)} ({'; '.join(where)})"
+            + (f"; roofline for {', '.join(roof)}" if roof else "") + "; memory and transfers modelled")
 
 
 def _quality_bound(s, free: list[ServingInstance]) -> tuple[float | None, str]:

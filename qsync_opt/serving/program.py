@@ -59,6 +59,8 @@ class StageData:
     fixed_mem_bytes: float = 0.0
     """Activations, and on stage 0 the embeddings and LM head."""
     capacity_bytes: float = float("inf")
+    cost_source: str = "roofline"
+    """'roofline' or 'measured': where pre_ms, dec_ms and the fixed times come from."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ STAGE_LEGEND = (
     ("bits", "bit-width x the number of its layers at it (8b×3: three layers at 8 bits)"),
     ("prefill / decode ms/mb", "predicted time of one micro-batch through the stage"),
     ("memory GB", "predicted peak memory / the device's capacity"),
+    ("costs", "where the stage's times come from: measured on this machine (`qsync-opt profile`) or the roofline"),
 )
 """The stage table's notation, printed under it."""
 
@@ -40,11 +41,12 @@ def stage_table(plan: ServingPlan) -> Table:
                f"micro-batches prefill {plan.prefill_micro_batch}, decode {plan.decode_micro_batch}"),
         title_justify="left", caption="\n".join(f"{k}: {v}." for k, v in STAGE_LEGEND), caption_justify="left",
     )
-    for col in ("stage", "device", "layers", "bits", "prefill ms/mb", "decode ms/mb", "memory GB"):
-        t.add_column(col, justify="left" if col in ("device", "bits") else "right")
+    for col in ("stage", "device", "layers", "bits", "prefill ms/mb", "decode ms/mb", "memory GB", "costs"):
+        t.add_column(col, justify="left" if col in ("device", "bits", "costs") else "right")
     for st in plan.stages:
         t.add_row(str(st.position), f"{st.device} {st.device_type}", f"{st.layers[0]}–{st.layers[1] - 1}", _bits(st.bit_counts),
-                  f"{st.prefill_ms:.1f}", f"{st.decode_ms:.2f}", f"{st.memory_gb:.2f}/{st.capacity_gb:.2f}")
+                  f"{st.prefill_ms:.1f}", f"{st.decode_ms:.2f}", f"{st.memory_gb:.2f}/{st.capacity_gb:.2f}",
+                  st.cost_source)
     return t
 
 

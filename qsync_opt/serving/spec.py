@@ -115,6 +115,11 @@ class ServingSpec(_Model):
     """Usable fraction of each device's memory (LLM-PQ: 0.95)."""
     runtime_overhead_gb: float = Field(default=1.9, ge=0)
     """Per-device memory taken by the CUDA context and framework (LLM-PQ measured ~1.9 GB)."""
+    costs: Literal["auto", "measured", "roofline"] = "auto"
+    """Per-layer costs: 'roofline' from the device catalog; 'measured' timed here for every group (each
+    device must be on this machine; what the cache lacks is measured on first use, in seconds for small
+    models); 'auto' (default): a group's measured table when this machine's profile cache holds it
+    (`qsync-opt profile SPEC`), else the roofline. The plan says which, per stage."""
     runtime: ServeRuntime = Field(default_factory=ServeRuntime)
     """What `qsync-opt run` serves (weights, prompts, dtype); `solve` does not read it."""
 

@@ -62,6 +62,7 @@ WRITES = {
     "rollout_sim_time.py": ["rollout_sim_time.csv"],
     "serving.py": ["serving.csv"],
     "serving_real.py": ["serving_real.csv"],
+    "serving_costs.py": ["serving_costs.csv", "serving_costs_plans.csv"],
     "solve_memory.py": ["solve_memory.csv"],
     "solvers.py": ["solvers.csv", "solvers.png"],
 }

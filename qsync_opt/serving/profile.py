@@ -1,0 +1,542 @@
+"""Measured per-layer costs of a serving pipeline's devices that are present here.
+
+For each device group of a serving job whose device runs on this machine (a CPU group always, as the
+training profiler counts it; a GPU group when a CUDA device of its name is present), the runtime's own
+model (`lm.Stage`, weight-only quantised linears dequantised per call) is timed in a subprocess that
+carries the group's `env` (ONEDNN_MAX_CPU_ISA changes which kernels run) and thread count:
+
+- one decoder layer's prefill: a micro-batch of m prompts of `prompt_len` tokens, from position 0;
+- one decoder layer's decode step: a micro-batch of m sequences, one token at the planner's mean decode
+  context round(prompt_len + gen_tokens / 2), its KV cache filled up to that position;
+- the embedding lookup (and BLOOM's embedding norm) plus the final norm and LM head of the last position,
+  per phase (the planner's `fixed_*_ms` of the first stage);
+
+at every bit-width in `serving.bits` and every micro-batch size the planner tries (prefill and decode
+sizes together, both phases). Decoder layers are identical in shape, so each distinct (layer shape,
+bits, m, phase, length) is measured once, whatever the layer count: the table is keyed by the layer's
+shape, not the model's depth. Each entry is the median of repeated calls, repeated until adding calls
+moves the median by at most STABLE (between FLOOR and CAP calls, or BUDGET_MS of timed calls).
+
+The table lives in this machine's profile folder (the training profiler's: $QSYNC_OPT_PROFILE_DIR, else
+$QSYNC_OPT_CACHE, else ~/.cache/qsync_opt/profiles), one file per machine (CPU model and ISA flags),
+tables keyed by device, env, threads, family, layer shape, dtype, quantisation group and torch version:
+a change of any of them misses the cache rather than reusing foreign figures.
+
+`serving.costs`: 'roofline' never reads it; 'auto' uses a group's table when the cache holds every entry
+the planner needs, else that group stays on the roofline (and the plan says why); 'measured' profiles
+present groups on first use and refuses a group whose device is not here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from qsync_opt.errors import SpecError
+from qsync_opt.io import atomic_write_text, entry_lock
+from qsync_opt.llm import costs as C
+from qsync_opt.serving.instance import micro_batch_sizes, workload
+from qsync_opt.serving.spec import ServingJob
+from qsync_opt.serving.weights import ModelSource, build, family_config
+from qsync_opt.spec.yaml_loader import loads_code
+
+FORMAT = "qsync-opt-serving-profile"
+VERSION = 1
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_fp16")
+"""ISA flags that change which CPU kernels run (the training profiler's list)."""
+FLOOR = int(os.environ.get("QSYNC_OPT_SERVING_PROFILE_FLOOR", 7))
+"""Timed calls at least, per entry."""
+CAP = int(os.environ.get("QSYNC_OPT_SERVING_PROFILE_CAP", 60))
+"""Timed calls at most, per entry."""
+STABLE = 0.02
+"""Stop once the median of all calls is within this fraction of the median without the last LOOKBACK calls."""
+LOOKBACK = 3
+BUDGET_MS = float(os.environ.get("QSYNC_OPT_SERVING_PROFILE_BUDGET_MS", 400))
+"""Timed milliseconds at most per entry (after FLOOR calls): a slow entry's median settles in few calls."""
+PROFILE_LAYERS = 3
+"""Layers of the model built to profile: the middle one is timed (neither embeds nor holds the head)."""
+
+
+# --------------------------------------------------------------------------------------- where, which keys
+
+
+def present(device) -> bool:
+    """Whether `device` (a DeviceSpec) runs on this machine: a CPU always (as the training profiler counts
+    it), a GPU when a CUDA device whose name contains the device's family name (e.g. 'T4', 'H200') is here."""
+    if device.kind == "cpu":
+        return True
+    if not (Path("/proc/driver/nvidia").exists() or Path("/dev/nvidia0").exists()):
+        return False  # no NVIDIA driver: no CUDA device, and planning need not import torch to learn it
+    import torch  # import cost: torch (only for a spec with a GPU group and costs other than roofline)
+
+    if not torch.cuda.is_available():
+        return False
+    return device.name.lower().split("-")[0] in torch.cuda.get_device_name(0).lower().replace(" ", "")
+
+
+def group_threads(group) -> str:
+    """The torch thread count a group's stage runs with: its env's OMP_NUM_THREADS, else 'default' (what a
+    fresh process of this machine has)."""
+    return group.env.get("OMP_NUM_THREADS", "default")
+
+
+def machine_description() -> dict:
+    """CPU model and the ISA flags that select kernels (a GPU table also names its GPU in its key)."""
+    cpu, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    cpu = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    return {"cpu": cpu, "isa": sorted(f for f in ISA_FLAGS if f in flags)}
+
+
+def cache_dir() -> Path:
+    """$QSYNC_OPT_PROFILE_DIR, else $QSYNC_OPT_CACHE, else ~/.cache/qsync_opt/profiles (the training profiler's)."""
+    root = os.environ.get("QSYNC_OPT_PROFILE_DIR") or os.environ.get("QSYNC_OPT_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "qsync_opt" / "profiles"
+
+
+def default_path() -> Path:
+    """This machine's serving profile file, named by a digest of its description."""
+    digest = hashlib.sha256(json.dumps(machine_description(), sort_keys=True).encode()).hexdigest()[:12]
+    return cache_dir() / f"serving-profile-{digest}.json"
+
+
+def torch_version() -> str:
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return "none"
+
+
+def sizes(job: ServingJob) -> list[int]:
+    """Micro-batch sizes measured, in both phases: every size the planner tries in either phase (its
+    diagnosis prices decode at a prefill size too)."""
+    s = job.serving
+    return sorted(set(micro_batch_sizes(s, "prefill")) | set(micro_batch_sizes(s, "decode")))
+
+
+def decode_context(job: ServingJob) -> int:
+    s = job.serving
+    return int(round(s.prompt_len + s.gen_tokens / 2))
+
+
+def entry_key(part: str, phase: str, m: int, length: int, bits: int = 16) -> str:
+    """'layer|bits=4|m=2|prefill|s=32', 'layer|bits=4|m=2|decode|ctx=40', 'head|m=2|prefill|s=32', 'head|m=2|decode'.
+
+    `length` is the prompt length (prefill) or the context the decoded token attends to (decode)."""
+    where = f"s={length}" if phase == "prefill" else f"ctx={length}"
+    if part == "head":
+        return f"head|m={m}|prefill|{where}" if phase == "prefill" else f"head|m={m}|decode"
+    return f"layer|bits={bits}|m={m}|{phase}|{where}"
+
+
+def wanted(job: ServingJob) -> list[str]:
+    """Every entry the planner needs of one present device: layers at each bit, m and phase, and the head."""
+    s, ctx = job.serving, decode_context(job)
+    out = []
+    for m in sizes(job):
+        for b in s.bits:
+            out += [entry_key("layer", "prefill", m, s.prompt_len, b), entry_key("layer", "decode", m, ctx, b)]
+        out += [entry_key("head", "prefill", m, s.prompt_len), entry_key("head", "decode", m, ctx)]
+    return out
+
+
+def compute_dtype(job: ServingJob, device) -> str:
+    d = job.serving.runtime.dtype
+    return ("float32" if device.kind == "cpu" else "float16") if d == "auto" else d
+
+
+def layer_config(job: ServingJob) -> dict:
+    """transformers config fields of the model built to profile: the spec's shape with PROFILE_LAYERS layers."""
+    s = job.serving
+    cfg = family_config(s.model, s.runtime.family)
+    cfg["n_layer" if s.runtime.family == "bloom" else "num_hidden_layers"] = PROFILE_LAYERS
+    return cfg
+
+
+def table_key(job: ServingJob, group) -> str:
+    """One table per device, env, threads, family, layer shape (depth excluded), dtype, group size, torch."""
+    s, dev = job.serving, group.device_spec
+    shape = {k: v for k, v in layer_config(job).items() if k not in ("n_layer", "num_hidden_layers")}
+    digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:10]
+    where = dev.name
+    if dev.kind != "cpu":
+        import torch  # import cost: torch (a GPU group: its table names the GPU this machine has)
+
+        where += f"@{torch.cuda.get_device_name(0)}"
+    env = ",".join(f"{k}={v}" for k, v in sorted(group.env.items()))
+    return (f"{where}|env={env}|threads={group_threads(group)}|{s.runtime.family}:{digest}|"
+            f"{compute_dtype(job, dev)}|group={s.runtime.group_size}|torch={torch_version()}")
+
+
+# --------------------------------------------------------------------------------------- the file
+
+
+@dataclass
+class ServingProfile:
+    """The file: {format, version, machine, tables: {table key: {shape, entries: {entry key: ms}}}}."""
+
+    machine: dict
+    tables: dict[str, dict] = field(default_factory=dict)
+
+    def entries(self, key: str) -> dict[str, float]:
+        return self.tables.get(key, {}).get("entries", {})
+
+    def save(self, path: "str | Path") -> Path:
+        data = {"format": FORMAT, "version": VERSION, "machine": self.machine, "tables": self.tables}
+        return atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def load(path: "str | Path") -> ServingProfile:
+    """The profile at `path` (empty when there is none); SpecError naming the file when it cannot be trusted."""
+    path = Path(path)
+    if not path.exists():
+        return ServingProfile(machine_description())
+    fix = f"delete {path} and run `qsync-opt profile SPEC` again"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpecError(f"serving profile {path}: not readable JSON ({e}); {fix}") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT or raw.get("version") != VERSION:
+        got = (raw.get("format"), raw.get("version")) if isinstance(raw, dict) else None
+        raise SpecError(f"serving profile {path}: format/version {got}, this release reads ({FORMAT!r}, {VERSION}); {fix}")
+    tables = raw.get("tables")
+    ok = isinstance(tables, dict) and all(
+        isinstance(t, dict) and isinstance(t.get("entries"), dict)
+        and all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in t["entries"].values())
+        for t in tables.values())
+    if not ok:
+        raise SpecError(f"serving profile {path}: 'tables' is not {{key: {{entries: {{name: ms ≥ 0}}}}}}; {fix}")
+    if raw.get("machine") != machine_description():
+        raise SpecError(f"serving profile {path}: measured on another machine ({raw.get('machine')}); {fix}")
+    return ServingProfile(raw["machine"], tables)
+
+
+# --------------------------------------------------------------------------------------- what the planner reads
+
+
+@dataclass(frozen=True)
+class GroupCosts:
+    """Measured costs of one device group, as `instance.build` reads them."""
+
+    prefill: Mapping[tuple[int, int], float]
+    """(bits, micro-batch) -> one layer's prefill of one micro-batch, ms."""
+    decode: Mapping[tuple[int, int], float]
+    """(bits, micro-batch) -> one layer's decode step of one micro-batch at the mean context, ms."""
+    head: Mapping[tuple[str, int], float]
+    """(phase, micro-batch) -> embedding + LM head of one micro-batch, ms."""
+    source: str = "given table"
+    """Where the figures come from (the profile file)."""
+
+
+def group_costs(job: ServingJob, entries: Mapping[str, float], source: str = "given table") -> GroupCosts:
+    """A table's entries as GroupCosts (every entry `wanted(job)` lists must be there)."""
+    s, ctx = job.serving, decode_context(job)
+    ms = sizes(job)
+    return GroupCosts(
+        prefill={(b, m): entries[entry_key("layer", "prefill", m, s.prompt_len, b)] for b in s.bits for m in ms},
+        decode={(b, m): entries[entry_key("layer", "decode", m, ctx, b)] for b in s.bits for m in ms},
+        head={**{("prefill", m): entries[entry_key("head", "prefill", m, s.prompt_len)] for m in ms},
+              **{("decode", m): entries[entry_key("head", "decode", m, ctx)] for m in ms}},
+        source=source,
+    )
+
+
+Runner = Callable[[dict], dict]
+"""request -> {entry key: ms}: how one group's entries are measured (default: a subprocess with its env)."""
+
+
+def measured_costs(job: ServingJob, *, path: "str | Path | None" = None, runner: Runner | None = None,
+                   log: Callable[[str], None] | None = None) -> tuple[dict[str, GroupCosts], list[str]]:
+    """(group name -> GroupCosts, notes) under `serving.costs` (module docstring); groups left out stay
+    on the roofline, and a note says why."""
+    s = job.serving
+    if s.costs == "roofline":
+        return {}, []
+    path = Path(path) if path is not None else default_path()
+    out, notes = {}, []
+    groups = job.cluster.groups
+    here = [g for g in groups if present(g.device_spec)]
+    away = [g for g in groups if g not in here]
+    if s.costs == "measured" and away:
+        i = groups.index(away[0])
+        raise SpecError(f"serving.costs: measured, but cluster.groups.{i} ({away[0].name}, device "
+                        f"{away[0].device_spec.name}) is not on this machine, so its costs cannot be measured; "
+                        "use costs: auto (its stages keep the roofline) or plan where it runs")
+    if away:
+        notes.append("costs of " + ", ".join(f"{g.name} ({g.device_spec.name})" for g in away)
+                     + ": roofline (device not on this machine)")
+    if not here:
+        return out, notes
+    if s.costs == "measured":
+        profile_job(job, path=path, runner=runner, log=log)
+    prof = load(path)
+    need = wanted(job)
+    for g in here:
+        entries = prof.entries(table_key(job, g))
+        missing = [k for k in need if k not in entries]
+        if missing:
+            notes.append(f"costs of {g.name}: roofline (no measured table for it in {path}: {len(missing)} of "
+                         f"{len(need)} entries missing; `qsync-opt profile SPEC` measures them)")
+            continue
+        out[g.name] = group_costs(job, entries, str(path))
+    return out, notes
+
+
+# --------------------------------------------------------------------------------------- measuring
+
+
+def profile_job(job: ServingJob, *, path: "str | Path | None" = None, groups: list[str] | None = None,
+                runner: Runner | None = None, log: Callable[[str], None] | None = None) -> dict[str, dict[str, float]]:
+    """Measure what the cache lacks for every present group (or those named in `groups`); returns
+    table key -> its entries. One profiling run per file at a time (io.entry_lock)."""
+    log = log or (lambda m: print(m, file=sys.stderr))
+    path = Path(path) if path is not None else default_path()
+    cl = job.cluster.groups
+    for i, g in enumerate(cl):
+        bad = [k for k in g.env if loads_code(k)]
+        if bad:
+            raise SpecError(f"cluster.groups.{i}.env.{bad[0]}: this env key makes the profiler load code chosen by "
+                            "the spec; remove it (a serving profile runs only the runtime's own model)")
+    if groups is not None:
+        unknown = [n for n in groups if n not in {g.name for g in cl}]
+        if unknown:
+            raise SpecError(f"profile --groups: {unknown[0]!r} is not in cluster.groups ({', '.join(g.name for g in cl)})")
+    todo = [g for g in cl if (groups is None or g.name in groups) and present(g.device_spec)]
+    if not todo:
+        raise SpecError("profile: no group of cluster.groups runs on this machine's device; nothing to measure")
+    fits_to_profile(job, todo)
+    runner = runner or run_subprocess
+    need = wanted(job)
+    with entry_lock(path, on_wait=lambda: log(f"waiting: another process is profiling into {path}")):
+        prof = load(path)
+        done = set()
+        for g in todo:
+            key = table_key(job, g)
+            if key in done:  # two groups on the same device, env and threads: one table
+                continue
+            done.add(key)
+            missing = [k for k in need if k not in prof.entries(key)]
+            if not missing:
+                log(f"{g.name}: all {len(need)} entries cached ({key})")
+                continue
+            log(f"profiling {g.name} (device {g.device_spec.name}, env {g.env or '{}'}, threads "
+                f"{group_threads(g)}): {len(missing)} entries")
+            req = request(job, g, missing)
+            got = runner(req)
+            table = prof.tables.setdefault(key, {"shape": layer_config(job), "entries": {}})
+            table["entries"].update({k: float(got[k]) for k in missing})
+            prof.save(path)
+        return {k: prof.entries(k) for k in {table_key(job, g) for g in todo}}
+
+
+def fits_to_profile(job: ServingJob, groups) -> None:
+    """SpecError naming serving.model when the model built to profile (PROFILE_LAYERS layers, fp32 weights
+    and embeddings, the KV cache of the largest micro-batch) cannot fit a group's device memory."""
+    s = job.serving
+    cfg, m, ctx = s.model, max(sizes(job)), s.prompt_len + s.gen_tokens
+    attn, ffn = C.linear_params(cfg)
+    need = 4 * (PROFILE_LAYERS * (attn + ffn) + 2 * cfg.get("vocab") * cfg.get("hidden"))
+    need += 2 * m * ctx * cfg.get("kv_heads") * cfg.head_dim * 4
+    for g in groups:
+        have = g.device_spec.memory_bytes
+        if need > have:
+            raise SpecError(f"serving.model: the {PROFILE_LAYERS}-layer model built to measure costs on {g.name} "
+                            f"needs {need / 1e9:.3g} GB, more than its device's {have / 1e9:.3g} GB; use a smaller "
+                            "model or serving.costs: roofline")
+
+
+def rows(job: ServingJob, group, entries: Mapping[str, float]) -> list[tuple]:
+    """(bits, m, measured prefill, roofline prefill, measured decode, roofline decode) per layer, ms, for a
+    group's table, beside the roofline the planner would use otherwise; the head as bits 'head'."""
+    s, dev, w, ctx = job.serving, group.device_spec, workload(job.serving), decode_context(job)
+    out = []
+    for m in sizes(job):
+        for b in s.bits:
+            out.append((b, m, entries.get(entry_key("layer", "prefill", m, s.prompt_len, b)),
+                        C.prefill_layer_ms(s.model, w, dev, b, m),
+                        entries.get(entry_key("layer", "decode", m, ctx, b)), C.decode_layer_ms(s.model, w, dev, b, m)))
+        out.append(("head", m, entries.get(entry_key("head", "prefill", m, s.prompt_len)),
+                    C.head_ms(s.model, w, dev, m, "prefill"), entries.get(entry_key("head", "decode", m, ctx)),
+                    C.head_ms(s.model, w, dev, m, "decode")))
+    return out
+
+
+def cli_profile(job: ServingJob, output: "str | None", groups: list[str] | None, console) -> None:
+    """`qsync-opt profile SERVING_SPEC [-o FILE] [--groups a,b]`: measure what the cache lacks, then print each
+    present group's table beside the roofline."""
+    from rich.table import Table  # import cost: rich's table, only for this verb
+
+    path = Path(output) if output else default_path()
+    profile_job(job, path=path, groups=groups, log=lambda m: console.print(m, highlight=False))
+    prof = load(path)
+    for g in job.cluster.groups:
+        if (groups is not None and g.name not in groups) or not present(g.device_spec):
+            continue
+        t = Table(title=f"{g.name} ({g.device_spec.name}, env {g.env or '{}'}): one layer, ms per micro-batch",
+                  title_justify="left")
+        for col in ("bits", "micro-batch", "prefill measured", "prefill roofline", "decode measured", "decode roofline"):
+            t.add_column(col, justify="right")
+        for r in rows(job, g, prof.entries(table_key(job, g))):
+            t.add_row(str(r[0]), str(r[1]), *(("-" if v is None else f"{v:.4g}") for v in r[2:]))
+        console.print(t)
+    s = job.serving
+    console.print(f"prefill: {s.prompt_len} tokens per prompt; decode: one token at context {decode_context(job)}; "
+                  f"head: embedding + LM head per micro-batch; profile {path}", highlight=False)
+
+
+def request(job: ServingJob, group, keys: list[str]) -> dict:
+    """What one group's measuring process needs (JSON): the model to build, how to run it, which entries."""
+    s, dev = job.serving, group.device_spec
+    return {"family": s.runtime.family, "config": layer_config(job), "dtype": compute_dtype(job, dev),
+            "group_size": s.runtime.group_size, "device": "cpu" if dev.kind == "cpu" else "cuda",
+            "env": dict(group.env), "threads": group_threads(group), "keys": list(keys)}
+
+
+def run_subprocess(req: dict) -> dict[str, float]:
+    """`req` measured by `python -m qsync_opt.serving.profile` in a fresh process carrying the group's env
+    (oneDNN reads its ISA cap once, at its first kernel) and thread count."""
+    import tempfile
+
+    env = {**os.environ, **req["env"]}
+    if req["threads"] != "default":
+        env["OMP_NUM_THREADS"] = str(req["threads"])
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with tempfile.TemporaryDirectory(prefix="qsync-serving-profile-") as d:
+        (Path(d) / "request.json").write_text(json.dumps(req))
+        r = subprocess.run([sys.executable, "-m", "qsync_opt.serving.profile", d], env=env,
+                           capture_output=True, text=True)
+        if r.returncode:
+            raise SpecError(f"serving profile: measuring env {req['env'] or '{}'} failed (exit {r.returncode}): "
+                            f"{r.stderr.strip()[-1500:]}")
+        return json.loads((Path(d) / "result.json").read_text())
+
+
+def stable_median_ms(fn: Callable[[], object], *, clock: Callable[[], float] = time.perf_counter,
+                     floor: int | None = None, cap: int | None = None, budget_ms: float | None = None) -> float:
+    """Median ms of calls of `fn` after two warm-up calls: at least `floor` calls, then until the median moves
+    by at most STABLE over the last LOOKBACK calls, `cap` calls or `budget_ms` of timed calls."""
+    floor, cap = floor or FLOOR, cap or CAP
+    budget_ms = BUDGET_MS if budget_ms is None else budget_ms
+    fn()
+    fn()
+    times, medians = [], []
+    while len(times) < cap:
+        t = clock()
+        fn()
+        times.append((clock() - t) * 1e3)
+        med = _median(times)
+        medians.append(med)
+        if len(times) >= max(floor, LOOKBACK + 1):
+            if abs(med - medians[-1 - LOOKBACK]) <= STABLE * med or sum(times) >= budget_ms:
+                break
+    return _median(times)
+
+
+def _median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    n = len(ys)
+    return ys[n // 2] if n % 2 else (ys[n // 2 - 1] + ys[n // 2]) / 2
+
+
+def measure(req: dict, timer: Callable[[str, Callable[[], object]], float] | None = None) -> dict[str, float]:
+    """{entry key: ms} for `req`'s keys, in this process (the subprocess's body; tests call it with a fake
+    `timer(key, fn) -> ms`). Every key is timed exactly once."""
+    import torch  # import cost: torch and transformers: only the measuring process builds the model
+
+    from qsync_opt.serving import lm  # import cost: torch (the runtime's model)
+
+    timer = timer or (lambda key, fn: stable_median_ms(fn))
+    if req["threads"] != "default":
+        torch.set_num_threads(int(req["threads"]))
+    dev = torch.device(req["device"])
+    dtype = getattr(torch, req["dtype"])
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    model = build(ModelSource(req["family"], req["config"], None, 0))
+    n = PROFILE_LAYERS
+    layers: dict[int, lm.Stage] = {}
+    ends: dict[str, lm.Stage] = {}
+
+    def layer(bits: int) -> lm.Stage:
+        if bits not in layers:
+            layers[bits] = lm.Stage(model, 1, 2, [bits], dtype=dtype, group=req["group_size"]).to(dev)
+        return layers[bits]
+
+    def end(which: str) -> lm.Stage:  # the first stage embeds, the last holds the norm and the LM head
+        if which not in ends:
+            a = 0 if which == "first" else n - 1
+            ends[which] = lm.Stage(model, a, a + 1, [16], dtype=dtype, group=req["group_size"]).to(dev)
+        return ends[which]
+
+    hidden, vocab = model.config.hidden_size, model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    out = {}
+    with torch.inference_mode():
+        for key in req["keys"]:
+            part, fields = key.split("|", 1)
+            f = dict(x.split("=", 1) for x in fields.split("|") if "=" in x)
+            m, phase = int(f["m"]), ("prefill" if "|prefill" in key else "decode")
+            length = int(f.get("s") or f.get("ctx") or 0)
+            if part == "layer":
+                st = layer(int(f["bits"]))
+                t = length if phase == "prefill" else 1
+                pos = 0 if phase == "prefill" else length
+                cache = st.new_cache(m, pos + t, dev)
+                if phase == "decode":  # the cache holds `length` past positions
+                    for kv in cache.k + cache.v:
+                        kv.copy_(torch.randn(kv.shape, generator=gen).to(kv.dtype))
+                x = torch.randn((m, t, hidden), generator=gen).to(device=dev, dtype=dtype)
+                rows = slice(0, m)
+
+                def fn(st=st, x=x, cache=cache, rows=rows, pos=pos):
+                    st(x, cache, rows, pos)
+                    sync()
+            else:
+                first, last = end("first"), end("last")
+                t = length if phase == "prefill" else 1
+                ids = torch.randint(0, vocab, (m, t), generator=gen).to(dev)
+                h = torch.randn((m, 1, hidden), generator=gen).to(device=dev, dtype=dtype)
+
+                def fn(first=first, last=last, ids=ids, h=h):
+                    e = first.tok(ids)
+                    if getattr(first, "tok_norm", None) is not None:
+                        first.tok_norm(e)
+                    y = last.norm(h)
+                    if getattr(last, "project_out", None) is not None:
+                        y = last.project_out(y)
+                    last.lm_head(y)
+                    sync()
+            out[key] = float(timer(key, fn))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Subprocess entry: `python -m qsync_opt.serving.profile DIR` reads DIR/request.json, writes DIR/result.json."""
+    argv = sys.argv[1:] if argv is None else argv
+    d = Path(argv[0])
+    res = measure(json.loads((d / "request.json").read_text()))
+    atomic_write_text(d / "result.json", json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
