@@ -41,12 +41,13 @@ def micro_batch_sizes(s: ServingSpec, phase: str) -> list[int]:
 
 def build(s: ServingSpec, order: list[PipelineDevice], prefill_mb: int, decode_mb: int,
           omega: list[dict[int, float]], link: tuple[float, float], max_indicator: float | None,
-          measured: Mapping | None = None) -> ServingInstance:
+          measured: Mapping | None = None, hops: Mapping[tuple[str, int], float] | None = None) -> ServingInstance:
     """Costs of every layer on every pipeline position for these micro-batch sizes.
 
     `measured`: group name -> measured costs (`serving.profile.GroupCosts`: `prefill[(bits, m)]`,
     `decode[(bits, m)]`, `head[(phase, m)]`, ms) replacing the roofline's layer and head times on that
-    group's devices; memory and the transfers stay modelled."""
+    group's devices; memory stays modelled. `hops`: (phase, micro-batch) -> one measured stage-to-stage hop, ms
+    (serving/link.py), replacing the interconnect's α + β·bytes."""
     cfg, w = s.model, workload(s)
     bw, lat_us = link
     stages = []
@@ -84,8 +85,8 @@ def build(s: ServingSpec, order: list[PipelineDevice], prefill_mb: int, decode_m
         m_pre=s.global_batch // prefill_mb,
         m_dec=s.global_batch // decode_mb,
         decode_rounds=s.gen_tokens - 1,
-        comm_pre_ms=C.transfer_ms(cfg, w, prefill_mb, "prefill", bw, lat_us),
-        comm_dec_ms=C.transfer_ms(cfg, w, decode_mb, "decode", bw, lat_us),
+        comm_pre_ms=hops[("prefill", prefill_mb)] if hops else C.transfer_ms(cfg, w, prefill_mb, "prefill", bw, lat_us),
+        comm_dec_ms=hops[("decode", decode_mb)] if hops else C.transfer_ms(cfg, w, decode_mb, "decode", bw, lat_us),
         max_indicator=max_indicator,
         theta=s.quality.theta,
         meta={"prefill_mb": prefill_mb, "decode_mb": decode_mb, "order": [pd.name for pd in order]},

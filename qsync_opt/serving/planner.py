@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from qsync_opt.errors import InfeasibleError, SolverError, SpecError
 from qsync_opt.serving.instance import COST_SOURCE, PipelineDevice, build, micro_batch_sizes
-from qsync_opt.serving.profile import GroupCosts, measured_costs
+from qsync_opt.serving.profile import GroupCosts, measured_costs, measured_hops
 from qsync_opt.serving.quality import layer_omegas
 from qsync_opt.serving.plan import BaselineResult, Prediction, ServingPlan, SolverStats, Stage
 from qsync_opt.solver.backends import EXACT, available
@@ -92,8 +92,13 @@ def plan_serving(job: ServingJob, budget: Budget, measured: Mapping[str, GroupCo
     if not available().get(backend):
         raise SpecError(f"solver.backend: {backend!r} is not available here; available: {[n for n, ok in available().items() if ok]}")
     cost_notes: list[str] = []
+    hops = None
     if measured is None:  # before the clock: measuring is not solver time
         measured, cost_notes = measured_costs(spec)
+        hops = measured_hops(spec)
+        if hops is not None:
+            cost_notes.append("stage-to-stage hops: measured (gloo between two local processes, serving/link.py), "
+                              "not the interconnect's figures")
     t0 = time.perf_counter()
     devices = expand(spec)
     link = (spec.cluster.link.bandwidth_gbs, spec.cluster.link.latency_us)
@@ -109,7 +114,7 @@ def plan_serving(job: ServingJob, budget: Budget, measured: Mapping[str, GroupCo
     ] + cost_notes
 
     def inst_for(order, bp, bd, bound):
-        return build(s, order, bp, bd, omega, link, bound, measured)
+        return build(s, order, bp, bd, omega, link, bound, measured, hops)
 
     free = [inst_for(o, bp, bd, None) for o, bp, bd in candidates]
     bound, bound_note = _quality_bound(s, free)
@@ -154,7 +159,7 @@ def plan_serving(job: ServingJob, budget: Budget, measured: Mapping[str, GroupCo
         workload={"global_batch": s.global_batch, "prompt_len": s.prompt_len, "gen_tokens": s.gen_tokens},
         stages=_stages(inst, a, ev), prefill_micro_batch=inst.meta["prefill_mb"], decode_micro_batch=inst.meta["decode_mb"],
         prediction=_prediction(s, ev), quality_bound=bound, quality_source=quality_source,
-        cost_source=cost_source(spec, measured),
+        cost_source=cost_source(spec, measured, hops is not None),
         solver=stats, baselines=[b.result for b in baselines], notes=notes,
     )
 
@@ -316,9 +321,9 @@ def _uniform_baseline(free: list[ServingInstance], s) -> _Base:
     return _pick("uniform", [(i, uniform(i)) for i in free], s, 0.0, key=lambda ev, a: (-a.bits[0], ev.e2e_ms))
 
 
-def cost_source(job: ServingJob, measured: Mapping[str, GroupCosts]) -> str:
+def cost_source(job: ServingJob, measured: Mapping[str, GroupCosts], hops_measured: bool = False) -> str:
     """The plan's cost source: the roofline's description when no group is measured, else which groups are
-    measured (and where the table came from) and which stay on the roofline."""
+    measured (and where the table came from), which stay on the roofline, and whether the hops are measured."""
     if not measured:
         return COST_SOURCE
     groups = job.cluster.groups
@@ -326,7 +331,8 @@ def cost_source(job: ServingJob, measured: Mapping[str, GroupCosts]) -> str:
     where = sorted({measured[n].source for n in meas})
     roof = [g.name for g in groups if g.name not in measured]
     return (f"measured per layer for {', '.join(meas)} ({'; '.join(where)})"
-            + (f"; roofline for {', '.join(roof)}" if roof else "") + "; memory and transfers modelled")
+            + (f"; roofline for {', '.join(roof)}" if roof else "")
+            + ("; stage-to-stage hops measured; memory modelled" if hops_measured else "; memory and transfers modelled"))
 
 
 def _quality_bound(s, free: list[ServingInstance]) -> tuple[float | None, str]:

@@ -45,6 +45,7 @@ from pathlib import Path
 from qsync_opt.errors import SpecError
 from qsync_opt.io import atomic_write_text, entry_lock
 from qsync_opt.llm import costs as C
+from qsync_opt.serving import link
 from qsync_opt.serving.instance import micro_batch_sizes, workload
 from qsync_opt.serving.spec import ServingJob
 from qsync_opt.serving.weights import ModelSource, build, family_config
@@ -187,6 +188,53 @@ def table_key(job: ServingJob, group) -> str:
             f"{compute_dtype(job, dev)}|group={s.runtime.group_size}|torch={torch_version()}")
 
 
+def local_pipeline(job: ServingJob) -> bool:
+    """Every stage runs on this machine's CPU: its hops are gloo messages between local processes (serving/link.py)."""
+    return all(g.device_spec.kind == "cpu" for g in job.cluster.groups)
+
+
+LINK_TABLE = "link|cpu-gloo"
+
+
+def link_key() -> str:
+    return f"{LINK_TABLE}|torch={torch_version()}"
+
+
+def hop_bytes(job: ServingJob) -> dict[tuple[str, int], int]:
+    """(phase, micro-batch) -> bytes of the hidden states one hop carries (float32 on CPU, as the runtime sends)."""
+    s, h = job.serving, job.serving.model.get("hidden")
+    return {**{("prefill", m): m * s.prompt_len * h * 4 for m in sizes(job)},
+            **{("decode", m): m * h * 4 for m in sizes(job)}}
+
+
+def measured_hops(job: ServingJob, path: "str | Path | None" = None) -> dict[tuple[str, int], float] | None:
+    """(phase, micro-batch) -> one measured hop in ms, when the pipeline is local and the cache holds every size."""
+    if job.serving.costs == "roofline" or not local_pipeline(job):
+        return None
+    path = Path(path) if path is not None else default_path()
+    entries = load(path).entries(link_key()) if path.exists() else {}
+    want = hop_bytes(job)
+    if not all(link.entry(n) in entries for n in want.values()):
+        return None
+    return {k: entries[link.entry(n)] for k, n in want.items()}
+
+
+def profile_link(job: ServingJob, path: "str | Path", log: Callable[[str], None],
+                 measure_link: Callable[[list[int]], dict[str, float]] | None = None) -> None:
+    """Measure the hop sizes the cache lacks (local CPU pipelines only); caller holds the profile's lock."""
+    if not local_pipeline(job):
+        return
+    prof = load(path)
+    have = prof.entries(link_key())
+    missing = sorted({n for n in hop_bytes(job).values() if link.entry(n) not in have})
+    if not missing:
+        return
+    log(f"measuring the stage-to-stage hop (gloo between two local processes): {len(missing)} message sizes")
+    got = (measure_link or link.measure)(missing)
+    prof.tables.setdefault(link_key(), {"shape": {}, "entries": {}})["entries"].update(got)
+    prof.save(path)
+
+
 # --------------------------------------------------------------------------------------- the file
 
 
@@ -305,9 +353,12 @@ def measured_costs(job: ServingJob, *, path: "str | Path | None" = None, runner:
 
 
 def profile_job(job: ServingJob, *, path: "str | Path | None" = None, groups: list[str] | None = None,
-                runner: Runner | None = None, log: Callable[[str], None] | None = None) -> dict[str, dict[str, float]]:
-    """Measure what the cache lacks for every present group (or those named in `groups`); returns
-    table key -> its entries. One profiling run per file at a time (io.entry_lock)."""
+                runner: Runner | None = None, log: Callable[[str], None] | None = None,
+                measure_link: Callable[[list[int]], dict[str, float]] | None = None) -> dict[str, dict[str, float]]:
+    """Measure what the cache lacks for every present group (or those named in `groups`), and, for a pipeline
+    all on this machine's CPU, the stage-to-stage hop; returns table key -> its entries. One profiling run per
+    file at a time (io.entry_lock). A caller that gives its own `runner` (a test) measures the hop only with
+    its own `measure_link`."""
     log = log or (lambda m: print(m, file=sys.stderr))
     path = Path(path) if path is not None else default_path()
     cl = job.cluster.groups
@@ -345,6 +396,8 @@ def profile_job(job: ServingJob, *, path: "str | Path | None" = None, groups: li
             table = prof.tables.setdefault(key, {"shape": layer_config(job), "entries": {}})
             table["entries"].update({k: float(got[k]) for k in missing})
             prof.save(path)
+        if runner is run_subprocess or measure_link is not None:
+            profile_link(job, path, log, measure_link)
         return {k: prof.entries(k) for k in {table_key(job, g) for g in todo}}
 
 
