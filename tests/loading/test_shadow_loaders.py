@@ -275,19 +275,23 @@ def test_run_with_a_crashing_loader(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.slow
-def test_ray_loader_killed_with_kill_9_is_taken_over(undisturbed, ray_local):
+def test_ray_loader_killed_with_kill_9_or_stalled_is_taken_over(undisturbed, ray_local):
     """The Ray engine: source 0's loader actor process gets SIGKILL between steps 3 and 4 (mid-epoch: 300
-    samples, ~6 a step); its standby actor takes over and the loop gets the undisturbed run's samples. Then
-    the same kill without a standby ends the loop with an error naming the source."""
-    eng = open_engine(data(engine="ray", shadow=True), **KW)
+    samples, ~6 a step), source 1's loader stalls at step 6; each standby actor takes over and the loop gets
+    the undisturbed run's samples. Then the same kill without a standby ends the loop with an error naming
+    the source."""
+    eng = open_engine(data(engine="ray", shadow=True, stall_timeout_s=1.0), **KW)
     try:
         def kill(t):
             if t == 4:
                 os.kill(ray_local.get(eng.loader(0).pid.remote()), signal.SIGKILL)
+            if t == 6:  # source 1's loader stalls: a 60 s call queued ahead of its next read
+                eng.loader(1).__ray_call__.remote(lambda self: time.sleep(60))
 
         assert_same(consume(eng, between=kill), undisturbed)
-        (tk,) = eng.takeovers
-        assert tk.source == "short" and tk.step == 4 and "actor" in tk.reason
+        died, stalled = eng.takeovers
+        assert (died.source, died.step) == ("short", 4) and "actor is gone" in died.reason
+        assert (stalled.source, stalled.step) == ("long", 6) and stalled.reason.startswith("stalled: no answer within 1 s")
     finally:
         eng.close()
     eng = open_engine(data(engine="ray"), **KW)
