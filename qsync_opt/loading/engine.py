@@ -72,7 +72,6 @@ class LocalEngine:
         if _supervised(data):
             loaders = ThreadLoaders(lambda i: _open_like(data.sources[i], i, base_dir, self.sources[i].lengths))
             self.supervisor = LoaderSupervisor(loaders, self.sources, [s.name for s in data.sources],
-                                               [len(o.lengths) for o in self.sources], data.mix_seed,
                                                shadow=data.shadow, stall_timeout_s=data.stall_timeout_s,
                                                full_every=data.checkpoint_full_every)
 
@@ -101,6 +100,8 @@ class LocalEngine:
 
     def load_state_dict(self, state: dict) -> None:
         self.plane.load_state_dict(state)
+        if self.supervisor is not None:
+            self.supervisor.forget_steps()
 
     def close(self) -> None:
         self.plane.close()
@@ -221,9 +222,8 @@ class RayEngine:
         index = [_index(s, L) for s, L in zip(data.sources, lengths)]
         self.coordinator = ray.remote(_Coordinator).options(num_cpus=0).remote(
             index, _plane_kwargs(data, global_batch, speeds, cost, backend))
-        self.supervisor = LoaderSupervisor(actors, self.loaders, self.names, [len(x) for x in lengths],
-                                           data.mix_seed, shadow=data.shadow, stall_timeout_s=data.stall_timeout_s,
-                                           full_every=data.checkpoint_full_every)
+        self.supervisor = LoaderSupervisor(actors, self.loaders, self.names, shadow=data.shadow,
+                                           stall_timeout_s=data.stall_timeout_s, full_every=data.checkpoint_full_every)
 
     def _get(self, refs):
         try:
@@ -257,6 +257,7 @@ class RayEngine:
 
     def load_state_dict(self, state: dict) -> None:
         self._get(self.coordinator.load_state_dict.remote(state))
+        self.supervisor.forget_steps()
 
     def close(self) -> None:
         self.supervisor.close()

@@ -116,9 +116,9 @@ class LoaderSupervisor:
     per read (`stall_timeout_s`). `backend` makes, reads through and kills loaders (`ThreadLoaders`,
     or the Ray engine's actors); `first` are the loaders already open, one per source."""
 
-    def __init__(self, backend, first: Sequence, names: Sequence[str], sizes: Sequence[int], seed: int, *,
-                 shadow: bool, stall_timeout_s: float | None, full_every: int = 8):
-        self.backend, self.names, self.sizes, self.seed = backend, list(names), [int(x) for x in sizes], int(seed)
+    def __init__(self, backend, first: Sequence, names: Sequence[str], *, shadow: bool,
+                 stall_timeout_s: float | None, full_every: int = 8):
+        self.backend, self.names = backend, list(names)
         self.shadow, self.stall_timeout_s = bool(shadow), stall_timeout_s
         self.primary = list(first)
         self.generation = [0] * len(self.primary)
@@ -141,6 +141,11 @@ class LoaderSupervisor:
             while len(self._steps) > RETAIN_STEPS:
                 self._steps.popitem(last=False)
         self._journal.prune()
+
+    def forget_steps(self) -> None:
+        """Drop the recorded steps (the plane was moved to another state: a resume)."""
+        with self._steps_lock:
+            self._steps.clear()
 
     def _step_of(self, ids: Sequence[tuple[int, int]]) -> int | None:
         """The oldest retained step whose samples hold every one of `ids`."""

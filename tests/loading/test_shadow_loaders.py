@@ -320,3 +320,22 @@ def test_a_takeover_serves_only_what_the_recorded_state_draws_in_that_step():
         assert [(t.step, t.source) for t in eng.takeovers] == [(0, "short")]
     finally:
         eng.close()
+
+
+def test_a_takeover_after_a_resume_serves_the_resumed_sequence(undisturbed):
+    """A shadowed engine resumed from another's state (a training checkpoint) places its takeovers by the steps it
+    hands out from there."""
+    first = open_engine(data(shadow=True), **KW)
+    consume(first, steps=3)
+    state = first.state_dict()
+    first.close()
+    eng = open_engine(data(shadow=True), **KW)
+    try:
+        eng.load_state_dict(state)
+        sabotage(eng, 0, lambda ds: Dies(ds, after=BATCH))
+        got = consume(eng, steps=STEPS - 3)
+        assert [(t, ranks) for t, ranks in got] == undisturbed[3:]
+        (tk,) = eng.takeovers
+        assert tk.source == "short" and 3 <= tk.step < STEPS and tk.resumed_from >= 3
+    finally:
+        eng.close()
