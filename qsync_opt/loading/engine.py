@@ -11,17 +11,23 @@ plane plans step t+1 while step t runs (`DataPlane`, `prefetch`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import defaultdict
-from concurrent.futures import Future
 from collections.abc import Sequence
+from concurrent.futures import Future
 
 from qsync_opt.data.sources import SourceSpec
 from qsync_opt.errors import SpecError
 from qsync_opt.loading.cost import CostModel
 from qsync_opt.loading.plane import SPEC_POLICY, DataPlane, SourceIndex, StepPlan
-from qsync_opt.loading.shadow import LoaderFailed, LoaderSupervisor, Takeover, ThreadLoaders
+from qsync_opt.loading.shadow import (
+    LoaderFailed,
+    LoaderSupervisor,
+    Takeover,
+    ThreadLoaders,
+)
 from qsync_opt.loading.sources import SourceReadError, open_source
 
 RAY_MISSING = ("data.engine: 'ray' needs the ray package, which is not installed here; pip install 'ray>=2.9' "
@@ -185,10 +191,8 @@ class RayLoaders:
         try:
             return self.ray.get(ref, timeout=timeout)
         except ex.GetTimeoutError:
-            try:
-                self.ray.cancel(ref)  # the stalled loader is killed when its standby takes over
-            except Exception:  # noqa: BLE001  (cancelling is best effort)
-                pass
+            with contextlib.suppress(Exception):  # best effort: the stalled loader is killed when its standby takes over
+                self.ray.cancel(ref)
             raise LoaderFailed(f"stalled: no answer within {timeout:.3g} s", stalled=True) from None
         except ex.RayTaskError as e:  # the read raised inside the actor
             cause = getattr(e, "cause", None) or e
@@ -198,10 +202,8 @@ class RayLoaders:
             raise LoaderFailed(f"died: its Ray actor is gone ({type(e).__name__})") from None
 
     def kill(self, actor) -> None:
-        try:
+        with contextlib.suppress(Exception):  # already gone
             self.ray.kill(actor)
-        except Exception:  # noqa: BLE001  (already gone)
-            pass
 
 
 class RayEngine:

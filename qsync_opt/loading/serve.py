@@ -155,9 +155,10 @@ def report_md(job: LoadingJob, plan: LoadingPlan, rows: list[Served], steps: int
     if per_step:
         plan_ms = [1e3 * x.plan_s for x in per_step.values()]
         wait_ms = [1e3 * x.wait_s for x in per_step.values()]
-        lines += ["", f"planning per step ({'prefetched while the previous step runs' if job.balancer.prefetch else 'inline'}"
-                  f"): plan_s mean {sum(plan_ms) / len(plan_ms):.3g} ms (max {max(plan_ms):.3g}), on the critical path "
-                  f"(wait_s) mean {sum(wait_ms) / len(wait_ms):.3g} ms (max {max(wait_ms):.3g}); per step in served.csv."]
+        how = "prefetched while the previous step runs" if job.balancer.prefetch else "inline"
+        lines += ["", (f"planning per step ({how}): plan_s mean {sum(plan_ms) / len(plan_ms):.3g} ms (max "
+                       f"{max(plan_ms):.3g}), on the critical path (wait_s) mean {sum(wait_ms) / len(wait_ms):.3g} ms "
+                       f"(max {max(wait_ms):.3g}); per step in served.csv.")]
     taken = [(t, c) for t, x in sorted(per_step.items()) for c in x.takeovers]
     if taken:
         lines += ["", "## standby takeovers", "", "| step | source | why | seconds |", "|---:|---|---|---:|"]

@@ -26,7 +26,7 @@ SOURCES = [
      "kwargs": {"num_samples": 80, "median": 400, "min_len": 100, "max_len": 900, "seed": 1}},
 ]
 STEPS, BATCH, SPEEDS = 8, 8, [1.0, 0.5]
-KW = dict(global_batch=BATCH, speeds=SPEEDS, backend=None)  # heuristic split: no solver import in a Ray actor
+KW = {"global_batch": BATCH, "speeds": SPEEDS, "backend": None}  # heuristic split: no solver import in a Ray actor
 
 
 def data(**kw) -> DataSpec:
@@ -265,7 +265,8 @@ def test_run_with_a_crashing_loader(tmp_path, capsys, monkeypatch):
             assert "data source 'short' raised ConnectionError reading sample" in err and "worker lost" in err
             continue
         assert code == 0, err
-        rows = list(csv.DictReader(open(tmp_path / name / "served.csv")))
+        with open(tmp_path / name / "served.csv") as f:
+            rows = list(csv.DictReader(f))
         served[name] = [(r["step"], r["rank"], r["ids"]) for r in rows]
         if name == "shadowed":
             assert any(r["takeovers"].startswith("short:died:") for r in rows)
