@@ -27,6 +27,12 @@ step), predicted_ms (median over steps of the slowest rank's Σ c(L)/speed, made
 step ran), measured_ms (median slowest rank's compute), pred_err (median of measured /
 predicted − 1), noise (median absolute deviation of that ratio: the in-run noise),
 plan_ms (median planning time per step; tokens_per_s counts it as if on the critical path).
+plan_wait_ms (ours only): rank 0's plane prefetches (`DataPlane(prefetch=True)`): its own `ours`
+plan of step t+1 is made on a background thread while step t's four policies run, and this is the
+median time `next_batch` then kept rank 0 waiting, the plan's share of the critical path once
+overlapped (the background planning's CPU competes with rank 0's compute, which step_ms includes);
+ours_overlapped_tokens_per_s counts that wait instead of plan_ms. The measured ours step runs the
+split planned inline on the latest fit; the prefetched one is planned on the fit one step older.
 The machine is shared (load in the CSV header), so wall times carry other users' work;
 the cpu_* columns read each rank's process CPU time instead (x slow on the emulated rank):
 cpu_ms is the slowest rank's CPU-seconds per step, cpu_tokens_per_s the global tokens over
@@ -121,10 +127,10 @@ def tokens_of(source: int, index: int, length: int) -> torch.Tensor:
     return torch.from_numpy(rng.integers(0, VOCAB, length, dtype=np.int64))
 
 
-def make_plane(speeds, cost, seed=0) -> DataPlane:
+def make_plane(speeds, cost, seed=0, prefetch=False) -> DataPlane:
     index = [SourceIndex(name, SyntheticLM(num_samples=20_000, vocab=VOCAB, seed=i, **kw).lengths, ((0, w),))
              for i, (name, kw, w) in enumerate(SOURCES)]
-    return DataPlane(index, global_batch=ARGS.batch, speeds=speeds, cost=cost, seed=seed)
+    return DataPlane(index, global_batch=ARGS.batch, speeds=speeds, cost=cost, seed=seed, prefetch=prefetch)
 
 
 def run_local(model, samples, slow: float) -> tuple[float, list[tuple[int, float]]]:
@@ -197,7 +203,7 @@ def worker(rank: int, world: int, port: int, args, queue):
 
             fits, speeds = refit()
             plain = [fit([L for L, _ in o], [t for _, t in o]) for o in obs]
-            plane = make_plane(speeds, fits)
+            plane = make_plane(speeds, fits, prefetch=True)
             refit_s = 0.0  # rank 0's refit work since the last planning
             meta[setting] = {"calibration_fit": [f.as_dict() for f in fits], "calibration_speeds": speeds,
                              "fit_rel_err": max(abs(f(L) - t) / t for f, ts in zip(fits, all_times)
@@ -216,6 +222,7 @@ def worker(rank: int, world: int, port: int, args, queue):
                              "pred_ranks": {p: plans[p].predicted for p in POLICIES},
                              "plain_ranks": plain_ranks,
                              "plan_s": {p: plans[p].plan_s for p in POLICIES},
+                             "wait_s": base.wait_s,
                              "plane_s": refit_s + sum(plans[p].plan_s for p in POLICIES)}
                 refit_s = 0.0
             box = [plan_info]
@@ -249,13 +256,15 @@ def worker(rank: int, world: int, port: int, args, queue):
                                     "plain_rank_s": info["plain_ranks"][p][rank], "n_samples": len(mine),
                                     "plane_s": info["plane_s"] if rank == 0 else None,
                                     "cpu_s": sum(t for _, t in per),
-                                    "plan_s": info["plan_s"][p] if rank == 0 else None})
+                                    "plan_s": info["plan_s"][p] if rank == 0 else None,
+                                    "wait_s": info["wait_s"] if rank == 0 else None})
             if rank == 0:
                 t_fit = time.perf_counter()
                 plane.cost, plane.speeds = refit()
                 refit_s += time.perf_counter() - t_fit
                 plain = [fit([L for L, _ in o], [t for _, t in o]) for o in obs]
         if rank == 0:
+            plane.close()  # the prefetched step after the last is dropped
             meta[setting].update(fit=[f.as_dict() for f in plane.cost], speeds=plane.speeds)
     gathered = [None] * world
     dist.all_gather_object(gathered, records)
@@ -283,6 +292,7 @@ def summarise(records) -> list[dict]:
             idle = [(w - f) / w for w, f in zip(wall, fastest)]
             pred = [next(x["predicted_s"] for x in st if x["rank"] == 0) for st in steps]
             plan = [next(x["plan_s"] for x in st if x["rank"] == 0) for st in steps]
+            wait = [next(x["wait_s"] for x in st if x["rank"] == 0) for st in steps]
             toks = sum(st[0]["tokens"] for st in steps)
             cpu = [max(x["cpu_s"] for x in st) for st in steps]
             plain = [max(x["plain_rank_s"] for x in st) for st in steps]
@@ -309,6 +319,8 @@ def summarise(records) -> list[dict]:
                 "r0_pred_err": round(rank_err[0], 3), "r1_pred_err": round(rank_err[1], 3),
                 "cpu_pred_err_plain": round(statistics.median(m / p_ for m, p_ in zip(cpu, plain)) - 1, 3),
                 "plane_ms": round(1e3 * statistics.median(plane_s), 2),
+                "plan_wait_ms": round(1e3 * statistics.median(wait), 3) if p == "ours" else "",
+                "ours_overlapped_tokens_per_s": round(toks / (sum(wall) + sum(wait)), 1) if p == "ours" else "",
             })
     for setting in ("equal", "unequal"):
         rs = [r for r in rows if r["setting"] == setting]
@@ -432,7 +444,8 @@ def main(argv=None) -> int:
     meta = res["meta"]
     cols = ["setting", "policy", "tokens_per_s", "vs_best_anchor", "step_ms", "idle_frac", "predicted_ms",
             "measured_ms", "pred_err", "noise", "plan_ms", "cpu_tokens_per_s", "cpu_vs_best_anchor", "cpu_ms",
-            "cpu_pred_err", "cpu_noise", "r0_pred_err", "r1_pred_err", "cpu_pred_err_plain", "plane_ms", "steps"]
+            "cpu_pred_err", "cpu_noise", "r0_pred_err", "r1_pred_err", "cpu_pred_err_plain", "plane_ms", "plan_wait_ms",
+            "ours_overlapped_tokens_per_s", "steps"]
     print(table(rows, cols))
     for s, m in meta.items():
         curves = "; ".join(f"rank {r}: {f['c0']:.3g} + {f['a']:.3g}·L + {f['b']:.3g}·L²" for r, f in enumerate(m["fit"]))

@@ -8,6 +8,7 @@ turns these into source indexes and the coordinator that mixes and balances them
 from __future__ import annotations
 
 import importlib.util
+import math
 from typing import Any, Literal
 
 from pydantic import (
@@ -163,6 +164,16 @@ class MixSpec(BaseModel):
     checkpoint_full_every: int = Field(default=8, ge=1)
     """The data plane's state goes into every training checkpoint; whole every N-th time, in
     between only what changed since the last whole one."""
+    prefetch: bool = False
+    """Plan step t+1's split on a background thread while step t runs, so that only what is left
+    of it stays on the step's critical path (each step reports plan_s and wait_s)."""
+    shadow: bool = False
+    """Give every source loader a standby, opened beside it: when the loader dies (raises, or its
+    Ray actor is killed) or stalls past stall_timeout_s, the standby takes over from the data
+    plane's last checkpointed state and the step's samples arrive, none lost or repeated."""
+    stall_timeout_s: float | None = Field(default=None, gt=0)
+    """Seconds a loader may take to return one read before it counts as stalled: its standby takes
+    over (shadow: true), or the run ends naming the source (default: no deadline)."""
 
     @model_validator(mode="after")
     def _mix(self) -> MixSpec:
@@ -181,6 +192,15 @@ class MixSpec(BaseModel):
                                      "a positive weight there")
         elif self.balance not in (None, "none") or self.token_cap is not None:
             raise ValueError("data.balance and data.token_cap need data.sources (samples with lengths)")
+        else:
+            loose = [k for k in ("prefetch", "shadow") if getattr(self, k)] + \
+                (["stall_timeout_s"] if self.stall_timeout_s is not None else [])
+            if loose:
+                raise ValueError(f"data.{loose[0]} applies to the data plane's sources, and data.sources is not "
+                                 "given; list the sources or drop the key")
+        if self.stall_timeout_s is not None and not math.isfinite(self.stall_timeout_s):
+            raise ValueError(f"data.stall_timeout_s: {self.stall_timeout_s} is not a number of seconds; give a "
+                             "finite deadline > 0, or drop the key for none")
         if self.engine == "ray" and importlib.util.find_spec("ray") is None:
             raise ValueError("data.engine: 'ray' needs the ray package, which is not installed here; "
                              "pip install 'ray>=2.9' (the ray extra), or set data.engine: inprocess")

@@ -55,6 +55,25 @@ MIN_GAIN_S = 0.010
 0.02 deterministic seconds) on one CPU core (docs/loading.md, "Balancer", has the measurement)."""
 
 
+def source_permutation(seed: int, source: int, epoch: int, size: int) -> np.ndarray:
+    """The order in which source position `source` (of `size` samples) gives its samples in `epoch`."""
+    return np.random.default_rng([seed, source, epoch]).permutation(size)
+
+
+def source_stream(seed: int, source: int, size: int, epoch: int, cursor: int, n: int) -> list[int]:
+    """The next `n` sample indices a source gives from (epoch, cursor), its place in a checkpointed
+    state: what the plane's mix draws from it, wrapping into later epochs."""
+    out: list[int] = []
+    while len(out) < n:
+        perm = source_permutation(seed, source, epoch, size)
+        take = min(n - len(out), size - cursor)
+        out.extend(int(x) for x in perm[cursor:cursor + take])
+        cursor += take
+        if cursor == size:
+            epoch, cursor = epoch + 1, 0
+    return out
+
+
 @dataclass(frozen=True)
 class SourceIndex:
     """What the coordinator knows of a source: its name, every sample's length, its weight schedule."""
@@ -146,8 +165,7 @@ class DataPlane:
     # ---- sampling -------------------------------------------------------------------------
     def _permutation(self, s: int) -> np.ndarray:
         if self._perm[s] is None:
-            rng = np.random.default_rng([self.seed, s, self.epoch[s]])
-            self._perm[s] = rng.permutation(len(self.sources[s].lengths))
+            self._perm[s] = source_permutation(self.seed, s, self.epoch[s], len(self.sources[s].lengths))
         return self._perm[s]
 
     def weights(self, step: int) -> list[float]:

@@ -44,7 +44,9 @@ def opening_sources(e: Exception) -> SpecError:
 def open_local(job: LoadingJob) -> tuple[LocalEngine, list[float], CostModel | list[CostModel]]:
     """The in-process engine of `job` with its ranks' speeds and cost, and those."""
     try:
-        engine = LocalEngine(job.mix(), global_batch=job.global_batch, speeds=[1.0] * len(job.ranks),
+        # solve plans inline, reads nothing: no prefetch thread, no standby loaders
+        data = job.mix().model_copy(update={"prefetch": False, "shadow": False, "stall_timeout_s": None})
+        engine = LocalEngine(data, global_batch=job.global_batch, speeds=[1.0] * len(job.ranks),
                              cost=job.plane_cost(),
                              backend=job.balancer.backend)
     except QSyncError:  # names its field already

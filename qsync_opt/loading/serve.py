@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -30,9 +30,12 @@ from qsync_opt.loading.report import print_loading_plan
 from qsync_opt.loading.spec import LoadingJob
 from qsync_opt.solver.budget import Budget
 
-SERVED_COLUMNS = ("step", "rank", "name", "samples", "tokens", "predicted_s", "read_s", "ids")
+SERVED_COLUMNS = ("step", "rank", "name", "samples", "tokens", "predicted_s", "read_s", "plan_s", "wait_s",
+                  "takeovers", "ids")
 """served.csv: one row per step and rank; ids are the rank's samples as S:I (sample I of source S, S its position
-in the spec's sources from 0), space-separated, in the order the rank read them."""
+in the spec's sources from 0), space-separated, in the order the rank read them. plan_s and wait_s are the step's
+(the same on each of its rows): the planning's seconds, and what of them the coordinator waited for, the critical
+path (less than plan_s with `balancer.prefetch`); takeovers: the step's standby takeovers as source:reason:seconds."""
 QUEUE_DEPTH = 2
 """Steps a rank's consumer may be behind the coordinator (a trainer's prefetch depth)."""
 
@@ -47,6 +50,9 @@ class Served:
     tokens: int
     predicted_s: float
     read_s: float
+    plan_s: float = 0.0
+    wait_s: float = 0.0
+    takeovers: tuple[str, ...] = ()
 
 
 def serve(job: LoadingJob, plan: LoadingPlan, steps: int) -> list[Served]:
@@ -69,10 +75,10 @@ def serve(job: LoadingJob, plan: LoadingPlan, steps: int) -> list[Served]:
         while (item := inboxes[r].get()) is not None:
             if failed:
                 continue  # drain: the coordinator stops at the next step
-            step, ids, lengths, predicted = item
+            step, ids, lengths, predicted, plan_s, wait_s = item
             try:
                 t0 = time.perf_counter()
-                samples = engine.read(ids)
+                samples = engine.read(ids, step)
                 read_s = time.perf_counter() - t0
                 got = [len(x) for x in samples]
                 if got != lengths:
@@ -82,7 +88,7 @@ def serve(job: LoadingJob, plan: LoadingPlan, steps: int) -> list[Served]:
                                     f"{got[i]} tokens, its lengths say {lengths[i]} (rank {job.ranks[r].name!r} read "
                                     f"it at step {step}); give the lengths of the samples the source returns")
                 with lock:
-                    rows.append(Served(step, r, tuple(ids), sum(got), predicted, read_s))
+                    rows.append(Served(step, r, tuple(ids), sum(got), predicted, read_s, plan_s, wait_s))
             except BaseException as e:  # noqa: BLE001  (re-raised by the coordinator)
                 failed.append(e)
 
@@ -97,7 +103,8 @@ def serve(job: LoadingJob, plan: LoadingPlan, steps: int) -> list[Served]:
             sp = next_batch(engine, step)
             for r, inbox in enumerate(inboxes):
                 slots = sp.rank_slots(r)
-                inbox.put((sp.step, [sp.samples[i] for i in slots], [sp.lengths[i] for i in slots], sp.predicted[r]))
+                inbox.put((sp.step, [sp.samples[i] for i in slots], [sp.lengths[i] for i in slots], sp.predicted[r],
+                           sp.plan_s, sp.wait_s))
     finally:
         for inbox in inboxes:
             inbox.put(None)
@@ -106,6 +113,9 @@ def serve(job: LoadingJob, plan: LoadingPlan, steps: int) -> list[Served]:
         engine.close()
     if failed:
         raise failed[0]
+    takeovers = getattr(engine, "takeovers", [])
+    by_step = {t.step: tuple(x.cell() for x in takeovers if x.step == t.step) for t in takeovers}
+    rows = [replace(x, takeovers=by_step.get(x.step, ())) for x in rows]
     return sorted(rows, key=lambda x: (x.step, x.rank))
 
 
@@ -115,7 +125,8 @@ def served_csv(job: LoadingJob, rows: list[Served]) -> str:
     w.writerow(SERVED_COLUMNS)
     for x in rows:
         w.writerow([x.step, x.rank, job.ranks[x.rank].name, len(x.ids), x.tokens, f"{x.predicted_s:.6g}",
-                    f"{x.read_s:.6g}", " ".join(f"{s}:{i}" for s, i in x.ids)])
+                    f"{x.read_s:.6g}", f"{x.plan_s:.6g}", f"{x.wait_s:.6g}", " ".join(x.takeovers),
+                    " ".join(f"{s}:{i}" for s, i in x.ids)])
     return buf.getvalue()
 
 
@@ -140,6 +151,20 @@ def report_md(job: LoadingJob, plan: LoadingPlan, rows: list[Served], steps: int
         mine = [x for x in rows if x.rank == r]
         lines.append(f"| {rank.name} | {sum(len(x.ids) for x in mine)} | {sum(x.tokens for x in mine)} | "
                      f"{sum(x.predicted_s for x in mine):.4g} | {sum(x.read_s for x in mine):.3g} |")
+    per_step = {x.step: x for x in rows}
+    if per_step:
+        plan_ms = [1e3 * x.plan_s for x in per_step.values()]
+        wait_ms = [1e3 * x.wait_s for x in per_step.values()]
+        how = "prefetched while the previous step runs" if job.balancer.prefetch else "inline"
+        lines += ["", (f"planning per step ({how}): plan_s mean {sum(plan_ms) / len(plan_ms):.3g} ms (max "
+                       f"{max(plan_ms):.3g}), on the critical path (wait_s) mean {sum(wait_ms) / len(wait_ms):.3g} ms "
+                       f"(max {max(wait_ms):.3g}); per step in served.csv.")]
+    taken = [(t, c) for t, x in sorted(per_step.items()) for c in x.takeovers]
+    if taken:
+        lines += ["", "## standby takeovers", "", "| step | source | why | seconds |", "|---:|---|---|---:|"]
+        lines += [f"| {t} | {' | '.join(c.rsplit(':', 2))} |" for t, c in taken]
+    elif job.shadow:
+        lines += ["", "Standby loaders were armed (shadow: true); none had to take over."]
     sources = ", ".join(f"{i} {s.name}" for i, s in enumerate(job.sources))
     lines += ["", f"served.csv: a row per step and rank; ids S:I is sample I of source S ({sources}).", "",
               f"The served split equals the plan's in {same} of the {planned} planned steps served (a split the "

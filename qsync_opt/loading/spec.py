@@ -105,6 +105,9 @@ class Balancer(SpecModel):
     """Most tokens one rank may take in one step (its memory)."""
     equal_counts: bool = False
     """Give every rank the same number of samples (within one)."""
+    prefetch: bool = False
+    """Plan step t+1's split on a background thread while step t is served, so that only what is left of it
+    stays on the critical path (served.csv: plan_s and wait_s per step). `solve` plans inline."""
 
 
 class LoadingJob(SpecModel):
@@ -139,6 +142,13 @@ class LoadingJob(SpecModel):
     """Where `run` reads the samples: 'inprocess' (the coordinator and the sources in this process) or 'ray'
     (a loader actor per source and a coordinator actor; needs the ray extra). `solve` plans in process: both
     give the same sample sequence."""
+    shadow: bool = False
+    """Give every source's loader a standby: when the loader dies (raises; on Ray, its actor is killed) or stalls
+    past stall_timeout_s, the standby takes over from the plane's recorded state, and the step's samples arrive
+    with none lost or repeated (served.csv and report.md list the takeovers)."""
+    stall_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Seconds a loader may take to answer one read before it counts as stalled: its standby takes over
+    (shadow: true), or `run` ends naming the source. Default: no deadline."""
 
     @model_validator(mode="after")
     def _ranks(self) -> LoadingJob:
@@ -176,7 +186,8 @@ class LoadingJob(SpecModel):
         b = self.balancer
         return MixSpec(sources=self.sources, balance=b.policy, token_cap=b.token_cap, equal_counts=b.equal_counts,
                        engine=self.engine, plan_work_limit=b.work_limit, plan_time_limit_ms=b.time_limit_ms,
-                       plan_min_gain_ms=b.min_gain_ms, mix_seed=self.seed)
+                       plan_min_gain_ms=b.min_gain_ms, mix_seed=self.seed, prefetch=b.prefetch, shadow=self.shadow,
+                       stall_timeout_s=self.stall_timeout_s)
 
     @property
     def by_speed(self) -> bool:

@@ -220,7 +220,7 @@ def test_run_on_ray_serves_what_the_inprocess_run_serves(tmp_path, ray_local):
         spec.write_text(yaml.safe_dump(doc, sort_keys=False))
         paths = jobs.run(spec, tmp_path / engine, steps=3)
         rows = csv.DictReader(open(paths["served"]))
-        served[engine] = [{k: v for k, v in row.items() if k != "read_s"} for row in rows]
+        served[engine] = [{k: v for k, v in row.items() if k not in ("read_s", "plan_s", "wait_s")} for row in rows]
     assert served["ray"] == served["inprocess"]
 
 
@@ -267,3 +267,22 @@ def test_a_stop_while_serving_is_exit_4_and_leaves_the_plan_alone(tmp_path, caps
     assert "Traceback" not in capsys.readouterr().err
     assert LoadingPlan.load(out / "plan.json").summary.steps == 1
     assert sorted(p.name for p in out.iterdir()) == ["plan.json"]
+
+
+def test_run_with_prefetch_serves_the_same_samples_and_reports_plan_and_wait(tmp_path):
+    """`balancer.prefetch`: step t+1 is planned while step t is served; the samples and split are those of the inline
+    run, and served.csv carries each step's plan_s and wait_s (the same on every rank's row of the step)."""
+    served = {}
+    for prefetch in (False, True):
+        spec = tmp_path / f"p{prefetch}.yaml"
+        spec.write_text(yaml.safe_dump(small(balancer={"prefetch": prefetch}), sort_keys=False))
+        paths = jobs.run(spec, tmp_path / f"out{prefetch}", steps=4)
+        rows = list(csv.DictReader(open(paths["served"])))
+        for _, group in itertools.groupby(rows, key=lambda r: r["step"]):
+            group = list(group)
+            assert len({(r["plan_s"], r["wait_s"]) for r in group}) == 1
+            assert float(group[0]["plan_s"]) > 0 and float(group[0]["wait_s"]) >= 0
+        served[prefetch] = [(r["step"], r["rank"], r["ids"]) for r in rows]
+        report = Path(paths["report"]).read_text()
+        assert ("prefetched while the previous step runs" if prefetch else "planning per step (inline)") in report
+    assert served[True] == served[False]
