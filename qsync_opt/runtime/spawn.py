@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qsync_opt.runtime.process_exit import EXIT_STOPPED
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (for a rendezvous the caller starts next)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @dataclass

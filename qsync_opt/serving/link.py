@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -21,6 +20,8 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
+
+from qsync_opt.runtime.spawn import free_port
 
 WARMUP = 5
 ROUNDS = int(os.environ.get("QSYNC_OPT_LINK_ROUNDS", 40))
@@ -33,9 +34,7 @@ def entry(nbytes: int) -> str:
 
 def measure(sizes: list[int], timeout_s: float = 120.0) -> dict[str, float]:
     """{entry(size): one hop in ms} for float32 messages of `sizes` bytes, from two fresh processes."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     root = str(Path(__file__).resolve().parents[2])
     with tempfile.TemporaryDirectory(prefix="qsync-link-") as d:
         (Path(d) / "sizes.json").write_text(json.dumps(sorted(set(int(x) for x in sizes))))

@@ -33,7 +33,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -43,6 +42,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from qsync_opt.errors import SpecError
+from qsync_opt.hardware.machine import cpu_description, profile_dir
 from qsync_opt.io import atomic_write_text, entry_lock
 from qsync_opt.llm import costs as C
 from qsync_opt.serving import link
@@ -53,7 +53,6 @@ from qsync_opt.spec.yaml_loader import loads_code
 
 FORMAT = "qsync-opt-serving-profile"
 VERSION = 1
-ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_fp16")
 """ISA flags that change which CPU kernels run (the training profiler's list)."""
 FLOOR = int(os.environ.get("QSYNC_OPT_SERVING_PROFILE_FLOOR", 7))
 """Timed calls at least, per entry."""
@@ -93,25 +92,12 @@ def group_threads(group) -> str:
 
 def machine_description() -> dict:
     """CPU model and the ISA flags that select kernels (a GPU table also names its GPU in its key)."""
-    cpu, flags = platform.processor() or platform.machine(), set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    cpu = value.strip()
-                elif key.strip() == "flags":
-                    flags = set(value.split())
-                    break
-    except OSError:
-        pass
-    return {"cpu": cpu, "isa": sorted(f for f in ISA_FLAGS if f in flags)}
+    return cpu_description()
 
 
 def cache_dir() -> Path:
-    """$QSYNC_OPT_PROFILE_DIR, else $QSYNC_OPT_CACHE, else ~/.cache/qsync_opt/profiles (the training profiler's)."""
-    root = os.environ.get("QSYNC_OPT_PROFILE_DIR") or os.environ.get("QSYNC_OPT_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "qsync_opt" / "profiles"
+    """The training profiler's folder (hardware.machine.profile_dir)."""
+    return profile_dir()
 
 
 def default_path() -> Path:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 from qsync_opt.errors import QSyncError, RuntimeSetupError, SpecError
 from qsync_opt.io import atomic_write_text
 from qsync_opt.runtime.process_exit import Stopped
-from qsync_opt.runtime.spawn import spawn_ranks
+from qsync_opt.runtime.spawn import free_port, spawn_ranks
 from qsync_opt.serving.plan import ServingPlan
 from qsync_opt.serving.spec import ServingJob
 from qsync_opt.serving.weights import ModelSource, family_config, state_file
@@ -108,12 +107,6 @@ def stage_envs(job: ServingJob, plan: ServingPlan, port: int, ready: Path) -> li
                    QSYNC_READY_FILE=str(ready / f"stage{r}"))
         envs.append(env)
     return envs
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_pipeline(job: ServingJob, plan: ServingPlan, workdir: Path) -> list[dict[str, str]]:

@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 from collections.abc import Callable
@@ -40,7 +39,7 @@ from qsync_opt.runtime import checkpoint as ckpt
 from qsync_opt.runtime.apply import apply_plan
 from qsync_opt.runtime.data import build_model
 from qsync_opt.runtime.process_exit import Stopped, stop_on_signals
-from qsync_opt.runtime.spawn import Spawned, spawn_ranks
+from qsync_opt.runtime.spawn import Spawned, free_port, spawn_ranks
 from qsync_opt.runtime.support import precision_refusal
 from qsync_opt.training.runtime.trainer import EXIT_STOPPED, rank_batches
 from qsync_opt.data.check import check_data
@@ -162,13 +161,6 @@ def validate(spec: JobSpec, plan: Plan | None, nproc: int | None = None, *, forc
 
     check_data(spec)  # the data loads and fits the model: a bad data section exits 2 before any rank starts
     return batches
-
-
-def free_port() -> int:
-    """A TCP port free on this host now (for a rendezvous the caller starts next)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_envs(spec: JobSpec, threads: int, port: int) -> list[dict[str, str]]:
