@@ -30,6 +30,7 @@ HELPERS = {
     "accuracy_models.py": "accuracy.py's networks",
     "accuracy_policies.py": "accuracy.py's planned policies",
     "balance_memory.py": "balance.py's memory table",
+    "serving_model.py": "the serving benchmarks' trained byte-level Llama and its serving spec",
 }
 
 #: What each script's --smoke writes under --out (a .csv must hold a header and at least one row).
@@ -61,6 +62,7 @@ WRITES = {
     "rollout_seeds.py": ["rollout_seeds.csv"],
     "rollout_sim_time.py": ["rollout_sim_time.csv"],
     "serving.py": ["serving.csv"],
+    "serving_quality.py": ["serving_quality.csv", "serving_quality_spearman.csv"],
     "solve_memory.py": ["solve_memory.csv"],
     "solvers.py": ["solvers.csv", "solvers.png"],
 }
@@ -127,7 +129,7 @@ class SmokeRuns:
 
 
 #: Started first, so that the two lanes finish together.
-SLOWEST = ["predictor.py", "predictor_cpu_tiny.py", "emulated_hybrid.py", "report_pictures.py", "ddp_step_readings.py",
+SLOWEST = ["predictor.py", "predictor_cpu_tiny.py", "emulated_hybrid.py", "serving_quality.py", "report_pictures.py", "ddp_step_readings.py",
            "rollout.py", "balance.py", "accuracy.py", "hf_models.py", "concurrency.py"]
 
 
