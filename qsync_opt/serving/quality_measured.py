@@ -37,6 +37,7 @@ from qsync_opt.data import text
 from qsync_opt.errors import SpecError
 from qsync_opt.io import atomic_write_text
 from qsync_opt.serving import lm
+from qsync_opt.serving.plan import ServingPlan
 from qsync_opt.serving.quality import layer_omegas
 from qsync_opt.serving.spec import ServingJob
 
@@ -107,6 +108,7 @@ def bits_perplexity(hf_model: nn.Module, bits: list[int], tokens: torch.Tensor, 
     """Perplexity of the served model with layer i at bits[i] (one stage, or `partition`'s stages: the same
     logits either way) over `windows` windows of `window` tokens of `tokens`."""
     part = partition or [(0, len(bits))]
+    tokens = tokens.to(next(hf_model.parameters()).device)
     return lm.perplexity(lm.cut(hf_model, part, list(bits), dtype=dtype, group=group), tokens, window, windows)
 
 
@@ -114,6 +116,7 @@ def bits_perplexity(hf_model: nn.Module, bits: list[int], tokens: torch.Tensor, 
 def model_perplexity(hf_model: nn.Module, tokens: torch.Tensor, window: int, windows: int | None = None) -> float:
     """Perplexity of the transformers model's own forward over the same windows as `lm.perplexity` (the reference
     the served all-16 model is compared with)."""
+    tokens = tokens.to(next(hf_model.parameters()).device)
     n = (tokens.numel() - 1) // window
     n = min(n, windows) if windows is not None else n
     x = tokens[: n * window].view(n, window)
@@ -134,7 +137,7 @@ def _layer_bits(stages) -> tuple[list[int], list[tuple[int, int]]]:
     return bits, part
 
 
-def plan_perplexities(job: ServingJob, plan, hf_model: nn.Module, tokens: torch.Tensor | None = None) -> list[QualityRecord]:
+def plan_perplexities(job: ServingJob, plan: ServingPlan, hf_model: nn.Module, tokens: torch.Tensor | None = None) -> list[QualityRecord]:
     """The served model's perplexity for the plan's bits, each fitting baseline's, all 16-bit and all at the
     lowest offered bit-width, each with its Σω under the job's indicator (`serving.quality`). `tokens`
     defaults to `text_tokens(job)`; windows are prompt_len + gen_tokens tokens, perplexity_windows of them."""
@@ -170,6 +173,7 @@ def calibration_stats(hf_model: nn.Module, tokens: torch.Tensor, window: int, wi
     """The LLM-PQ statistics document (module docstring) of `hf_model` on `windows` windows of `window` tokens
     of `tokens`, computed with the unquantised model's own forward."""
     fam = lm.family_of(hf_model)
+    tokens = tokens.to(next(hf_model.parameters()).device)
     n = (tokens.numel() - 1) // window
     n = min(n, windows) if windows is not None else n
     if n < 1:
