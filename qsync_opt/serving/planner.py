@@ -102,7 +102,7 @@ def plan_serving(job: ServingJob, budget: Budget, measured: Mapping[str, GroupCo
     t0 = time.perf_counter()
     devices = expand(spec)
     link = (spec.cluster.link.bandwidth_gbs, spec.cluster.link.latency_us)
-    omega, quality_source = layer_omegas(s.model, list(s.bits), s.quality.stats)
+    omega, quality_source = layer_omegas(s.model, list(s.bits), s.quality.stats, s.quality.indicator)
     identical = all(o == omega[0] for o in omega)
     orders, order_note = candidate_orders(devices, s.orderable, identical)
     pres, decs = micro_batch_sizes(s, "prefill"), micro_batch_sizes(s, "decode")

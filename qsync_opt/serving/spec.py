@@ -32,7 +32,11 @@ class QualitySpec(_Model):
     """Penalty in ms per unit of Σω added to the objective (LLM-PQ's θ); 0 = none."""
     stats: str | None = None
     """Calibration statistics (YAML/JSON): per layer, per linear, max channel range and Σ input variance.
-    Without it the indicator is data-free (the same for every layer), and the plan says so."""
+    Without it the indicator is data-free (the same for every layer), and the plan says so. With
+    indicator 'empirical': the file of measured per-layer perplexity increases."""
+    indicator: Literal["llm-pq", "empirical"] = "llm-pq"
+    """'llm-pq': LLM-PQ's Σω proxy (calibrated by `stats`, else data-free); 'empirical': measured perplexity
+    increase of each layer alone at each bit-width, read from `stats` (docs/serving.md, "Quality, measured")."""
 
     @field_validator("max_indicator")
     @classmethod
@@ -40,6 +44,13 @@ class QualitySpec(_Model):
         if isinstance(v, float) and v < 0:
             raise ValueError("max_indicator must be ≥ 0, 'uniform' or null")
         return v
+
+    @model_validator(mode="after")
+    def _empirical_needs_stats(self) -> "QualitySpec":
+        if self.indicator == "empirical" and not self.stats:
+            raise ValueError("indicator 'empirical' needs stats: the file of measured per-layer perplexity increases "
+                             "(qsync_opt.serving.quality_measured.write_empirical writes one); give stats or use indicator: llm-pq")
+        return self
 
 
 class MicroBatches(_Model):

@@ -30,6 +30,7 @@ HELPERS = {
     "accuracy_models.py": "accuracy.py's networks",
     "accuracy_policies.py": "accuracy.py's planned policies",
     "balance_memory.py": "balance.py's memory table",
+    "serving_model.py": "the serving benchmarks' trained byte-level Llama and its serving spec",
 }
 
 #: What each script's --smoke writes under --out (a .csv must hold a header and at least one row).
@@ -63,6 +64,7 @@ WRITES = {
     "serving.py": ["serving.csv"],
     "serving_real.py": ["serving_real.csv"],
     "serving_costs.py": ["serving_costs.csv", "serving_costs_plans.csv"],
+    "serving_quality.py": ["serving_quality.csv", "serving_quality_spearman.csv"],
     "solve_memory.py": ["solve_memory.csv"],
     "solvers.py": ["solvers.csv", "solvers.png"],
 }
@@ -129,7 +131,7 @@ class SmokeRuns:
 
 
 #: Started first, so that the two lanes finish together.
-SLOWEST = ["predictor.py", "predictor_cpu_tiny.py", "emulated_hybrid.py", "report_pictures.py", "ddp_step_readings.py",
+SLOWEST = ["predictor.py", "predictor_cpu_tiny.py", "emulated_hybrid.py", "serving_quality.py", "report_pictures.py", "ddp_step_readings.py",
            "rollout.py", "balance.py", "accuracy.py", "hf_models.py", "concurrency.py"]
 
 
