@@ -60,10 +60,11 @@ def trained_llama(folder: Path, *, layers: int = 4, steps: int = 240, log=print)
     return folder
 
 
-def serving_spec(checkpoint: Path, *, layers: int = 4, bits=(2, 3, 4, 8, 16), windows: int = 64,
+def serving_spec(checkpoint: Path | None, *, layers: int = 4, bits=(2, 3, 4, 8, 16), windows: int = 64,
                  prompt_len: int = 48, global_batch: int = 8) -> dict:
     """A serving job dict for the trained model: two cpu-local stages, prompts of `prompt_len` bytes and
-    SEQ_LEN − prompt_len generated tokens, `windows` perplexity windows of the pysource test split."""
+    SEQ_LEN − prompt_len generated tokens, `windows` perplexity windows of the pysource test split; no checkpoint:
+    random weights."""
     return {
         "kind": "serving", "name": f"serving-llama-{layers}l",
         "cluster": {"groups": [{"name": "a", "device": "cpu-local", "count": 1},
@@ -73,7 +74,8 @@ def serving_spec(checkpoint: Path, *, layers: int = 4, bits=(2, 3, 4, 8, 16), wi
                       "vocab": VOCAB, "max_positions": MAX_POSITIONS, "ffn_matrices": 3, "tied_embeddings": False},
             "prompt_len": prompt_len, "gen_tokens": SEQ_LEN - prompt_len, "global_batch": global_batch,
             "bits": list(bits),
-            "runtime": {"family": "llama", "checkpoint": str(checkpoint), "prompts": "pysource",
+            "runtime": {"family": "llama", "checkpoint": None if checkpoint is None else str(checkpoint),
+                        "prompts": "pysource",
                         "perplexity_windows": windows},
         },
         "solver": {"backend": "default", "time_limit_s": 20},

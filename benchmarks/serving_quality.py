@@ -80,12 +80,13 @@ def bounds_between(lo: float, hi: float, n: int) -> list[float]:
 
 def run(out: Path, layers: int, steps: int, n_bounds: int, windows: int, calib_windows: int) -> tuple[list[dict], list[dict]]:
     torch.set_num_threads(1)
-    ckpt = trained_llama(out / "model", layers=layers, steps=steps)
+    ckpt = trained_llama(out / "model", layers=layers, steps=steps) if steps > 0 else None  # 0: random weights
     base = serving_spec(ckpt, layers=layers, windows=windows)
     job = load_spec(base)
     s = job.serving
     window = s.prompt_len + s.gen_tokens
-    model = weights.build(weights.ModelSource("llama", weights.family_config(s.model, "llama"), str(ckpt), 0))
+    model = weights.build(weights.ModelSource("llama", weights.family_config(s.model, "llama"),
+                                              None if ckpt is None else str(ckpt), 0))
     test = qm.text_tokens(job)
     train = qm.text_tokens(job, calib_windows, split="train")
     t = time.perf_counter()
@@ -163,10 +164,10 @@ def main(argv=None) -> int:
     ap.add_argument("--bounds", type=int, default=12, help="quality bounds planned per indicator (≥ 10 for the figure)")
     ap.add_argument("--windows", type=int, default=600, help="test-split windows of 64 bytes scored per plan")
     ap.add_argument("--calib-windows", type=int, default=256, help="training-split windows for the statistics")
-    ap.add_argument("--smoke", action="store_true", help="smallest end-to-end run (tests): 2 steps, 3 bounds, 8 windows")
+    ap.add_argument("--smoke", action="store_true", help="smallest end-to-end run (tests): random weights (no training), 3 bounds, 8 windows")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.steps, args.bounds, args.windows, args.calib_windows = 2, 3, 8, 8
+        args.steps, args.bounds, args.windows, args.calib_windows = 0, 3, 8, 8
     out = Path(args.out)
     t0 = time.perf_counter()
     load0 = os.getloadavg()

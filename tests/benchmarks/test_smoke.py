@@ -131,7 +131,7 @@ class SmokeRuns:
 
 
 #: Started first, so that the two lanes finish together.
-SLOWEST = ["predictor.py", "predictor_cpu_tiny.py", "emulated_hybrid.py", "serving_quality.py", "report_pictures.py", "ddp_step_readings.py",
+SLOWEST = ["predictor.py", "predictor_cpu_tiny.py", "emulated_hybrid.py", "report_pictures.py", "ddp_step_readings.py",
            "rollout.py", "balance.py", "accuracy.py", "hf_models.py", "concurrency.py"]
 
 
