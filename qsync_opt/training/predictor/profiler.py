@@ -10,10 +10,14 @@ step per precision (step_profile.py: what the isolated ops miss). When several r
 here, all their processes run at once (colocate.py), and then time, together, a gloo
 all-reduce fit α + β·bytes and one whole fp32 DDP step (allreduce_profile.py).
 
-Each op runs in isolation on the very tensors the traced model feeds it (an fx Interpreter
-records them). Estimator (estimator.py): the median of block minima, adaptive in warm-ups,
-repeats and blocks. The profile file is saved after every op, so an interrupted run resumes
-where it stopped.
+Each distinct op signature (op kind, shapes, FLOPs, precision: profile.op_signature) is timed
+once, by the first op that has it, and every op that shares it reads that entry: a model of
+twelve identical blocks costs one block's timings (distinct_todo). Each op runs in isolation on
+the very tensors the traced model feeds it (an fx Interpreter records them). Estimator
+(estimator.py): the median of block minima, adaptive in warm-ups, repeats and blocks; whole
+steps: the median of as many consecutive steps as make it stable (step_profile.
+adaptive_step_times_ms). The progress bar counts seconds of measuring and shows the time left.
+The profile file is saved after every op, so an interrupted run resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ from qsync_opt.runtime.qmodules import SWAPPABLE
 from qsync_opt.runtime.recipe import Recipe
 from qsync_opt.training.predictor.allreduce_profile import collectives, measure_allreduce, measure_ddp_step
 from qsync_opt.training.predictor.colocate import keep_busy, rank_jobs, run_colocated
-from qsync_opt.training.predictor.step_profile import fp32_step, measure_casts, measure_step, measure_steps, steps_key
+from qsync_opt.training.predictor.step_profile import (
+    MIN_STEPS, PROFILE_STEP_WARMUP, fp32_step, measure_casts, measure_step, measure_steps, steps_key)
 
 tr = importlib.import_module("qsync_opt.models.trace")  # the module (models/__init__ exports a function of that name)
 
@@ -141,6 +146,71 @@ def time_op(call, leaves, inplace: bool, clone_ms: float) -> tuple[float, float]
 
 
 # --------------------------------------------------------------------------- one group
+def distinct_todo(gg: OpGraph, precisions, have) -> list[tuple[object, str]]:
+    """(node, precision) to measure: one per distinct op signature (op kind, shapes, FLOPs,
+    precision) of `gg` not already in `have`, the first node that has it standing for every
+    other (selectable ops at each of `precisions`, the others at fp32). The twelve identical
+    blocks of a transformer are measured once, and every op that shares a signature reads the
+    same entry (profile_costs.section_costs looks entries up by signature)."""
+    seen, out = set(have), []
+    for node in gg.nodes:
+        for p in (precisions if node.selectable else ("fp32",)):
+            sig = op_signature(node, p)
+            if sig not in seen:
+                seen.add(sig)
+                out.append((node, p))
+    return out
+
+
+def steps_estimate_s(sec: Section, gg: OpGraph, precisions) -> float:
+    """Seconds the whole steps at `precisions` will take to time, for the progress bar's time
+    left: each step taken as the sum of its ops' times measured so far (ops not yet measured
+    at the mean of those that are), times the fewest steps adaptive_step_times_ms times."""
+    total = 0.0
+    for p in precisions:
+        known = [e["fwd_ms"] + e["bwd_ms"] for node in gg.nodes
+                 if (e := sec.ops.get(op_signature(node, p if node.selectable else "fp32"))) is not None]
+        if known:
+            total += sum(known) * len(gg.nodes) / len(known) * (PROFILE_STEP_WARMUP + MIN_STEPS)
+    return total / 1e3
+
+
+class _Eta:
+    """The profile's progress in seconds of measuring, so that rich's time left is in seconds:
+    the bar advances by the time each op and each timed whole step took, and its total is
+    re-estimated as it goes (the ops left at the mean so far, the steps by steps_estimate_s)."""
+
+    def __init__(self, bar: ProgressBar, ops: int):
+        import time
+
+        self.bar, self.clock = bar, time.perf_counter
+        self.ops_left, self.ops_done = ops, 0
+        self.t = self.start = self.clock()
+        self.steps_left_s = 0.0
+
+    def _tick(self, left_s: float):
+        now = self.clock()
+        self.bar.advance(now - self.t)
+        self.t = now
+        self.bar.set_total(now - self.start + left_s)
+
+    def op_done(self, steps_s: float):
+        self.ops_left, self.ops_done = self.ops_left - 1, self.ops_done + 1
+        self._tick((self.clock() - self.start) / self.ops_done * self.ops_left + steps_s)
+
+    def steps_begin(self, steps_s: float):
+        self.steps_left_s = steps_s
+        self._tick(steps_s)
+
+    def step_done(self, ms: float):
+        self.steps_left_s = max(self.steps_left_s - ms / 1e3, ms / 1e3)  # at least one more, until told done
+        self._tick(self.steps_left_s)
+
+    def close(self):
+        self._tick(0.0)
+        self.bar.close()
+
+
 def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGraph | None = None,
                   progress: bool = True) -> Section:
     """Measure `group`'s ops into the profile at `path` (resuming what it already holds).
@@ -175,10 +245,12 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
     with torch.enable_grad():
         vals.run(*inputs)
     rt = spec.runtime
-    todo = [(node, p) for node in gg.nodes for p in (g.allowed_precisions if node.selectable else ("fp32",))
-            if op_signature(node, p) not in sec.ops]
+    todo = distinct_todo(gg, g.allowed_precisions, sec.ops)
+    skey = steps_key(spec, gg, group)
+    step_ps = [] if skey in sec.steps else list(g.allowed_precisions)
     clone_cache: dict[str, float] = {}
-    bar = ProgressBar(progress, f"profiling {group} ({spec.model.name or 'model'}, batch {lb})", len(todo))
+    eta = _Eta(ProgressBar(progress, f"profiling {group} ({spec.model.name or 'model'}, batch {lb})",
+                           len(todo) + len(step_ps)), len(todo))
     for node, p in todo:
         n = names.get(node.name)
         if n is None:
@@ -199,18 +271,18 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
         fwd, bwd = time_op(call, leaves, inplace, clone_ms)
         sec.ops[op_signature(node, p)] = {"fwd_ms": fwd, "bwd_ms": bwd}
         prof.save(path)
-        bar.advance()
+        eta.op_done(steps_estimate_s(sec, gg, step_ps))
 
     if not sec.casts:
         sec.casts = measure_casts(spec, robust_ms)
     key = step_key(spec.training.optimizer, gg)
     if key not in sec.optimizer:
         sec.optimizer[key] = measure_step(spec, module, inputs)
-    skey = steps_key(spec, gg, group)
-    if skey not in sec.steps:
-        sec.steps[skey] = measure_steps(spec, module, group, gg, g.allowed_precisions)
+    if step_ps:
+        eta.steps_begin(steps_estimate_s(sec, gg, step_ps))
+        sec.steps[skey] = measure_steps(spec, module, group, gg, step_ps, on_step=lambda p, ms: eta.step_done(ms))
     prof.save(path)
-    bar.close()
+    eta.close()
     return sec
 
 
