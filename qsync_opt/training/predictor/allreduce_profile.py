@@ -15,11 +15,11 @@ replayed parts (buffer broadcast in forward, gloo threads taking cores from back
 reducer's bucket copies) is charged once per iteration; a replay above it (the co-located
 profile's companions never wait, a lockstep's faster rank does) is scaled down to it.
 
-Both are measured by `collectives`, which every rank runs in processes spawned here; the
-all-reduce also in the co-located profilers' processes once their profiling is done
-(colocate.py; one round of process start-up fewer). The DDP step is always taken in fresh
-ranks, as `train` starts them: read in the profiling processes it came out a few percent
-low (benchmarks/ddp_step_readings.py).
+Both are measured by `collectives`, which every rank runs: in the co-located profilers'
+processes (colocate.py), the DDP step first of all, while they are as fresh as the ranks
+`train` starts, and the all-reduce once their profiling is done; or in processes spawned here
+(`measure_allreduce`, `measure_ddp_step`). The DDP step is never read in a process after its
+profiling: there it came out a few percent low (benchmarks/ddp_step_readings.py).
 """
 
 from __future__ import annotations

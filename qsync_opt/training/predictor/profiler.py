@@ -46,7 +46,7 @@ from qsync_opt.io import entry_lock
 from qsync_opt.models.from_spec import build_from_spec, input_maker
 from qsync_opt.runtime.qmodules import SWAPPABLE
 from qsync_opt.runtime.recipe import Recipe
-from qsync_opt.training.predictor.allreduce_profile import collectives, measure_allreduce, measure_ddp_step
+from qsync_opt.training.predictor.allreduce_profile import collectives, measure_allreduce
 from qsync_opt.training.predictor.colocate import keep_busy, rank_jobs, run_colocated
 from qsync_opt.training.predictor.step_profile import (
     MIN_STEPS, PROFILE_STEP_WARMUP, fp32_step, measure_casts, measure_step, measure_steps, steps_key)
@@ -318,17 +318,18 @@ def _profile_spec(spec_or_path, path, *, groups, allreduce, progress, log) -> Pr
     every_rank_here = world > 1 and local_ranks(spec) == world
     want_ar = allreduce and world > 1 and (before is None or f"gloo/{world}" not in before.allreduce)
     want_ddp = allreduce and every_rank_here and (before is None or ddp_key(spec) not in before.allreduce)
-    ar_fit = None
+    ar_fit = ddp_ms = None
     if local_ranks(spec) > 1:  # ranks train at once here: time them so (colocate.py)
 
         for g in profile:
             log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
         jobs = rank_jobs(here, profile)
         log(f"co-located: {len(jobs)} processes at once, one per local rank"
+            + ("; first, in them, one fp32 DDP step over every rank, fresh as train starts them" if want_ddp else "")
             + ("; then, in them, the gloo all-reduce" if want_ar and every_rank_here else ""))
-        ar_fit = run_colocated(spec, jobs, Path(path), progress,
-                               lambda g: section_key(g.env, group_threads(g, world), local_ranks(spec)),
-                               allreduce=want_ar and every_rank_here)
+        ar_fit, ddp_ms = run_colocated(spec, jobs, Path(path), progress,
+                                       lambda g: section_key(g.env, group_threads(g, world), local_ranks(spec)),
+                                       allreduce=want_ar and every_rank_here, ddp=want_ddp)
     else:
         for g in profile:
             log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
@@ -339,9 +340,10 @@ def _profile_spec(spec_or_path, path, *, groups, allreduce, progress, log) -> Pr
             log(f"profiling gloo all-reduce over {world} local processes")
             ar_fit = measure_allreduce(world)
         prof.allreduce[f"gloo/{world}"] = ar_fit
-    if want_ddp:  # in fresh ranks, as train starts them (colocate.run_colocated says why)
-        log(f"profiling one fp32 DDP step over the {world} ranks, in fresh processes as train starts them")
-        prof.allreduce[ddp_key(spec)] = {"fp32_ms": measure_ddp_step(spec)}
+    if want_ddp:  # every rank here, so the co-located processes took it (colocate.run_colocated)
+        if ddp_ms is None:
+            raise ProfileError("profiler: the co-located ranks wrote no fp32 DDP step; see the messages above")
+        prof.allreduce[ddp_key(spec)] = {"fp32_ms": ddp_ms}
     prof.save(path)
     return prof
 
@@ -369,19 +371,23 @@ def _run_group_subprocess(spec: JobSpec, src, g, path, progress: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Subprocess entry: `python -m qsync_opt.training.predictor.profiler SPEC.json GROUP PROFILE [--quiet]
-    [--busy DIR --peers N [--busy-only] [--rank R --world W --allreduce]]` (colocate.py: keep
-    running steps until N profilers are done, then time the gloo all-reduce with every rank)."""
+    [--busy DIR --peers N [--busy-only] [--rank R --world W [--ddp] [--allreduce]]]` (colocate.py:
+    with --ddp first take the fp32 DDP step with every rank; profile; keep running steps until N
+    profilers are done; then with --allreduce time the gloo all-reduce with every rank)."""
     argv = sys.argv[1:] if argv is None else argv
     spec_file, group, path = argv[:3]
     busy = Path(argv[argv.index("--busy") + 1]) if "--busy" in argv else None
     try:
         spec = load_spec(spec_file)
+        if busy is not None and "--ddp" in argv:  # before anything else runs here: as fresh as train's ranks
+            collectives(spec, int(argv[argv.index("--rank") + 1]), int(argv[argv.index("--world") + 1]),
+                        f"file://{busy / 'store-ddp'}", busy, ar=False, ddp=True)
         if "--busy-only" not in argv:
             profile_group(spec, group, path, progress="--quiet" not in argv)
         if busy is not None:
             keep_busy(fp32_step(spec, group), busy, int(argv[argv.index("--peers") + 1]),
                       done_name=None if "--busy-only" in argv else group)
-            if "--allreduce" in argv:  # every rank, together (the DDP step is taken in fresh ranks)
+            if "--allreduce" in argv:  # every rank, together
                 collectives(spec, int(argv[argv.index("--rank") + 1]), int(argv[argv.index("--world") + 1]),
                             f"file://{busy / 'store'}", busy, ar=True, ddp=False)
     except SpecError as e:
