@@ -17,7 +17,8 @@ the very tensors the traced model feeds it (an fx Interpreter records them). Est
 (estimator.py): the median of block minima, adaptive in warm-ups, repeats and blocks; whole
 steps: the median of as many consecutive steps as make it stable (step_profile.
 adaptive_step_times_ms). The progress bar counts seconds of measuring and shows the time left.
-The profile file is saved after every op, so an interrupted run resumes where it stopped.
+The profile file is saved every SAVE_EVERY_S seconds of op timings, so an interrupted run resumes
+where it stopped, less that much.
 """
 
 from __future__ import annotations
@@ -146,6 +147,10 @@ def time_op(call, leaves, inplace: bool, clone_ms: float) -> tuple[float, float]
 
 
 # --------------------------------------------------------------------------- one group
+#: Seconds of op timings between two saves of the profile file (each save rewrites and fsyncs it).
+SAVE_EVERY_S = 1.0
+
+
 def distinct_todo(gg: OpGraph, precisions, have) -> list[tuple[object, str]]:
     """(node, precision) to measure: one per distinct op signature (op kind, shapes, FLOPs,
     precision) of `gg` not already in `have`, the first node that has it standing for every
@@ -251,6 +256,7 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
     clone_cache: dict[str, float] = {}
     eta = _Eta(ProgressBar(progress, f"profiling {group} ({spec.model.name or 'model'}, batch {lb})",
                            len(todo) + len(step_ps)), len(todo))
+    saved = eta.clock()
     for node, p in todo:
         n = names.get(node.name)
         if n is None:
@@ -270,7 +276,9 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
             clone_ms = clone_cache.setdefault(key, robust_ms(lambda: x.clone()))
         fwd, bwd = time_op(call, leaves, inplace, clone_ms)
         sec.ops[op_signature(node, p)] = {"fwd_ms": fwd, "bwd_ms": bwd}
-        prof.save(path)
+        if eta.clock() - saved >= SAVE_EVERY_S:  # an interrupted run loses at most that much
+            prof.save(path)
+            saved = eta.clock()
         eta.op_done(steps_estimate_s(sec, gg, step_ps))
 
     if not sec.casts:

@@ -126,10 +126,12 @@ def step_median_ms(step, *, warmup: int = STEP_WARMUP, calls: int | None = None)
 
 
 #: The profiler's whole steps (adaptive_step_times_ms): at least MIN_STEPS timed, at most
-#: MAX_STEPS, stopping as soon as their median is stable to STEP_TOLERANCE (relative). Never more
-#: than the estimator's blocks × repeats, so QSYNC_OPT_PROFILE_BLOCKS/_REPEATS cap them too.
+#: MAX_STEPS, stopping as soon as their median is stable to STEP_TOLERANCE (relative). Three is
+#: the fewest whose median rejects one outlier; the median of three that agree within the
+#: tolerance is stable (median_settled), noisier steps take more. Never more than the estimator's
+#: blocks × repeats, so QSYNC_OPT_PROFILE_BLOCKS/_REPEATS cap them too.
 MAX_STEPS = min(15, BLOCKS * REPEATS)
-MIN_STEPS = min(5, MAX_STEPS)
+MIN_STEPS = min(3, MAX_STEPS)
 STEP_TOLERANCE = 0.02
 #: Untimed steps before the profiler's adaptive timing: the first allocates the optimizer's
 #: state and the allocator's pools; from the second on a step is a warm one, and one that is
