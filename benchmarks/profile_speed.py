@@ -125,6 +125,7 @@ def main(argv=None) -> int:
     spec = Path(a.spec).resolve()
     if not spec.is_file():
         ap.error(f"--spec {a.spec}: no such file")
+    shown = spec.relative_to(ROOT) if spec.is_relative_to(ROOT) else spec
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     new_rev = head.stdout.strip() or "?"
 
@@ -147,7 +148,7 @@ def main(argv=None) -> int:
             prev_old = old
 
     olds, news = [float(x["old_s"]) for x in rows], [float(x["new_s"]) for x in rows]
-    header = [f"# PYTHONPATH=. python benchmarks/profile_speed.py --out {a.out} --spec {a.spec} --rounds {a.rounds} "
+    header = [f"# PYTHONPATH=. python benchmarks/profile_speed.py --out {a.out} --spec {shown} --rounds {a.rounds} "
               f"--old {a.old}" + (" --smoke" if a.smoke else ""),
               f"# old {a.old}, new {new_rev}; CPU {cpu_model()}, {os.cpu_count()} cores; 1-min load before each run "
               f"in load_old/load_new, {'/'.join(f'{x:.2f}' for x in os.getloadavg())} at the end",
