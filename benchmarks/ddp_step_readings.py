@@ -6,7 +6,8 @@ measures, every plan would be under-predicted alike. Each round reads the same s
 spec's fp32 plan, back to back:
 
   profiler  `qsync-opt profile` from an empty profile: the DDP step as the profile stores it
-            (until 7d2b9d8 taken in the co-located profiling processes; since, in fresh ranks)
+            (until 7d2b9d8 taken in the co-located profiling processes after their profiling; then
+            in fresh ranks; since 22e22f6 in the co-located processes before they profile)
   spawned   allreduce_profile.measure_ddp_step: fresh ranks that only take that step
   train     qsync_opt.training.runtime.launch.run_job, `--steps` steps, the median lockstep step
             (run_stages.measured_iteration_ms), as `qsync-opt run` reports it

@@ -53,6 +53,7 @@ WRITES = {
     "mixing_additivity.py": ["mixing_additivity.csv"],
     "predictor.py": ["predictor.csv", "indicators.csv", "predictor_scatter.png"],
     "predictor_cpu_tiny.py": ["cpu_tiny_predict_vs_train.csv"],
+    "profile_speed.py": ["profile_speed.csv"],
     "report_pictures.py": ["cpu_tiny_precisions.png", "cpu_tiny_curves.png", "cpu_tiny_timeline.png",
                            "resnet50_timeline.png", "resnet50_precisions.png"],
     "rollout.py": ["rollout.csv", "rollout_rounds.csv", "rollout_repack.csv"],

@@ -8,17 +8,18 @@ The DDP step (`measure_ddp_step`): every rank of the spec, each with its group's
 threads, trains the model at fp32 under DistributedDataParallel exactly as the trainer's
 timed step does (zero_grad, forward, loss, backward with the bucket all-reduces, optimizer
 step, the scalar all-reduce), one barrier, then consecutive steps; the median over steps of
-the slowest rank's time is the lockstep step, as `train` reads its iterations. The replay
+the slowest rank's time is the lockstep step, as `train` reads its iterations (as many steps
+as make that median stable: step_profile.adaptive_step_times_ms). The replay
 of the same plan is brought to it (profile_costs.ddp_calibrate): what DDP adds beyond the
 replayed parts (buffer broadcast in forward, gloo threads taking cores from backward, the
 reducer's bucket copies) is charged once per iteration; a replay above it (the co-located
 profile's companions never wait, a lockstep's faster rank does) is scaled down to it.
 
-Both are measured by `collectives`, which every rank runs in processes spawned here; the
-all-reduce also in the co-located profilers' processes once their profiling is done
-(colocate.py; one round of process start-up fewer). The DDP step is always taken in fresh
-ranks, as `train` starts them: read in the profiling processes it came out a few percent
-low (benchmarks/ddp_step_readings.py).
+Both are measured by `collectives`, which every rank runs: in the co-located profilers'
+processes (colocate.py), the DDP step first of all, while they are as fresh as the ranks
+`train` starts, and the all-reduce once their profiling is done; or in processes spawned here
+(`measure_allreduce`, `measure_ddp_step`). The DDP step is never read in a process after its
+profiling: there it came out a few percent low (benchmarks/ddp_step_readings.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import NamedTuple
 import torch
 
 from qsync_opt.training.predictor.measuring import ddp_key, fit_line as _fit_line, group_threads, robust_ms  # noqa: F401 (ddp_key re-exported)
-from qsync_opt.training.predictor.step_profile import lockstep_median_ms, loop_step, step_times_ms
+from qsync_opt.training.predictor.step_profile import STEP_WARMUP, adaptive_step_times_ms, lockstep_median_ms, loop_step
 from qsync_opt.runtime import process_exit
 from qsync_opt.training.runtime.launch import free_port
 from qsync_opt.training.runtime.trainer import build_rank_model, make_optimizer
@@ -67,10 +68,16 @@ def ddp_step_times_ms(spec, rank: int) -> list[float]:
     opt = make_optimizer(spec.training, model.parameters())
     step = loop_step(spec, rank, DDP(model), opt, all_reduce_loss=True)
 
+    def slowest(ms: float) -> float:  # outside the timed call: every rank sees the lockstep's time
+        t = torch.tensor([ms], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t)
+
     # one barrier, then back-to-back steps as a trainer runs them (each all-reduce keeps the
-    # lockstep); fixed counts, so step k of every rank is the same iteration (read_results)
+    # lockstep); every rank stops after the same step, so step k of every rank is the same
+    # iteration (read_results), once the lockstep's median is stable
     dist.barrier()
-    return step_times_ms(step)
+    return adaptive_step_times_ms(step, warmup=STEP_WARMUP, agree=slowest)
 
 
 def collectives(spec, rank: int, world: int, init_method: str, out_dir: Path, *, ar: bool, ddp: bool) -> None:

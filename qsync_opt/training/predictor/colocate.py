@@ -9,6 +9,11 @@ companion for every other rank, which only runs that group's whole fp32 training
 process that finishes keeps running that step until every profiler is done, so no group is
 timed on a machine emptier than training will leave it. Each profiler writes its own part
 file (concurrent writers would lose each other's entries), merged into the profile at the end.
+
+When every rank of the cluster runs here, these processes are the cluster's ranks: before
+profiling, while each is as fresh as a rank `train` starts (imported, nothing run), they take
+the fp32 DDP step together; after it, the gloo all-reduce (allreduce_profile.collectives). One
+round of process start-up for all three, not one more for the DDP step.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import time
 from pathlib import Path
 
 from qsync_opt.training.predictor.profile import Profile, ProfileError, load_profile
-from qsync_opt.training.predictor.allreduce_profile import read_results
+from qsync_opt.training.predictor.allreduce_profile import Collectives, read_results
 from qsync_opt.training.predictor.measuring import group_threads
 
 #: A companion stops after this long even if a profiler never reports (e.g. it was killed).
@@ -42,14 +47,15 @@ def rank_jobs(local: list, profile: list) -> list[tuple[object, bool]]:
 
 
 def run_colocated(spec, jobs: list[tuple[object, bool]], path: Path, progress: bool, key_of,
-                  *, allreduce: bool = False) -> dict | None:
+                  *, allreduce: bool = False, ddp: bool = False) -> Collectives:
     """Start every job's process at once, wait for all, merge the profilers' parts into `path`
-    (`key_of(group)`: the section a group's profiler writes). With `allreduce` (jobs must then
-    be the cluster's ranks, in rank order), the processes go on to time the gloo all-reduce
-    together (allreduce_profile.collectives) and its fit is returned; None otherwise. The fp32
-    DDP step is not taken here but in fresh ranks (profiler.profile_spec): read in these
-    processes after their profiling, it came out a median 8% below what `train` then measured
-    (benchmarks/ddp_step_readings.py), fresh ranks 3% above."""
+    (`key_of(group)`: the section a group's profiler writes), and return what the processes
+    timed together (None where not asked). With `ddp` or `allreduce`, jobs must be the
+    cluster's ranks, in rank order. `ddp`: first of all, before any profiling, one fp32 DDP step
+    (allreduce_profile.collectives), while the processes are as fresh as the ranks `train`
+    starts: read in them after their profiling instead, it came out a median 8% below what
+    `train` then measured (benchmarks/ddp_step_readings.py), in fresh ranks 3% above.
+    `allreduce`: once every profiler is done, the gloo all-reduce fit."""
 
     path = Path(path)
     with tempfile.TemporaryDirectory() as d:
@@ -72,8 +78,10 @@ def run_colocated(spec, jobs: list[tuple[object, bool]], path: Path, progress: b
                     "--busy", str(busy), "--peers", str(peers)]
             if not prof:
                 argv.append("--busy-only")
-            if allreduce:
-                argv += ["--rank", str(i), "--world", str(len(jobs)), "--allreduce"]
+            if allreduce or ddp:
+                argv += ["--rank", str(i), "--world", str(len(jobs))]
+                argv += ["--allreduce"] if allreduce else []
+                argv += ["--ddp"] if ddp else []
             if not progress or i:  # one progress bar on the terminal, not interleaved ones
                 argv.append("--quiet")
             procs.append((g, prof, subprocess.Popen(argv, env=env)))
@@ -81,9 +89,9 @@ def run_colocated(spec, jobs: list[tuple[object, bool]], path: Path, progress: b
         if bad:
             raise ProfileError(f"profiler: group(s) {', '.join(f'{n} (exit {rc})' for n, rc in bad)} failed; "
                                "see the messages above (measured entries are kept and resumed next time)")
-        fitted = read_results(busy, len(jobs)).allreduce_fit
+        got = read_results(busy, len(jobs))
     merge_parts(path, [(part, key_of(g)) for g, part in parts])
-    return fitted
+    return got
 
 
 def merge_parts(path: Path, parts: list[tuple[Path, str]]) -> None:

@@ -45,21 +45,31 @@ def fit_line(xs, ys) -> tuple[float, float]:
 
 
 class ProgressBar:
-    """A rich progress bar on stderr (silent when off): the profiler's ops, the auto indicator's warm-up."""
+    """A rich progress bar on stderr (silent when off): the profiler's ops and whole steps, the auto
+    indicator's warm-up. Shows the time elapsed and rich's estimate of the time left (the units
+    done per second so far, over the units left), so a caller whose units differ in cost scales
+    them to one another (`advance(amount)`, `set_total`)."""
 
-    def __init__(self, on: bool, label: str, total: int):
+    def __init__(self, on: bool, label: str, total: float):
         self.p = None
         if on and total:
             from rich.console import Console
-            from rich.progress import Progress
+            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-            self.p = Progress(console=Console(stderr=True), transient=False)
+            self.p = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                              TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                              console=Console(stderr=True), transient=False)
             self.p.start()
             self.task = self.p.add_task(label, total=total)
 
-    def advance(self):
+    def advance(self, amount: float = 1.0):
         if self.p:
-            self.p.advance(self.task)
+            self.p.advance(self.task, amount)
+
+    def set_total(self, total: float):
+        """The work's new size, once what is left is better known."""
+        if self.p:
+            self.p.update(self.task, total=total)
 
     def close(self):
         if self.p:

@@ -10,10 +10,15 @@ step per precision (step_profile.py: what the isolated ops miss). When several r
 here, all their processes run at once (colocate.py), and then time, together, a gloo
 all-reduce fit α + β·bytes and one whole fp32 DDP step (allreduce_profile.py).
 
-Each op runs in isolation on the very tensors the traced model feeds it (an fx Interpreter
-records them). Estimator (estimator.py): the median of block minima, adaptive in warm-ups,
-repeats and blocks. The profile file is saved after every op, so an interrupted run resumes
-where it stopped.
+Each distinct op signature (op kind, shapes, FLOPs, precision: profile.op_signature) is timed
+once, by the first op that has it, and every op that shares it reads that entry: a model of
+twelve identical blocks costs one block's timings (distinct_todo). Each op runs in isolation on
+the very tensors the traced model feeds it (an fx Interpreter records them). Estimator
+(estimator.py): the median of block minima, adaptive in warm-ups, repeats and blocks; whole
+steps: the median of as many consecutive steps as make it stable (step_profile.
+adaptive_step_times_ms). The progress bar counts seconds of measuring and shows the time left.
+The profile file is saved every SAVE_EVERY_S seconds of op timings, so an interrupted run resumes
+where it stopped, less that much.
 """
 
 from __future__ import annotations
@@ -42,9 +47,10 @@ from qsync_opt.io import entry_lock
 from qsync_opt.models.from_spec import build_from_spec, input_maker
 from qsync_opt.runtime.qmodules import SWAPPABLE
 from qsync_opt.runtime.recipe import Recipe
-from qsync_opt.training.predictor.allreduce_profile import collectives, measure_allreduce, measure_ddp_step
+from qsync_opt.training.predictor.allreduce_profile import collectives, measure_allreduce
 from qsync_opt.training.predictor.colocate import keep_busy, rank_jobs, run_colocated
-from qsync_opt.training.predictor.step_profile import fp32_step, measure_casts, measure_step, measure_steps, steps_key
+from qsync_opt.training.predictor.step_profile import (
+    MIN_STEPS, PROFILE_STEP_WARMUP, fp32_step, measure_casts, measure_step, measure_steps, steps_key)
 
 tr = importlib.import_module("qsync_opt.models.trace")  # the module (models/__init__ exports a function of that name)
 
@@ -141,6 +147,75 @@ def time_op(call, leaves, inplace: bool, clone_ms: float) -> tuple[float, float]
 
 
 # --------------------------------------------------------------------------- one group
+#: Seconds of op timings between two saves of the profile file (each save rewrites and fsyncs it).
+SAVE_EVERY_S = 1.0
+
+
+def distinct_todo(gg: OpGraph, precisions, have) -> list[tuple[object, str]]:
+    """(node, precision) to measure: one per distinct op signature (op kind, shapes, FLOPs,
+    precision) of `gg` not already in `have`, the first node that has it standing for every
+    other (selectable ops at each of `precisions`, the others at fp32). The twelve identical
+    blocks of a transformer are measured once, and every op that shares a signature reads the
+    same entry (profile_costs.section_costs looks entries up by signature)."""
+    seen, out = set(have), []
+    for node in gg.nodes:
+        for p in (precisions if node.selectable else ("fp32",)):
+            sig = op_signature(node, p)
+            if sig not in seen:
+                seen.add(sig)
+                out.append((node, p))
+    return out
+
+
+def steps_estimate_s(sec: Section, gg: OpGraph, precisions) -> float:
+    """Seconds the whole steps at `precisions` will take to time, for the progress bar's time
+    left: each step taken as the sum of its ops' times measured so far (ops not yet measured
+    at the mean of those that are), times the fewest steps adaptive_step_times_ms times."""
+    total = 0.0
+    for p in precisions:
+        known = [e["fwd_ms"] + e["bwd_ms"] for node in gg.nodes
+                 if (e := sec.ops.get(op_signature(node, p if node.selectable else "fp32"))) is not None]
+        if known:
+            total += sum(known) * len(gg.nodes) / len(known) * (PROFILE_STEP_WARMUP + MIN_STEPS)
+    return total / 1e3
+
+
+class _Eta:
+    """The profile's progress in seconds of measuring, so that rich's time left is in seconds:
+    the bar advances by the time each op and each timed whole step took, and its total is
+    re-estimated as it goes (the ops left at the mean so far, the steps by steps_estimate_s)."""
+
+    def __init__(self, bar: ProgressBar, ops: int):
+        import time
+
+        self.bar, self.clock = bar, time.perf_counter
+        self.ops_left, self.ops_done = ops, 0
+        self.t = self.start = self.clock()
+        self.steps_left_s = 0.0
+
+    def _tick(self, left_s: float):
+        now = self.clock()
+        self.bar.advance(now - self.t)
+        self.t = now
+        self.bar.set_total(now - self.start + left_s)
+
+    def op_done(self, steps_s: float):
+        self.ops_left, self.ops_done = self.ops_left - 1, self.ops_done + 1
+        self._tick((self.clock() - self.start) / self.ops_done * self.ops_left + steps_s)
+
+    def steps_begin(self, steps_s: float):
+        self.steps_left_s = steps_s
+        self._tick(steps_s)
+
+    def step_done(self, ms: float):
+        self.steps_left_s = max(self.steps_left_s - ms / 1e3, ms / 1e3)  # at least one more, until told done
+        self._tick(self.steps_left_s)
+
+    def close(self):
+        self._tick(0.0)
+        self.bar.close()
+
+
 def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGraph | None = None,
                   progress: bool = True) -> Section:
     """Measure `group`'s ops into the profile at `path` (resuming what it already holds).
@@ -175,10 +250,13 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
     with torch.enable_grad():
         vals.run(*inputs)
     rt = spec.runtime
-    todo = [(node, p) for node in gg.nodes for p in (g.allowed_precisions if node.selectable else ("fp32",))
-            if op_signature(node, p) not in sec.ops]
+    todo = distinct_todo(gg, g.allowed_precisions, sec.ops)
+    skey = steps_key(spec, gg, group)
+    step_ps = [] if skey in sec.steps else list(g.allowed_precisions)
     clone_cache: dict[str, float] = {}
-    bar = ProgressBar(progress, f"profiling {group} ({spec.model.name or 'model'}, batch {lb})", len(todo))
+    eta = _Eta(ProgressBar(progress, f"profiling {group} ({spec.model.name or 'model'}, batch {lb})",
+                           len(todo) + len(step_ps)), len(todo))
+    saved = eta.clock()
     for node, p in todo:
         n = names.get(node.name)
         if n is None:
@@ -198,19 +276,21 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
             clone_ms = clone_cache.setdefault(key, robust_ms(lambda: x.clone()))
         fwd, bwd = time_op(call, leaves, inplace, clone_ms)
         sec.ops[op_signature(node, p)] = {"fwd_ms": fwd, "bwd_ms": bwd}
-        prof.save(path)
-        bar.advance()
+        if eta.clock() - saved >= SAVE_EVERY_S:  # an interrupted run loses at most that much
+            prof.save(path)
+            saved = eta.clock()
+        eta.op_done(steps_estimate_s(sec, gg, step_ps))
 
     if not sec.casts:
         sec.casts = measure_casts(spec, robust_ms)
     key = step_key(spec.training.optimizer, gg)
     if key not in sec.optimizer:
         sec.optimizer[key] = measure_step(spec, module, inputs)
-    skey = steps_key(spec, gg, group)
-    if skey not in sec.steps:
-        sec.steps[skey] = measure_steps(spec, module, group, gg, g.allowed_precisions)
+    if step_ps:
+        eta.steps_begin(steps_estimate_s(sec, gg, step_ps))
+        sec.steps[skey] = measure_steps(spec, module, group, gg, step_ps, on_step=lambda p, ms: eta.step_done(ms))
     prof.save(path)
-    bar.close()
+    eta.close()
     return sec
 
 
@@ -246,17 +326,18 @@ def _profile_spec(spec_or_path, path, *, groups, allreduce, progress, log) -> Pr
     every_rank_here = world > 1 and local_ranks(spec) == world
     want_ar = allreduce and world > 1 and (before is None or f"gloo/{world}" not in before.allreduce)
     want_ddp = allreduce and every_rank_here and (before is None or ddp_key(spec) not in before.allreduce)
-    ar_fit = None
+    ar_fit = ddp_ms = None
     if local_ranks(spec) > 1:  # ranks train at once here: time them so (colocate.py)
 
         for g in profile:
             log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
         jobs = rank_jobs(here, profile)
         log(f"co-located: {len(jobs)} processes at once, one per local rank"
+            + ("; first, in them, one fp32 DDP step over every rank, fresh as train starts them" if want_ddp else "")
             + ("; then, in them, the gloo all-reduce" if want_ar and every_rank_here else ""))
-        ar_fit = run_colocated(spec, jobs, Path(path), progress,
-                               lambda g: section_key(g.env, group_threads(g, world), local_ranks(spec)),
-                               allreduce=want_ar and every_rank_here)
+        ar_fit, ddp_ms = run_colocated(spec, jobs, Path(path), progress,
+                                       lambda g: section_key(g.env, group_threads(g, world), local_ranks(spec)),
+                                       allreduce=want_ar and every_rank_here, ddp=want_ddp)
     else:
         for g in profile:
             log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
@@ -267,9 +348,10 @@ def _profile_spec(spec_or_path, path, *, groups, allreduce, progress, log) -> Pr
             log(f"profiling gloo all-reduce over {world} local processes")
             ar_fit = measure_allreduce(world)
         prof.allreduce[f"gloo/{world}"] = ar_fit
-    if want_ddp:  # in fresh ranks, as train starts them (colocate.run_colocated says why)
-        log(f"profiling one fp32 DDP step over the {world} ranks, in fresh processes as train starts them")
-        prof.allreduce[ddp_key(spec)] = {"fp32_ms": measure_ddp_step(spec)}
+    if want_ddp:  # every rank here, so the co-located processes took it (colocate.run_colocated)
+        if ddp_ms is None:
+            raise ProfileError("profiler: the co-located ranks wrote no fp32 DDP step; see the messages above")
+        prof.allreduce[ddp_key(spec)] = {"fp32_ms": ddp_ms}
     prof.save(path)
     return prof
 
@@ -297,19 +379,23 @@ def _run_group_subprocess(spec: JobSpec, src, g, path, progress: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Subprocess entry: `python -m qsync_opt.training.predictor.profiler SPEC.json GROUP PROFILE [--quiet]
-    [--busy DIR --peers N [--busy-only] [--rank R --world W --allreduce]]` (colocate.py: keep
-    running steps until N profilers are done, then time the gloo all-reduce with every rank)."""
+    [--busy DIR --peers N [--busy-only] [--rank R --world W [--ddp] [--allreduce]]]` (colocate.py:
+    with --ddp first take the fp32 DDP step with every rank; profile; keep running steps until N
+    profilers are done; then with --allreduce time the gloo all-reduce with every rank)."""
     argv = sys.argv[1:] if argv is None else argv
     spec_file, group, path = argv[:3]
     busy = Path(argv[argv.index("--busy") + 1]) if "--busy" in argv else None
     try:
         spec = load_spec(spec_file)
+        if busy is not None and "--ddp" in argv:  # before anything else runs here: as fresh as train's ranks
+            collectives(spec, int(argv[argv.index("--rank") + 1]), int(argv[argv.index("--world") + 1]),
+                        f"file://{busy / 'store-ddp'}", busy, ar=False, ddp=True)
         if "--busy-only" not in argv:
             profile_group(spec, group, path, progress="--quiet" not in argv)
         if busy is not None:
             keep_busy(fp32_step(spec, group), busy, int(argv[argv.index("--peers") + 1]),
                       done_name=None if "--busy-only" in argv else group)
-            if "--allreduce" in argv:  # every rank, together (the DDP step is taken in fresh ranks)
+            if "--allreduce" in argv:  # every rank, together
                 collectives(spec, int(argv[argv.index("--rank") + 1]), int(argv[argv.index("--world") + 1]),
                             f"file://{busy / 'store'}", busy, ar=True, ddp=False)
     except SpecError as e:

@@ -125,6 +125,62 @@ def step_median_ms(step, *, warmup: int = STEP_WARMUP, calls: int | None = None)
     return statistics.median(step_times_ms(step, warmup=warmup, calls=calls))
 
 
+#: The profiler's whole steps (adaptive_step_times_ms): at least MIN_STEPS timed, at most
+#: MAX_STEPS, stopping as soon as their median is stable to STEP_TOLERANCE (relative). Three is
+#: the fewest whose median rejects one outlier; the median of three that agree within the
+#: tolerance is stable (median_settled), noisier steps take more. Never more than the estimator's
+#: blocks × repeats, so QSYNC_OPT_PROFILE_BLOCKS/_REPEATS cap them too.
+MAX_STEPS = min(15, BLOCKS * REPEATS)
+MIN_STEPS = min(3, MAX_STEPS)
+STEP_TOLERANCE = 0.02
+#: Untimed steps before the profiler's adaptive timing: the first allocates the optimizer's
+#: state and the allocator's pools; from the second on a step is a warm one, and one that is
+#: still slow is an outlier the median discards.
+PROFILE_STEP_WARMUP = 1
+
+
+def median_settled(times: list[float], tol: float = STEP_TOLERANCE, *, last: int = 2) -> bool:
+    """Whether the median of `times` is stable to `tol`: neither of the `last` latest values
+    moved it by more than tol × median (the median without the latest k, k = 1..last)."""
+    import statistics
+
+    n = len(times)
+    if n <= last:
+        return False
+    med = statistics.median(times)
+    return all(abs(med - statistics.median(times[:n - k])) <= tol * med for k in range(1, last + 1))
+
+
+def adaptive_step_times_ms(step, *, warmup: int = PROFILE_STEP_WARMUP, least: int = MIN_STEPS,
+                           most: int = MAX_STEPS, tol: float = STEP_TOLERANCE, agree=None,
+                           on_step=None, clock=None) -> list[float]:
+    """ms of consecutive steps after `warmup` untimed ones: at least `least`, then until the median
+    is stable to `tol` (median_settled), at most `most`.
+
+    `agree(ms) -> ms`, when given, maps each step's time to the one every rank of a DDP group
+    sees (the slowest rank's, through an all-reduce outside the timed call), so that every rank
+    stops after the same step; the times returned are still this rank's own. `on_step(ms)` is
+    told each timed step (progress). `clock`: seconds, time.perf_counter by default (tests script it)."""
+    import time
+
+    clock = clock or time.perf_counter
+    for _ in range(warmup):
+        step()
+    own: list[float] = []
+    seen: list[float] = []
+    while len(own) < most:
+        t = clock()
+        step()
+        ms = (clock() - t) * 1e3
+        own.append(ms)
+        seen.append(agree(ms) if agree else ms)
+        if on_step:
+            on_step(ms)
+        if len(seen) >= least and median_settled(seen, tol):
+            break
+    return own
+
+
 def lockstep_median_ms(per_rank: list[list[float]]) -> float:
     """Median over steps of the slowest rank's time: how `train` reads a DDP iteration
     (run_stages.measured_iteration_ms), rather than the slowest rank's median."""
@@ -133,12 +189,24 @@ def lockstep_median_ms(per_rank: list[list[float]]) -> float:
     return statistics.median(max(ts) for ts in zip(*per_rank, strict=True))
 
 
-def measure_steps(spec, module: nn.Module, group: str, gg: OpGraph, precisions) -> dict[str, float]:
+def measure_steps(spec, module: nn.Module, group: str, gg: OpGraph, precisions, *, on_step=None) -> dict[str, float]:
     """precision -> ms of one whole training step of `group`'s first rank with every selectable op
-    at that precision (step_median_ms: the adaptive estimator would time a whole step too few times
-    per block)."""
+    at that precision: the median of consecutive steps, as `train` reads its iterations
+    (step_median_ms), as many as make it stable (adaptive_step_times_ms; the block-minimum
+    estimator would time a whole step too few times per block). `on_step(precision, ms)` is told
+    each timed step.
+
+    One whole step per precision, because that is what the cost model needs (profile_costs.
+    step_terms): the gap between a uniform-p step and the sum of its isolated ops is per precision
+    (the quantized modules dispatch more small ops), and uniform plans are costed at these steps."""
+    import statistics
+
     rank = spec.cluster.first_rank(group)
-    return {p: step_median_ms(make_step(spec, module, rank, gg, p)) for p in precisions}
+    out = {}
+    for p in precisions:
+        tell = (lambda ms, p=p: on_step(p, ms)) if on_step else None
+        out[p] = statistics.median(adaptive_step_times_ms(make_step(spec, module, rank, gg, p), on_step=tell))
+    return out
 
 
 def fp32_step(spec, group: str):

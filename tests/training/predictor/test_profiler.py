@@ -68,3 +68,29 @@ def test_unknown_group_is_named(tmp_path):
 
     with pytest.raises(SpecError, match="'nope'"):
         profiler.profile_group(load_spec(SPEC), "nope", tmp_path / "p.json", progress=False)
+
+
+TWELVE = """
+cluster:
+  groups: [{name: here, device: cpu-local, precisions: [fp32, int8], env: {OMP_NUM_THREADS: "1"}}]
+model: {name: tiny-gpt2, kwargs: {layers: 12}}
+training: {global_batch: 2, optimizer: sgd, seq_len: 16}
+"""
+
+
+def test_a_twelve_block_model_measures_each_distinct_op_once(tmp_path, monkeypatch):
+    """Twelve identical blocks: every (op kind, shapes, precision) is timed once, by one of the
+    ops that have it, and every op of every block finds its entry."""
+    monkeypatch.setattr(measuring, "BLOCKS", 1)
+    monkeypatch.setattr(measuring, "REPEATS", 1)
+    spec = load_spec(TWELVE)
+    gg = _graph(spec).for_batch(2)
+    want = [op_signature(n, p) for n in gg.nodes for p in (("fp32", "int8") if n.selectable else ("fp32",))]
+    assert sum(n.kind == "linear" for n in gg.selectable) >= 12 * 4  # the blocks are there
+    timed = []
+    real = profiler.time_op
+    monkeypatch.setattr(profiler, "time_op", lambda *a: timed.append(1) or real(*a))
+    sec = profiler.profile_group(spec, "here", tmp_path / "p.json", graph=_graph(spec), progress=False)
+    assert set(want) <= set(sec.ops)  # every op of every block has its entry, from an empty profile ...
+    assert len(timed) == len(set(want))  # ... so each distinct signature was timed exactly once ...
+    assert len(want) > 6 * len(set(want))  # ... where one per op would have timed six times as many
