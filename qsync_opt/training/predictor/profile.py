@@ -25,14 +25,13 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import os
-import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from qsync_opt.errors import SpecError
+from qsync_opt.hardware.machine import cpu_description, profile_dir
 from qsync_opt.io import atomic_write_text
 from qsync_opt.models.graph import OpGraph, OpNode
 
@@ -40,8 +39,6 @@ FORMAT = "qsync-opt-profile"
 VERSION = 2
 #: What each older version lacks, for the message that refuses it.
 _OLD = {1: "written before whole training steps were measured (the 'steps' the cost model needs)"}
-#: ISA flags that change which CPU kernels run (AMX, AVX-512 variants, VNNI).
-ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_fp16")
 
 
 class ProfileError(SpecError):
@@ -50,21 +47,7 @@ class ProfileError(SpecError):
 
 def machine_description() -> dict:
     """What identifies this machine's kernels: CPU model + ISA flags (and the GPU when present)."""
-    cpu, flags = platform.processor() or platform.machine(), set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name":
-                    cpu = value.strip()
-                elif key == "flags":
-                    flags = set(value.split())
-                if cpu and flags:
-                    break
-    except OSError:
-        pass
-    desc = {"kind": "cpu", "cpu": cpu, "isa": sorted(f for f in ISA_FLAGS if f in flags)}
+    desc = {"kind": "cpu", **cpu_description()}
     if torch.cuda.is_available():
         desc.update(kind="cuda", gpu=torch.cuda.get_device_name(0),
                     capability=".".join(map(str, torch.cuda.get_device_capability(0))))
@@ -225,8 +208,7 @@ def _describe(m: dict) -> str:
 def cache_dir() -> Path:
     """Where profiles and indicator caches live: $QSYNC_OPT_PROFILE_DIR, else $QSYNC_OPT_CACHE,
     else ~/.cache/qsync_opt/profiles (beside the kernel and data caches)."""
-    root = os.environ.get("QSYNC_OPT_PROFILE_DIR") or os.environ.get("QSYNC_OPT_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "qsync_opt" / "profiles"
+    return profile_dir()
 
 
 def default_profile_path() -> Path:
