@@ -32,8 +32,9 @@ from results_table import load_now, write_table  # noqa: E402
 from serving_model import serving_spec as serving_model_spec  # noqa: E402
 from serving_model import trained_llama  # noqa: E402
 
-from qsync_opt.serving import lm, serve  # noqa: E402
+from qsync_opt.serving import serve  # noqa: E402
 from qsync_opt.serving.planner import plan_serving  # noqa: E402
+from qsync_opt.serving.quality_measured import plan_perplexities  # noqa: E402
 from qsync_opt.serving.spec import load_serving_spec  # noqa: E402
 from qsync_opt.serving.weights import build  # noqa: E402
 from qsync_opt.solver.budget import Budget  # noqa: E402
@@ -79,22 +80,6 @@ def policies(job, plan):
     return out
 
 
-def perplexity(job, plan_like, model, windows: int) -> float:
-    import torch
-
-    from qsync_opt.data.text import is_test_file, read_files, stdlib_files
-
-    s = job.serving
-    window = s.prompt_len + s.gen_tokens
-    blob = read_files([f for f in stdlib_files() if is_test_file(f.name)], 2_000_000)
-    # past the bytes the prompts use, so the scored text is not the prompts' own
-    skip = (s.runtime.requests or s.global_batch) * s.prompt_len
-    tokens = torch.frombuffer(bytearray(blob[skip: skip + (windows + 1) * window + 1]), dtype=torch.uint8).to(torch.int64)
-    bits = [b for st in plan_like.stages for b in st.bits]
-    stages = lm.cut(model, [tuple(st.layers) for st in plan_like.stages], bits)
-    return lm.perplexity(stages, tokens, window, max_windows=windows)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -132,10 +117,11 @@ def main(argv=None) -> int:
             runs[name].append(serve.measure(job, p, serve.run_pipeline(job, p, out / f"pipeline-{name}")))
             print(f"  {name} #{rep + 1}: {runs[name][-1]['tokens_per_s']:.1f} tokens/s, served in "
                   f"{time.perf_counter() - t0:.1f} s (load {load_now():.2f})", file=sys.stderr)
+    quality = {r.policy: r for r in plan_perplexities(job, plan, model)}
     for name, p in chosen:
         ms = runs[name]
         med = lambda key: statistics.median(m[key] for m in ms)  # noqa: E731
-        ppl = perplexity(job, p, model, job.serving.runtime.perplexity_windows)
+        ppl = quality[name].perplexity
         rows.append({
             "policy": name, "predicted_tokens_per_s": round(p.prediction.tokens_per_s, 1),
             "measured_tokens_per_s": round(med("tokens_per_s"), 1),

@@ -47,6 +47,10 @@ def run(job: ServingJob, request: RunRequest) -> dict[str, str]:
         "requests", highlight=False)
     served = serve.run_pipeline(job, made, out / "pipeline")
     measured = serve.measure(job, made, served)
+    if job.serving.runtime.perplexity_windows:
+        log(f"[quality] perplexity of the served model on {job.serving.runtime.perplexity_windows} test windows, "
+            "for the plan and every baseline", highlight=False)
+        measured["quality"] = serve.quality(job, made)
     paths["measured"] = str(atomic_write_text(out / "serve.json", json.dumps(measured, indent=2)))
     paths["requests"] = str(atomic_write_text(out / "requests.csv", serve.requests_csv(measured)))
     paths["timeline"] = str(serve.timeline(served, made, out / "timeline.png",

@@ -26,7 +26,7 @@ from qsync_opt.runtime.process_exit import Stopped
 from qsync_opt.runtime.spawn import free_port, spawn_ranks
 from qsync_opt.serving.plan import ServingPlan
 from qsync_opt.serving.spec import ServingJob
-from qsync_opt.serving.weights import ModelSource, family_config, state_file
+from qsync_opt.serving.weights import ModelSource, build, family_config, state_file
 
 START_TIMEOUT_FLOOR_S = 10.0
 
@@ -155,6 +155,15 @@ def run_pipeline(job: ServingJob, plan: ServingPlan, workdir: Path) -> dict:
     return {"stages": stages, "tokens": tok["tokens"], "token_times": tok["token_times"], "wall_s": done.wall_s}
 
 
+def quality(job: ServingJob, plan: ServingPlan) -> list[dict]:
+    """Perplexity of the served (quantised) model on the test text, for the plan, every baseline and uniform
+    16-bit / lowest-bit, beside Σω (serving/quality_measured.py)."""
+    from qsync_opt.serving.quality_measured import plan_perplexities  # import cost: torch and transformers
+
+    return [{"policy": r.policy, "bits": "/".join(map(str, r.bits)), "sigma_omega": r.sigma_omega,
+             "perplexity": r.perplexity} for r in plan_perplexities(job, plan, build(model_source(job)))]
+
+
 def pct(values: list[float], q: float) -> float:
     v = sorted(values)
     return v[min(len(v) - 1, max(0, round(q / 100 * (len(v) - 1))))]
@@ -260,4 +269,14 @@ def report_md(job: ServingJob, plan_text: str, m: dict) -> str:
             f"| time to first token p50 / p99 | | {m['ttft_ms_p50']:.2f} / {m['ttft_ms_p99']:.2f} ms |\n"
             f"| time per output token p50 / p99 | | {tp} ms |\n\n"
             f"{m['requests']} requests in {m['batches']} batch(es), {m['gen_tokens']} tokens each, greedy.\n\n"
-            + "\n".join(rows) + "\n\n![timeline](timeline.png)\n")
+            + "\n".join(rows) + "\n\n![timeline](timeline.png)\n" + quality_md(m.get("quality")))
+
+
+def quality_md(records: list[dict] | None) -> str:
+    if not records:
+        return ""
+    lines = ["", "## Quality, measured", "",
+             "Perplexity of the served (quantised) model on the test text, beside the planner's Σω:", "",
+             "| policy | bits per layer | Σω | perplexity |", "|---|---|---|---|"]
+    lines += [f"| {r['policy']} | {r['bits']} | {r['sigma_omega']:.4g} | {r['perplexity']:.4f} |" for r in records]
+    return "\n".join(lines) + "\n"
