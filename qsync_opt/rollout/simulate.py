@@ -134,6 +134,8 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.tail_extension_s = 0.0
         self.kv_series: list = []
         self.gate_series: list = []  # (time, staleness-rule room in use, of it finished and untrained), per KV sample
+        self.batch_series: list = []  # (time, mean decode batch of busy workers, mean decode stretch), per KV sample
+        self.kinds = list({id(w.c): w.c for w in self.workers}.values())
         self.t_end = 0.0
 
     # ---------------------------------------------------------------- workload

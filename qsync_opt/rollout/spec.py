@@ -202,6 +202,9 @@ class Repack(_Model):
     batch_cap: int = Field(default=64, ge=1, le=4096)
     """Most trajectories a worker decodes together (also the admission cap); at most 4096 (vLLM's
     max_num_seqs is 256 by default: a decode step is priced at every batch size up to the cap)."""
+    choose_cap: bool = False
+    """true: the planner chooses batch_cap (at most the one given) by simulating candidates around the staleness
+    rule's room per rollout, and plans and runs at it (rollout.admission); false: batch_cap as given."""
     interval_s: float = Field(default=2.0, gt=0)
     """Seconds between repack ticks (simulated time)."""
     decision_s: float = Field(default=0.05, ge=0)
