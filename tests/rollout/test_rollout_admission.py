@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 from rollout_cases import job_dict
 
-from qsync_opt.rollout.admission import CHOOSE_TIE_FRAC, cap_candidates, choose_cap, rule_share, with_cap
+from qsync_opt.rollout.admission import (
+    CHOOSE_TIE_FRAC,
+    cap_candidates,
+    choose_cap,
+    rule_share,
+    with_cap,
+)
 from qsync_opt.rollout.plan import solve
 from qsync_opt.rollout.simulate import simulate
 from qsync_opt.rollout.spec import load_rollout_spec
