@@ -13,8 +13,8 @@ with the share of it held by finished trajectories waiting for the trainer, the 
 batch of a busy rollout and how much slower its tokens decode than the single-sequence latency the gate prices
 (SimResult.decode_stretch_mean). With --choose-cap each case's batch cap is also chosen as the planner does under
 rollout.repack.choose_cap (rollout.admission.choose_cap, under repack-best-fit when it is simulated, else
-trajectory-async); where it moves, every policy is simulated again at the chosen cap, its ceilings at that cap
-(rows with that batch_cap).
+trajectory-async), then each slower kind's own cap (rollout.admission.choose_kind_caps); where either moves,
+every policy is simulated again at the chosen caps, its ceilings at them (rows with that batch_cap and kind_caps).
 
     PYTHONPATH=. python benchmarks/rollout_ceilings.py --out DIR [--cases ...] [--sim-steps 50] [--variants ...]
         [--jobs 1] [--choose-cap]
@@ -33,19 +33,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results_table import load_now, write_table  # noqa: E402
 from benchmarks.rollout import ASYNC, CASES, case_job  # noqa: E402
-from qsync_opt.rollout.admission import choose_cap, with_cap  # noqa: E402
+from qsync_opt.rollout.admission import choose_cap, choose_kind_caps, with_cap, with_kind_cap  # noqa: E402
 from qsync_opt.rollout.bounds_staleness import staleness_ceiling  # noqa: E402
 from qsync_opt.rollout.simulate import VARIANTS, simulate  # noqa: E402
 
-COLS = ("case", "eta", "steps", "batch_cap", "policy", "trajectories_per_s", "run_ceiling_tps", "of_run_ceiling",
+COLS = ("case", "eta", "steps", "batch_cap", "kind_caps", "policy", "trajectories_per_s", "run_ceiling_tps", "of_run_ceiling",
         "ceiling_tps", "ceiling_without_rule_tps", "ceiling_trainer_tps", "ceiling_rollout_tps", "ceiling_rule_tps",
         "bound_by", "of_ceiling", "of_ceiling_without_rule", "gate_fill_mean", "gate_waiting_mean",
         "trainer_idle_frac", "rollout_idle_frac", "decode_batch_mean", "decode_stretch_mean")
 
 
-def _job(name, steps, eta, cap=None):
+def _job(name, steps, eta, caps=None):
+    """The case at `caps` = (fleet cap, ((group, its own cap), ...)) or, None, at its spec's."""
     job = case_job(name, steps, eta)
-    return job if cap is None else with_cap(job, cap)
+    if caps is None:
+        return job
+    job = with_cap(job, caps[0])
+    for g, c in caps[1]:
+        job = with_kind_cap(job, g, c)
+    return job
 
 
 def _run(task):
@@ -93,24 +99,27 @@ def main(argv=None) -> int:
         under = "repack-best-fit" if "repack-best-fit" in variants else "trajectory-async"
         for c in args.cases:
             choice = choose_cap(case_job(c, args.sim_steps, args.eta), under)
-            print(f"{c}: {choice.line()}")
-            if choice.changed:
-                extra = [(c, args.sim_steps, args.eta, v, choice.cap) for v in variants]
+            _, kinds = choose_kind_caps(with_cap(case_job(c, args.sim_steps, args.eta), choice.cap), under)
+            print(f"{c}: {choice.line()}" + "".join(f"; {k.line()}" for k in kinds))
+            if choice.changed or any(k.changed for k in kinds):
+                caps = (choice.cap, tuple((k.group, k.cap) for k in kinds if k.changed))
+                extra = [(c, args.sim_steps, args.eta, v, caps) for v in variants]
                 done += _simulate_all(extra, args.jobs)
-                runs.insert(runs.index((c, None)) + 1, (c, choice.cap))
+                runs.insert(runs.index((c, None)) + 1, (c, caps))
     got = {(task[0], task[3], task[4]): figs for task, figs in done}
     rows = []
     print(f"proven ceilings (rollout.bounds_staleness), {args.sim_steps} trainer steps, workload seed of each spec")
     for c, cap_run in runs:
         job = _job(c, args.sim_steps, args.eta, cap_run)
         cap = job.rollout.repack.batch_cap
+        kind_caps = " ".join(f"{w.group}:{w.batch_cap}" for w in job.rollout.workers if w.batch_cap is not None)
         cl = staleness_ceiling(job)
         old = cl.base
         eta = cl.eta
         best = max(ASYNC, key=lambda v: got[(c, v, cap_run)][0])
         b = got[(c, best, cap_run)][0]
         repacked = [v for v in ("repack-best-fit", "repack-program") if v in variants]
-        print(f"\n{c} (η = {eta}, batch cap {cap}): ceiling {cl.tps:.2f} traj/s, bound by the {cl.bound_by} (trainer "
+        print(f"\n{c} (η = {eta}, batch cap {cap}{', ' + kind_caps if kind_caps else ''}): ceiling {cl.tps:.2f} traj/s, bound by the {cl.bound_by} (trainer "
               f"{old.trainer_tps:.2f}, rollouts' hardware {old.rollout_tps:.2f}, staleness rule {cl.rule_tps:.2f}); "
               f"without the rule {old.tps:.2f}" + (f" ({cl.note})" if cl.note else ""))
         for v in variants:
@@ -119,7 +128,7 @@ def main(argv=None) -> int:
             print(f"  {v:17s} {tps:8.2f} traj/s  {tps / run_c:6.1%} of its run's ceiling ({run_c:.2f})  "
                   f"{tps / cl.tps:6.1%} of the long-run one  trainer busy {1 - t_idle:5.1%}  rollouts idle "
                   f"{r_idle:5.1%}  decode batch {batch:6.1f}, tokens {stretch:4.2f}x the single-sequence step{gate}")
-            rows.append({"case": c, "eta": eta, "steps": args.sim_steps, "batch_cap": cap, "policy": v,
+            rows.append({"case": c, "eta": eta, "steps": args.sim_steps, "batch_cap": cap, "kind_caps": kind_caps, "policy": v,
                          "trajectories_per_s": round(tps, 3), "run_ceiling_tps": round(run_c, 3),
                          "of_run_ceiling": round(tps / run_c, 4), "ceiling_tps": round(cl.tps, 3),
                          "ceiling_without_rule_tps": round(old.tps, 3), "ceiling_trainer_tps": round(old.trainer_tps, 3),

@@ -36,8 +36,8 @@ def run(job: RolloutJob, request: RunRequest) -> dict[str, str]:
 
         need_ray()  # the extra is missing: say so before simulating anything
         check_runs_here(job)
-    job, choice = planned_job(job, request.steps)  # the plan, the pictures and the real run at the chosen cap
-    made, paths = run_report(job, request.out, steps=request.steps, extra_notes=[choice.line()] if choice else None)
+    job, notes = planned_job(job, request.steps)  # the plan, the pictures and the real run at the chosen caps
+    made, paths = run_report(job, request.out, steps=request.steps, extra_notes=notes)
     out = request.console
     if out is not None:
         print_plan(made, out, real_pending=request.real)

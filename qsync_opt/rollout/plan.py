@@ -413,11 +413,11 @@ def solve(job, budget: Budget | None = None, *, steps: int | None = None, varian
     not a timed search, so it draws nothing from it; each simulated repack decision has its own
     limit, `rollout.solver.time_limit_s`, inside the simulation. With rollout.repack.choose_cap the batch cap is
     chosen first (rollout.admission.planned_job) and every figure is at it; a note says which and why."""
-    job, choice = planned_job(job, steps)
+    job, notes = planned_job(job, steps)
     results = simulate_variants(job, variants, processes=processes, steps=steps, timeline_until=None)
     if keep_results is not None:
         keep_results.update(results)
-    return plan_from(job, results, steps, [choice.line()] if choice else None)
+    return plan_from(job, results, steps, notes)
 
 
 CUT_NOTE_FRAC = 0.01

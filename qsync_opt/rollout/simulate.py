@@ -96,9 +96,11 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.shared_host = all(hasattr(c, "decode_ms_shared") for c in kinds)
         self.n_gen = 0
         self.workers: list[SimWorker] = []
+        own_cap = {w.group: w.batch_cap for w in r.workers if w.batch_cap is not None}
         for wc in kinds:
             for i in range(wc.count):
                 self.workers.append(SimWorker(len(self.workers), wc, f"{wc.group}[{i}]"))
+                self.workers[-1].cap = min(self.cap, own_cap.get(wc.group, self.cap))
         self.timeline_until = timeline_until
         self._draw(seed if seed is not None else r.seed)
         # state
@@ -234,7 +236,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         t.worker = None
 
     def _fits(self, w: SimWorker, t: SimTraj) -> bool:
-        return len(w.batch) < self.cap and w.reserved + t.prompt + t.target <= w.c.kv_capacity_tokens
+        return len(w.batch) < w.cap and w.reserved + t.prompt + t.target <= w.c.kv_capacity_tokens
 
     def _peek(self) -> SimTraj | None:
         if self.queue:

@@ -219,6 +219,11 @@ class WorkerGroup(_Model):
     """A cluster.groups name."""
     bits: BitWidth = 16
     """Weight bit-width of the policy on these workers (2/3/4 GPTQ-style, 8, 16)."""
+    batch_cap: int | None = Field(default=None, ge=1, le=4096)
+    """Most trajectories one of these workers decodes together (and admits), at most rollout.repack.batch_cap;
+    default: that cap. A slower kind held to a smaller batch leaves the rule's room to the quicker one
+    (rollout.admission). The simulator applies it; the real run here has one kind of actor and keeps
+    rollout.repack.batch_cap."""
 
 
 class SolverSettings(_Model):
@@ -294,6 +299,10 @@ class RolloutJob(_Model):
                                  "other devices (disaggregated)")
             if w.group in seen:
                 raise ValueError(f"rollout.workers.{i}.group: {w.group!r} is listed twice")
+            if w.batch_cap is not None and w.batch_cap > r.repack.batch_cap:
+                raise ValueError(f"rollout.workers.{i}.batch_cap: {w.batch_cap} is above rollout.repack.batch_cap "
+                                 f"{r.repack.batch_cap}, the most any worker decodes together; lower it or raise "
+                                 "that cap")
             seen.add(w.group)
         if r.policy.kind != "trajectory-async" and r.repack.method != "none":
             raise ValueError(f"rollout.repack.method: {r.repack.method!r} needs policy kind trajectory-async "
