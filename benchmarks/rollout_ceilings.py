@@ -9,10 +9,15 @@ back; the rollouts' hardware with every decode step priced at the plane under it
 and could admit, under the rule). The column that bears on #22's "≥ 1.3× the best other asynchronous policy": the
 ceiling over the best of one-step-off, stale, partial-rollout and trajectory-async without repack, the most any
 policy can gain over it in the long run. Each streaming policy's mean use of the rule's room is printed beside it,
-with the share of it held by finished trajectories waiting for the trainer, and the trainer's busy share.
+with the share of it held by finished trajectories waiting for the trainer, the trainer's busy share, the mean decode
+batch of a busy rollout and how much slower its tokens decode than the single-sequence latency the gate prices
+(SimResult.decode_stretch_mean). With --choose-cap each case's batch cap is also chosen as the planner does under
+rollout.repack.choose_cap (rollout.admission.choose_cap, under repack-best-fit when it is simulated, else
+trajectory-async), then each slower kind's own cap (rollout.admission.choose_kind_caps); where either moves,
+every policy is simulated again at the chosen caps, its ceilings at them (rows with that batch_cap and kind_caps).
 
     PYTHONPATH=. python benchmarks/rollout_ceilings.py --out DIR [--cases ...] [--sim-steps 50] [--variants ...]
-        [--jobs 1]
+        [--jobs 1] [--choose-cap]
 
 Writes DIR/rollout_ceilings.csv. Deterministic (figures do not depend on the machine or its load).
 """
@@ -28,20 +33,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results_table import load_now, write_table  # noqa: E402
 from benchmarks.rollout import ASYNC, CASES, case_job  # noqa: E402
+from qsync_opt.rollout.admission import choose_cap, choose_kind_caps, with_cap, with_kind_cap  # noqa: E402
 from qsync_opt.rollout.bounds_staleness import staleness_ceiling  # noqa: E402
 from qsync_opt.rollout.simulate import VARIANTS, simulate  # noqa: E402
 
-COLS = ("case", "eta", "steps", "policy", "trajectories_per_s", "run_ceiling_tps", "of_run_ceiling",
+COLS = ("case", "eta", "steps", "batch_cap", "kind_caps", "policy", "trajectories_per_s", "run_ceiling_tps", "of_run_ceiling",
         "ceiling_tps", "ceiling_without_rule_tps", "ceiling_trainer_tps", "ceiling_rollout_tps", "ceiling_rule_tps",
         "bound_by", "of_ceiling", "of_ceiling_without_rule", "gate_fill_mean", "gate_waiting_mean",
-        "trainer_idle_frac", "rollout_idle_frac")
+        "trainer_idle_frac", "rollout_idle_frac", "decode_batch_mean", "decode_stretch_mean")
+
+
+def _job(name, steps, eta, caps=None):
+    """The case at `caps` = (fleet cap, ((group, its own cap), ...)) or, None, at its spec's."""
+    job = case_job(name, steps, eta)
+    if caps is None:
+        return job
+    job = with_cap(job, caps[0])
+    for g, c in caps[1]:
+        job = with_kind_cap(job, g, c)
+    return job
 
 
 def _run(task):
-    name, steps, eta, variant = task
-    r = simulate(case_job(name, steps, eta), variant)
+    name, steps, eta, variant, cap = task
+    r = simulate(_job(name, steps, eta, cap), variant)
     return task, (r.trajectories_per_s, r.ceiling_tps, r.gate_fill_mean, r.gate_waiting_mean, r.trainer_idle_frac,
-                  r.rollout_idle_frac)
+                  r.rollout_idle_frac, r.decode_batch_mean, r.decode_stretch_mean)
+
+
+def _simulate_all(tasks, jobs):
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as ex:
+            return list(ex.map(_run, tasks))
+    return [_run(t) for t in tasks]
 
 
 def main(argv=None) -> int:
@@ -55,6 +79,9 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=VARIANTS,
                     help="policies simulated (default: all; sync and the asynchronous ones are always run)")
     ap.add_argument("--jobs", type=int, default=1, help="simulations run at once, one process each")
+    ap.add_argument("--choose-cap", action="store_true",
+                    help="also choose each case's batch cap as the planner does (rollout.admission) and, where it "
+                         "moves, simulate every policy again at it")
     ap.add_argument("--smoke", action="store_true",
                     help="smallest end-to-end run (tests): case h100x128, every variant, 1 trainer step")
     args = ap.parse_args(argv)
@@ -65,33 +92,43 @@ def main(argv=None) -> int:
         ap.error(f"--cases: {', '.join(unknown)} unknown; choose from {', '.join(known)}")
     load0 = load_now()
     variants = [v for v in VARIANTS if v in set(args.variants) | {"sync", *ASYNC}]
-    tasks = [(c, args.sim_steps, args.eta, v) for c in args.cases for v in variants]
-    if args.jobs > 1:
-        with ProcessPoolExecutor(args.jobs) as ex:
-            done = list(ex.map(_run, tasks))
-    else:
-        done = [_run(t) for t in tasks]
-    got = {task[0::3]: figs for task, figs in done}
+    tasks = [(c, args.sim_steps, args.eta, v, None) for c in args.cases for v in variants]
+    done = _simulate_all(tasks, args.jobs)
+    runs = [(c, None) for c in args.cases]
+    if args.choose_cap:
+        under = "repack-best-fit" if "repack-best-fit" in variants else "trajectory-async"
+        for c in args.cases:
+            choice = choose_cap(case_job(c, args.sim_steps, args.eta), under)
+            _, kinds = choose_kind_caps(with_cap(case_job(c, args.sim_steps, args.eta), choice.cap), under)
+            print(f"{c}: {choice.line()}" + "".join(f"; {k.line()}" for k in kinds))
+            if choice.changed or any(k.changed for k in kinds):
+                caps = (choice.cap, tuple((k.group, k.cap) for k in kinds if k.changed))
+                extra = [(c, args.sim_steps, args.eta, v, caps) for v in variants]
+                done += _simulate_all(extra, args.jobs)
+                runs.insert(runs.index((c, None)) + 1, (c, caps))
+    got = {(task[0], task[3], task[4]): figs for task, figs in done}
     rows = []
     print(f"proven ceilings (rollout.bounds_staleness), {args.sim_steps} trainer steps, workload seed of each spec")
-    for c in args.cases:
-        job = case_job(c, args.sim_steps, args.eta)
+    for c, cap_run in runs:
+        job = _job(c, args.sim_steps, args.eta, cap_run)
+        cap = job.rollout.repack.batch_cap
+        kind_caps = " ".join(f"{w.group}:{w.batch_cap}" for w in job.rollout.workers if w.batch_cap is not None)
         cl = staleness_ceiling(job)
         old = cl.base
         eta = cl.eta
-        best = max(ASYNC, key=lambda v: got[(c, v)][0])
-        b = got[(c, best)][0]
+        best = max(ASYNC, key=lambda v: got[(c, v, cap_run)][0])
+        b = got[(c, best, cap_run)][0]
         repacked = [v for v in ("repack-best-fit", "repack-program") if v in variants]
-        print(f"\n{c} (η = {eta}): ceiling {cl.tps:.2f} traj/s, bound by the {cl.bound_by} (trainer "
+        print(f"\n{c} (η = {eta}, batch cap {cap}{', ' + kind_caps if kind_caps else ''}): ceiling {cl.tps:.2f} traj/s, bound by the {cl.bound_by} (trainer "
               f"{old.trainer_tps:.2f}, rollouts' hardware {old.rollout_tps:.2f}, staleness rule {cl.rule_tps:.2f}); "
               f"without the rule {old.tps:.2f}" + (f" ({cl.note})" if cl.note else ""))
         for v in variants:
-            tps, run_c, fill, waiting, t_idle, r_idle = got[(c, v)]
+            tps, run_c, fill, waiting, t_idle, r_idle, batch, stretch = got[(c, v, cap_run)]
             gate = f"  staleness room {fill:6.1%} in use ({waiting:5.1%} finished, untrained)" if fill is not None else ""
             print(f"  {v:17s} {tps:8.2f} traj/s  {tps / run_c:6.1%} of its run's ceiling ({run_c:.2f})  "
                   f"{tps / cl.tps:6.1%} of the long-run one  trainer busy {1 - t_idle:5.1%}  rollouts idle "
-                  f"{r_idle:5.1%}{gate}")
-            rows.append({"case": c, "eta": eta, "steps": args.sim_steps, "policy": v,
+                  f"{r_idle:5.1%}  decode batch {batch:6.1f}, tokens {stretch:4.2f}x the single-sequence step{gate}")
+            rows.append({"case": c, "eta": eta, "steps": args.sim_steps, "batch_cap": cap, "kind_caps": kind_caps, "policy": v,
                          "trajectories_per_s": round(tps, 3), "run_ceiling_tps": round(run_c, 3),
                          "of_run_ceiling": round(tps / run_c, 4), "ceiling_tps": round(cl.tps, 3),
                          "ceiling_without_rule_tps": round(old.tps, 3), "ceiling_trainer_tps": round(old.trainer_tps, 3),
@@ -100,13 +137,15 @@ def main(argv=None) -> int:
                          "of_ceiling_without_rule": round(tps / old.tps, 4),
                          "gate_fill_mean": "" if fill is None else round(fill, 4),
                          "gate_waiting_mean": "" if waiting is None else round(waiting, 4),
-                         "trainer_idle_frac": round(t_idle, 4), "rollout_idle_frac": round(r_idle, 4)})
-        top = max(variants, key=lambda v: got[(c, v)][0])
-        print(f"  best policy: {top} {got[(c, top)][0]:.2f}, {got[(c, top)][0] / cl.tps:.1%} of the ceiling "
-              f"({got[(c, top)][0] / old.tps:.1%} of the one without the rule)")
+                         "trainer_idle_frac": round(t_idle, 4), "rollout_idle_frac": round(r_idle, 4),
+                         "decode_batch_mean": round(batch, 2), "decode_stretch_mean": round(stretch, 4)})
+        top = max(variants, key=lambda v: got[(c, v, cap_run)][0])
+        top_tps = got[(c, top, cap_run)][0]
+        print(f"  best policy: {top} {top_tps:.2f}, {top_tps / cl.tps:.1%} of the ceiling "
+              f"({top_tps / old.tps:.1%} of the one without the rule)")
         verdict = "rules out 1.3x" if cl.tps / b < 1.3 else "leaves room for 1.3x"
         print(f"  best other asynchronous: {best} {b:.2f}; the ceiling is {cl.tps / b:.2f}x it ({verdict}); "
-              + ", ".join(f"{v} {got[(c, v)][0] / b:.2f}x it" for v in repacked))
+              + ", ".join(f"{v} {got[(c, v, cap_run)][0] / b:.2f}x it" for v in repacked))
     path = write_table(Path(args.out) / "rollout_ceilings.csv", "rollout_ceilings.py",
                        argv if argv is not None else sys.argv[1:], COLS, rows, load0)
     print(f"\nwrote {path}")

@@ -7,6 +7,7 @@ import math
 
 from qsync_opt.errors import SpecError
 from qsync_opt.kind import Kind, RunRequest
+from qsync_opt.rollout.admission import planned_job
 from qsync_opt.rollout.plan import RolloutPlan, solve
 from qsync_opt.rollout.report import print_plan
 from qsync_opt.rollout.run_report import run_report, write_measured
@@ -35,7 +36,8 @@ def run(job: RolloutJob, request: RunRequest) -> dict[str, str]:
 
         need_ray()  # the extra is missing: say so before simulating anything
         check_runs_here(job)
-    made, paths = run_report(job, request.out, steps=request.steps)
+    job, notes = planned_job(job, request.steps)  # the plan, the pictures and the real run at the chosen caps
+    made, paths = run_report(job, request.out, steps=request.steps, extra_notes=notes)
     out = request.console
     if out is not None:
         print_plan(made, out, real_pending=request.real)

@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from qsync_opt.io import atomic_write_text
+from qsync_opt.rollout.admission import planned_job
 from qsync_opt.rollout.agreement import figures_tied, ratio_interval
 from qsync_opt.rollout.bounds_staleness import staleness_ceiling
 from qsync_opt.rollout.costs import all_worker_costs, sync_costs
@@ -410,19 +411,22 @@ def solve(job, budget: Budget | None = None, *, steps: int | None = None, varian
 
     `budget` is the call's (the registry passes one to every kind): a rollout plan is simulation,
     not a timed search, so it draws nothing from it; each simulated repack decision has its own
-    limit, `rollout.solver.time_limit_s`, inside the simulation."""
+    limit, `rollout.solver.time_limit_s`, inside the simulation. With rollout.repack.choose_cap the batch cap is
+    chosen first (rollout.admission.planned_job) and every figure is at it; a note says which and why."""
+    job, notes = planned_job(job, steps)
     results = simulate_variants(job, variants, processes=processes, steps=steps, timeline_until=None)
     if keep_results is not None:
         keep_results.update(results)
-    return plan_from(job, results, steps)
+    return plan_from(job, results, steps, notes)
 
 
 CUT_NOTE_FRAC = 0.01
 """A plan notes max_len when it cuts more than this share of the responses (more than a p99 tail)."""
 
 
-def plan_from(job, results: dict[str, SimResult], steps: int | None = None) -> RolloutPlan:
-    """The plan of `job` from its simulated variants (`simulate_variants`)."""
+def plan_from(job, results: dict[str, SimResult], steps: int | None = None,
+              extra_notes: list[str] | None = None) -> RolloutPlan:
+    """The plan of `job` from its simulated variants (`simulate_variants`); `extra_notes` go after its own."""
     r = job.rollout
     recommended, reason = recommend(results.values())
     w = r.workload
@@ -441,6 +445,7 @@ def plan_from(job, results: dict[str, SimResult], steps: int | None = None) -> R
                  f"median {w.response.median:g}" + (f", p99 {w.response.p99:g}" if w.response.p99 else ""))
         notes.append(f"rollout.workload.max_len {w.max_len} cuts {cut:.1%} of the responses ({shape}): they end at "
                      f"{w.max_len} tokens in every figure here; raise max_len if the policy is meant to finish them")
+    notes += extra_notes or []
     return RolloutPlan(name=job.name, model=r.model.label, batch=w.batch, recommended=recommended, reason=reason,
                        spec_policy=variant_of(job), policies=[PolicyFigures.of(x) for x in results.values()],
                        workers=workers, broadcast_s=sc.broadcast_s, push_s=sc.push_s,

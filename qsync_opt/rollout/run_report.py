@@ -54,11 +54,12 @@ def pictured(plan: RolloutPlan) -> list[str]:
 
 
 def run_report(job, out_dir: str | Path, steps: int | None = None, timeline_steps: int = 4,
-               max_workers: int = 32) -> tuple[RolloutPlan, dict[str, Path]]:
+               max_workers: int = 32, extra_notes: list[str] | None = None) -> tuple[RolloutPlan, dict[str, Path]]:
     """`qsync-opt run` on a rollout spec: every policy simulated (the plan), then out_dir/plan.json, timeline.png
-    and kv_utilisation.png (the variants of `pictured`) and report.md, each written whole or not at all."""
+    and kv_utilisation.png (the variants of `pictured`) and report.md, each written whole or not at all.
+    `extra_notes`: added to the plan's notes (the batch cap's choice, rollout.admission)."""
     results, until = simulate_with_timelines(job, VARIANTS, steps, timeline_steps)
-    plan = plan_from(job, results, steps)
+    plan = plan_from(job, results, steps, extra_notes)
     shown = pictured(plan)
     paths = draw_report(job, out_dir, {v: results[v] for v in shown}, until, timeline_steps, max_workers)
     out = Path(out_dir)

@@ -68,6 +68,12 @@ class SimResult:
     """The proven ceiling of this run under its staleness rule (rollout.bounds_staleness.staleness_run_ceiling over
     the trajectories it trained and those it could admit): no schedule of them obeying the rule trains faster. None on
     a calibrated shared host, whose costs the bound does not cover."""
+    decode_batch_mean: float = 0.0
+    """Mean over time of the sequences decoding on a worker that holds any (sampled with the KV use)."""
+    decode_stretch_mean: float = 0.0
+    """Mean over time and in-flight sequences of (the decode step each one is in, at its worker's batch and contexts)
+    / (a step of that sequence alone on the quickest kind): how much slower a token decodes than the single-sequence
+    latency rollout.bounds_staleness's gate prices it at (1.0: no slower)."""
 
     def row(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("kv_series", "timeline", "worker_labels")}
@@ -91,6 +97,23 @@ class Metrics:
             used += w.total_ctx(k) if w.batch else 0.0
             cap += w.c.kv_capacity_tokens
         self.kv_series.append((self.now, used / cap))
+        seqs = stretch = 0.0
+        busy = 0
+        for w in self.workers:
+            if not w.batch:
+                continue
+            b = len(w.batch)
+            k = w.steps
+            if w.chunk is not None:
+                t0, dt, n = w.chunk
+                k += min(n, int((self.now - t0) / dt)) if dt > 0 else 0
+            ctx = w.total_ctx(k)
+            alone = min(c.decode_ms(1, ctx / b) for c in self.kinds)
+            busy += 1
+            seqs += b
+            stretch += b * w.c.decode_ms(b, ctx) / alone if alone > 0 else 0.0
+        if busy:
+            self.batch_series.append((self.now, seqs / busy, stretch / seqs))
         if self.kind not in ("sync", "one-step-off"):
             room = (self.eta + 1) * self.B  # the staleness rule's: admitted − trained·B ≤ (η + 1)·B
             self.gate_series.append((self.now, (self.next_id - self.trained * self.B) / room, len(self.buffer) / room))
@@ -121,7 +144,12 @@ class Metrics:
             rollout_reprefill_frac=self.reprefill_s / (n * T), ceiling_tps=self._ceiling_tps(),
             gate_fill_mean=self._gate_mean(1, T), gate_waiting_mean=self._gate_mean(2, T),
             stale_over_eta_frac=None if self.kind in ("sync", "one-step-off") else
-            float(np.mean([s > self.eta for s in self.stale])))
+            float(np.mean([s > self.eta for s in self.stale])),
+            decode_batch_mean=self._batch_mean(1, T), decode_stretch_mean=self._batch_mean(2, T))
+
+    def _batch_mean(self, k: int, T: float) -> float:
+        xs = [g[k] for g in self.batch_series if g[0] <= T]
+        return float(np.mean(xs)) if xs else 0.0
 
     def _gate_mean(self, k: int, T: float) -> float | None:
         xs = [g[k] for g in self.gate_series if g[0] <= T]

@@ -51,6 +51,7 @@ class SimTraj:
 class SimWorker:
     def __init__(self, idx, costs, label):
         self.idx, self.c, self.label = idx, costs, label
+        self.cap = 0  # the most it decodes together: rollout.repack.batch_cap or its kind's own (set by the simulator)
         self.version = 0
         self.steps = 0
         self.batch: dict[int, SimTraj] = {}

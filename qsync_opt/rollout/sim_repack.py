@@ -89,9 +89,9 @@ class RepackTick:
         need = sum(t.prompt + t.target for t in self.queue)
         if b > a:
             need += int(self.prompts[a:b].sum() + self.targets[a:b].sum())
-        current = [(self.cap - len(w.batch), w.c.kv_capacity_tokens - w.reserved) for w in self.workers
+        current = [(w.cap - len(w.batch), w.c.kv_capacity_tokens - w.reserved) for w in self.workers
                    if self.relay_version - w.version < self.eta and not w.pulling]
-        return useful_frees(count, need / count, current, [(self.cap, w.c.kv_capacity_tokens) for w in ws])
+        return useful_frees(count, need / count, current, [(w.cap, w.c.kv_capacity_tokens) for w in ws])
 
     def _repack(self, ws: list[SimWorker]):
         useful = self._useful_frees(ws)
@@ -106,10 +106,10 @@ class RepackTick:
             step_s = w.c.decode_ms(b, w.total_ctx()) / 1e3
             rem = max(t.target - t.gen_base - (w.steps - t.start_step) for t in w.batch.values())
             mean_ctx = self._mean_ctx
-            rate = w.c.full_rate(self.cap, mean_ctx)
+            rate = w.c.full_rate(w.cap, mean_ctx)
             mig, _ = migration_s(mean_ctx, w.c, self.sync)
             # freeing w gains its full rate over its drain, but no longer than its fresh weights stay fresh
-            rws.append(RepackWorker(str(w.idx), w.c.kv_capacity_tokens, self.cap,
+            rws.append(RepackWorker(str(w.idx), w.c.kv_capacity_tokens, w.cap,
                                     value=min(rem * step_s, horizon) * rate, move_cost_per_token=mig / mean_ctx * rate))
             for t in w.batch.values():
                 g = t.gen_base + (w.steps - t.start_step)

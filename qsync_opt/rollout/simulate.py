@@ -96,9 +96,11 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.shared_host = all(hasattr(c, "decode_ms_shared") for c in kinds)
         self.n_gen = 0
         self.workers: list[SimWorker] = []
+        own_cap = {w.group: w.batch_cap for w in r.workers if w.batch_cap is not None}
         for wc in kinds:
             for i in range(wc.count):
                 self.workers.append(SimWorker(len(self.workers), wc, f"{wc.group}[{i}]"))
+                self.workers[-1].cap = min(self.cap, own_cap.get(wc.group, self.cap))
         self.timeline_until = timeline_until
         self._draw(seed if seed is not None else r.seed)
         # state
@@ -134,6 +136,8 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.tail_extension_s = 0.0
         self.kv_series: list = []
         self.gate_series: list = []  # (time, staleness-rule room in use, of it finished and untrained), per KV sample
+        self.batch_series: list = []  # (time, mean decode batch of busy workers, mean decode stretch), per KV sample
+        self.kinds = list({id(w.c): w.c for w in self.workers}.values())
         self.t_end = 0.0
 
     # ---------------------------------------------------------------- workload
@@ -232,7 +236,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         t.worker = None
 
     def _fits(self, w: SimWorker, t: SimTraj) -> bool:
-        return len(w.batch) < self.cap and w.reserved + t.prompt + t.target <= w.c.kv_capacity_tokens
+        return len(w.batch) < w.cap and w.reserved + t.prompt + t.target <= w.c.kv_capacity_tokens
 
     def _peek(self) -> SimTraj | None:
         if self.queue:

@@ -202,6 +202,9 @@ class Repack(_Model):
     batch_cap: int = Field(default=64, ge=1, le=4096)
     """Most trajectories a worker decodes together (also the admission cap); at most 4096 (vLLM's
     max_num_seqs is 256 by default: a decode step is priced at every batch size up to the cap)."""
+    choose_cap: bool = False
+    """true: the planner chooses batch_cap (at most the one given) by simulating candidates around the staleness
+    rule's room per rollout, and plans and runs at it (rollout.admission); false: batch_cap as given."""
     interval_s: float = Field(default=2.0, gt=0)
     """Seconds between repack ticks (simulated time)."""
     decision_s: float = Field(default=0.05, ge=0)
@@ -216,6 +219,11 @@ class WorkerGroup(_Model):
     """A cluster.groups name."""
     bits: BitWidth = 16
     """Weight bit-width of the policy on these workers (2/3/4 GPTQ-style, 8, 16)."""
+    batch_cap: int | None = Field(default=None, ge=1, le=4096)
+    """Most trajectories one of these workers decodes together (and admits), at most rollout.repack.batch_cap;
+    default: that cap. A slower kind held to a smaller batch leaves the rule's room to the quicker one
+    (rollout.admission). The simulator applies it; the real run here has one kind of actor and keeps
+    rollout.repack.batch_cap."""
 
 
 class SolverSettings(_Model):
@@ -291,6 +299,10 @@ class RolloutJob(_Model):
                                  "other devices (disaggregated)")
             if w.group in seen:
                 raise ValueError(f"rollout.workers.{i}.group: {w.group!r} is listed twice")
+            if w.batch_cap is not None and w.batch_cap > r.repack.batch_cap:
+                raise ValueError(f"rollout.workers.{i}.batch_cap: {w.batch_cap} is above rollout.repack.batch_cap "
+                                 f"{r.repack.batch_cap}, the most any worker decodes together; lower it or raise "
+                                 "that cap")
             seen.add(w.group)
         if r.policy.kind != "trajectory-async" and r.repack.method != "none":
             raise ValueError(f"rollout.repack.method: {r.repack.method!r} needs policy kind trajectory-async "

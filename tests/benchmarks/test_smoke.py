@@ -57,6 +57,7 @@ WRITES = {
     "report_pictures.py": ["cpu_tiny_precisions.png", "cpu_tiny_curves.png", "cpu_tiny_timeline.png",
                            "resnet50_timeline.png", "resnet50_precisions.png"],
     "rollout.py": ["rollout.csv", "rollout_rounds.csv", "rollout_repack.csv"],
+    "rollout_bits.py": ["rollout_bits.csv"],
     "rollout_ceilings.py": ["rollout_ceilings.csv"],
     "rollout_plan_time.py": ["rollout_plan_time.csv"],
     "rollout_resolution.py": ["rollout_resolution.csv"],

@@ -261,3 +261,15 @@ def test_a_job_that_does_not_pickle_runs_in_the_caller_without_a_traceback(job, 
     monkeypatch.setattr(pickle, "dumps", no_pickle)
     assert _figures(plan.simulate_variants(job, variants, processes=2)) == _figures(serial)
     assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("variant", ["stale", "partial-rollout", "trajectory-async"])
+def test_decode_batch_and_stretch_are_measured(job, variant):
+    r = simulate(job, variant)
+    assert 1 <= r.decode_batch_mean <= job.rollout.repack.batch_cap
+    assert r.decode_stretch_mean >= 1 - 1e-9  # a step never beats the quickest kind's step of one sequence alone
+    one = load_rollout_spec(job_dict(**{"rollout.workers": [{"group": "a100", "bits": 16}],
+                                        "rollout.repack.batch_cap": 1}))
+    alone = simulate(one, variant)
+    assert alone.decode_batch_mean == 1
+    assert alone.decode_stretch_mean == pytest.approx(1.0, rel=1e-12)  # one kind, each sequence decoding alone
