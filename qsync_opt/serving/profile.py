@@ -48,7 +48,7 @@ from qsync_opt.llm import costs as C
 from qsync_opt.serving import link
 from qsync_opt.serving.instance import micro_batch_sizes, workload
 from qsync_opt.serving.spec import ServingJob
-from qsync_opt.serving.weights import ModelSource, build, family_config
+from qsync_opt.serving.weights import ModelSource, build, family_config, require_transformers
 from qsync_opt.spec.yaml_loader import loads_code
 
 FORMAT = "qsync-opt-serving-profile"
@@ -358,6 +358,8 @@ def profile_job(job: ServingJob, *, path: "str | Path | None" = None, groups: li
         if unknown:
             raise SpecError(f"profile --groups: {unknown[0]!r} is not in cluster.groups ({', '.join(g.name for g in cl)})")
     todo = [g for g in cl if (groups is None or g.name in groups) and present(g.device_spec)]
+    if runner is None:  # the measuring processes build the model: say what to install here, not in their traceback
+        require_transformers("serving.costs (measuring builds the model)")
     if not todo:
         raise SpecError("profile: no group of cluster.groups runs on this machine's device; nothing to measure")
     fits_to_profile(job, todo)

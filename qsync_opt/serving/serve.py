@@ -26,13 +26,16 @@ from qsync_opt.runtime.process_exit import Stopped
 from qsync_opt.runtime.spawn import free_port, spawn_ranks
 from qsync_opt.serving.plan import ServingPlan
 from qsync_opt.serving.spec import ServingJob
-from qsync_opt.serving.weights import ModelSource, build, family_config, state_file
+from qsync_opt.serving.weights import ModelSource, build, family_config, require_transformers, state_file
 
 START_TIMEOUT_FLOOR_S = 10.0
 
 
 def model_source(job: ServingJob) -> ModelSource:
+    """What every stage process builds; exit 2 here (naming the field) when transformers is missing or the
+    checkpoint is none."""
     rt = job.serving.runtime
+    require_transformers()
     if rt.checkpoint is not None:
         state_file(rt.checkpoint)  # a path that is no checkpoint is exit 2 here, before any process starts
     return ModelSource(family=rt.family, config=family_config(job.serving.model, rt.family),

@@ -59,6 +59,14 @@ def family_config(cfg: TransformerConfig, family: str) -> dict:
                 "tie_word_embeddings": bool(g("tied_embeddings"))}
 
 
+def require_transformers(what: str = "serving.runtime.family") -> None:
+    """SpecError (exit 2) naming `what` and the extra to install when transformers is missing: checked in the
+    launching process, before any stage or profiling process would fail on it."""
+    from qsync_opt.models.zoo_hf import need_transformers  # import cost: transformers (found, not imported twice)
+
+    need_transformers(what)
+
+
 def state_file(path: str) -> Path | None:
     """The state.pt a checkpoint path means, or None for a Hugging Face model folder."""
     p = Path(path)

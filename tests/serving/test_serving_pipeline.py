@@ -92,3 +92,11 @@ def test_a_checkpoint_of_another_architecture_is_exit_2_naming_the_field(tmp_pat
 def test_requests_not_a_multiple_of_the_batch_name_the_field():
     with pytest.raises(SpecError, match="runtime.requests: 6 is not a multiple of global_batch 4"):
         job(2, requests=6)
+
+
+def test_without_transformers_run_is_exit_2_naming_the_field_before_any_process(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+    with pytest.raises(SpecError, match="serving.runtime.family needs the 'transformers' package.*qsync-opt\\[hf\\]"):
+        serve.model_source(job(2))
