@@ -239,7 +239,7 @@ def timeline(served: dict, plan: ServingPlan, path: Path, title: str) -> Path:
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the pipeline started (white gaps: the stage waits: bubbles)")
     ax.set_title(title, fontsize=10)
-    ax.legend(loc="upper right", fontsize=8, ncols=2)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)  # beside the bars, never over them
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
