@@ -95,12 +95,13 @@ class Worker:
         t0 = time.time()
         cache = self.stage.new_cache(batch, plen + gen, self.device)
         pending = []
+        plan = schedule(batch, c["prefill_mb"], c["decode_mb"], gen)  # the same every batch
+        sends = [e for e in plan if e[1] < gen - 1]  # what the last stage sends back, in order
         for r in range(rounds):
             prompts = self.prompts[r * batch:(r + 1) * batch]
             out = torch.zeros((batch, gen), dtype=torch.long, device=self.device)
             have = torch.zeros((batch, gen), dtype=torch.bool)  # stage 0: which fed-back tokens arrived
             got = 0  # stage 0: token messages received so far this round (arrive in schedule order)
-            plan = schedule(batch, c["prefill_mb"], c["decode_mb"], gen)
             for phase, step, mb, rows in plan:
                 n = rows.stop - rows.start
                 t = plen if phase == "prefill" else 1
@@ -110,7 +111,7 @@ class Worker:
                         x = prompts[rows]
                     else:
                         while not have[rows, step - 1].all():  # the last stage's tokens come back in order
-                            got = self._recv_tokens(plan, got, out, have)
+                            got = self._recv_tokens(sends, got, out, have)
                         x = out[rows, step - 1:step]
                 else:
                     x = torch.empty((n, t, self.hidden), dtype=self.dtype, device=self.device)
@@ -151,9 +152,8 @@ class Worker:
         dist.barrier()
         dist.destroy_process_group()
 
-    def _recv_tokens(self, plan, got: int, out: torch.Tensor, have: torch.Tensor) -> int:
-        """Receive the next token message the last stage sends (every entry of `plan` but the last step's)."""
-        sends = [e for e in plan if e[1] < self.cfg["gen_tokens"] - 1]
+    def _recv_tokens(self, sends, got: int, out: torch.Tensor, have: torch.Tensor) -> int:
+        """Receive the next token message the last stage sends (`sends`: the schedule without the last step)."""
         phase, step, mb, rows = sends[got]
         buf = torch.empty((rows.stop - rows.start,), dtype=torch.long, device=self.device)
         dist.recv(buf, src=self.world - 1)
