@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
-import io
 import math
 import os
 import sys
@@ -35,8 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
+from results_table import write_table  # noqa: E402
+
 from qsync_opt.errors import InfeasibleError  # noqa: E402
-from qsync_opt.io import atomic_write_text  # noqa: E402
 from qsync_opt.jobs import load_spec, solve  # noqa: E402
 from qsync_opt.serving import quality_measured as qm  # noqa: E402
 from qsync_opt.serving import weights  # noqa: E402
@@ -177,17 +176,11 @@ def main(argv=None) -> int:
         print(f"Spearman ρ(Σω {c['indicator']}, perplexity increase) = {c['spearman']} over {c['assignments']} distinct bit "
               f"assignments, {c['spearman_below_8bit']} over the {c['assignments_below_8bit']} with a layer below 8 bits")
     print(f"load average at start {load0}, at end {os.getloadavg()}, total {time.perf_counter() - t0:.1f} s")
-    head = (f"# command: PYTHONPATH=$PWD python benchmarks/serving_quality.py {' '.join(argv if argv is not None else sys.argv[1:])}\n"
-            f"# machine load (1/5/15 min) at start {load0}, at end {os.getloadavg()}; load1 per row\n")
+    argv = sys.argv[1:] if argv is None else argv
     for name, data, fields in (("serving_quality.csv", rows, FIELDS),
                                ("serving_quality_spearman.csv", corr, ["indicator", "spearman", "assignments", "spearman_below_8bit",
                                                                 "assignments_below_8bit"])):
-        buf = io.StringIO()
-        buf.write(head)
-        w = csv.DictWriter(buf, fieldnames=fields)
-        w.writeheader()
-        w.writerows(data)
-        print(f"wrote {atomic_write_text(out / name, buf.getvalue())}")
+        print(f"wrote {write_table(out / name, 'serving_quality.py', argv, fields, data, load0[0])}")
     return 0
 
 
