@@ -13,6 +13,7 @@ from rich.table import Table
 
 from qsync_opt import jobs
 from qsync_opt.console import make_console
+from qsync_opt.errors import SpecError
 from qsync_opt.io import atomic_write_text
 from qsync_opt.spec.load import Override
 from qsync_opt.training import run_stages
@@ -50,6 +51,10 @@ def _console():
 def cmd_profile(args) -> int:
     out = _console()
     k = jobs.kind(jobs.kind_of_file(args.spec))
+    if k.profile is None and k.name != "training":
+        measured = " and ".join(sorted(n for n, x in jobs.KINDS.items() if x.profile is not None or n == "training"))
+        raise SpecError(f"{args.spec}: kind: {k.name}: `qsync-opt profile` measures the costs of {measured} specs; "
+                        f"a {k.name} spec has nothing to profile here: plan it with `qsync-opt solve {args.spec}`")
     if k.profile is not None:  # a kind that measures through its Kind record (serving); else training's profiler
         k.profile(jobs.load_spec(args.spec), args.output, args.groups.split(",") if args.groups else None, out)
         return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from qsync_opt.cli.commands import main
 from qsync_opt.training.plan import Plan
@@ -76,3 +77,13 @@ def test_profile_prints_the_all_reduce_fit_and_the_ddp_step(tmp_path, monkeypatc
     assert main(["profile", str(spec), "-o", str(tmp_path / "p.json"), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "all-reduce gloo/2: 0.250 ms + 2.000 ms/MB" in out and "ddp/2|abc: fp32 DDP step 141.50 ms" in out
+
+
+def test_profile_of_a_kind_with_nothing_to_measure_says_which_kinds_it_profiles(tmp_path, capsys):
+    spec = tmp_path / "rollout.yaml"
+    spec.write_text((Path(__file__).resolve().parents[2] / "examples" / "rollout_cpu_tiny.yaml").read_text())
+    assert main(["profile", str(spec), "-o", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert "kind: rollout" in err and "serving and training specs" in err and f"qsync-opt solve {spec}" in err
+    assert "trains" not in err  # not the training runner's message
+    assert not (tmp_path / "p.json").exists()
