@@ -4,18 +4,36 @@
     plan = qsync_opt.solve("examples/hybrid_v100_t4_resnet50.yaml")
     plan.to_fqn_config("t4")    # {'conv1': 'fp16', 'layer1.0.conv1': 'int8', ...}
 
-`solve` takes a spec of any registered kind (`qsync_opt.jobs.KINDS`: training, serving, rollout) as a path,
-YAML text, dict or job model, and returns that kind's plan (`Plan`, `ServingPlan`, `RolloutPlan`).
+`solve` takes a spec of any registered kind (`qsync_opt.jobs.KINDS`: training, serving, rollout, loading) as a
+path, YAML text, dict or job model, and returns that kind's plan (`Plan`, `ServingPlan`, `RolloutPlan`, ...).
+
+The names below are looked up when first used, and a spec imports only its own kind: planning a serving, rollout
+or loading job does not import torch (a cluster scheduler need not carry it); training does.
 """
 
+import importlib
+
 from qsync_opt.errors import InfeasibleError, QSyncError, SpecError
-from qsync_opt.jobs import KINDS, load_plan, load_spec, run, solve
-from qsync_opt.rollout.plan import RolloutPlan
-from qsync_opt.serving.plan import ServingPlan
-from qsync_opt.serving.spec import ServingJob
-from qsync_opt.training.plan import Plan
-from qsync_opt.training.spec import JobSpec
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "solve": "qsync_opt.jobs", "run": "qsync_opt.jobs", "load_spec": "qsync_opt.jobs", "load_plan": "qsync_opt.jobs",
+    "KINDS": "qsync_opt.jobs", "JobSpec": "qsync_opt.training.spec", "Plan": "qsync_opt.training.plan",
+    "ServingJob": "qsync_opt.serving.spec", "ServingPlan": "qsync_opt.serving.plan",
+    "RolloutPlan": "qsync_opt.rollout.plan",
+}
 __all__ = ["solve", "run", "load_spec", "load_plan", "KINDS", "JobSpec", "ServingJob", "Plan", "ServingPlan",
            "RolloutPlan", "QSyncError", "SpecError", "InfeasibleError", "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'qsync_opt' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

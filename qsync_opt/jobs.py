@@ -2,13 +2,14 @@
 
 A spec's `kind:` (default `training`) names a registered `Kind` (qsync_opt/kind.py): its job model validates the
 spec, its planner solves it, its report prints the plan, its run goes through its stages. Adding a kind is a folder
-with a `kind.py` that defines `KIND`, plus its import and one entry in `KINDS` below. This is the only module that knows every kind;
+with a `kind.py` that defines `KIND`, plus one entry in `KIND_MODULES` below. This is the only module that knows every kind;
 each kind knows none of the others.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -18,14 +19,41 @@ from pydantic import BaseModel
 
 from qsync_opt.errors import SpecError
 from qsync_opt.kind import RUN_FLAGS, Kind, Planned, RunRequest
-from qsync_opt.loading.kind import KIND as LOADING
-from qsync_opt.rollout.kind import KIND as ROLLOUT
-from qsync_opt.serving.kind import KIND as SERVING
 from qsync_opt.spec.load import Override, kind_of, plan_kind, read_document, read_text_file, validate
-from qsync_opt.training.kind import KIND as TRAINING
 
-KINDS: Mapping[str, Kind] = {k.name: k for k in (TRAINING, SERVING, ROLLOUT, LOADING)}
-"""kind name -> Kind, in the order `qsync-opt spec` documents them (the default kind first)."""
+KIND_MODULES: dict[str, str] = {
+    "training": "qsync_opt.training.kind",
+    "serving": "qsync_opt.serving.kind",
+    "rollout": "qsync_opt.rollout.kind",
+    "loading": "qsync_opt.loading.kind",
+}
+"""kind name -> the module that defines its `KIND`, in the order `qsync-opt spec` documents them (the default
+kind first)."""
+
+
+class _Registry(Mapping):
+    """KIND_MODULES as a mapping name -> Kind that imports a kind's module when that kind is first looked up.
+
+    Only the kind a spec names is imported: a scheduler that plans a serving, rollout or loading job never
+    imports the training kind, and with it torch (tests/jobs/test_kinds_import.py)."""
+
+    def __getitem__(self, name: str) -> Kind:
+        if name not in KIND_MODULES:
+            raise KeyError(name)
+        k = importlib.import_module(KIND_MODULES[name]).KIND
+        if k.name != name:
+            raise RuntimeError(f"{KIND_MODULES[name]}.KIND is named {k.name!r}, registered as {name!r}")
+        return k
+
+    def __iter__(self):
+        return iter(KIND_MODULES)
+
+    def __len__(self) -> int:
+        return len(KIND_MODULES)
+
+
+KINDS: Mapping[str, Kind] = _Registry()
+"""kind name -> Kind (imported on first lookup), in the order of KIND_MODULES."""
 
 SOLVER_SHORTHANDS = ("backend", "time_limit_s", "rel_gap", "threads", "seed")
 
@@ -44,8 +72,12 @@ def kind_of_file(spec_path: "str | Path") -> str:
 
 
 def kind_of_job(job: BaseModel) -> Kind:
-    """The kind whose job model `job` is."""
-    for k in KINDS.values():
+    """The kind whose job model `job` is (the kind of the package that defines its class is tried first, so that
+    only that kind is imported)."""
+    home = type(job).__module__.split(".")
+    first = [home[1]] if len(home) > 2 and home[0] == "qsync_opt" and home[1] in KIND_MODULES else []
+    for name in first + [n for n in KIND_MODULES if n not in first]:
+        k = KINDS[name]
         if isinstance(job, k.job_model):
             return k
     raise SpecError(f"a {type(job).__name__} is not the job model of any kind; kinds: {', '.join(KINDS)}")

@@ -92,9 +92,9 @@ class Kind:
     progress_log: str | None = None
     """A logger whose INFO lines the CLI shows while this kind plans or runs (None: none)."""
     profile: Callable[..., None] | None = None
-    """`profile(job, output, groups, console)`: `qsync-opt profile SPEC` for this kind (measure this machine's
-    devices for the job's costs, cache and print them); None: training's profiler (the verb's own) or, for
-    another kind, nothing to measure."""
+    """`profile(job, output, groups, console, progress=True)`: `qsync-opt profile SPEC` for this kind (measure this
+    machine's devices for the job's costs, cache and print them; `progress`: show a progress bar); None: nothing to
+    measure."""
     time_limit_s: Callable[[BaseModel], float] = field(default=lambda job: job.solver.time_limit_s)
     """The seconds of solver time a plan of `job` may spend in all (its one Budget)."""
 

@@ -7,7 +7,6 @@ function, so schedulers can call the same code without the CLI.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from rich.table import Table
 
@@ -17,7 +16,6 @@ from qsync_opt.errors import SpecError
 from qsync_opt.io import atomic_write_text
 from qsync_opt.spec.load import Override
 from qsync_opt.training import run_stages
-from qsync_opt.training.predictor.profile import default_profile_path
 from qsync_opt.training.spec import load_spec
 
 
@@ -51,31 +49,12 @@ def _console():
 def cmd_profile(args) -> int:
     out = _console()
     k = jobs.kind(jobs.kind_of_file(args.spec))
-    if k.profile is None and k.name != "training":
-        measured = " and ".join(sorted(n for n, x in jobs.KINDS.items() if x.profile is not None or n == "training"))
+    if k.profile is None:
+        measured = " and ".join(n for n, x in jobs.KINDS.items() if x.profile is not None)
         raise SpecError(f"{args.spec}: kind: {k.name}: `qsync-opt profile` measures the costs of {measured} specs; "
                         f"a {k.name} spec has nothing to profile here: plan it with `qsync-opt solve {args.spec}`")
-    if k.profile is not None:  # a kind that measures through its Kind record (serving); else training's profiler
-        k.profile(jobs.load_spec(args.spec), args.output, args.groups.split(",") if args.groups else None, out)
-        return 0
-    from qsync_opt.training.predictor.profiler import profile_spec  # import cost: the profiler's kernels
-
-    path = Path(args.output) if args.output else default_profile_path()
-    groups = args.groups.split(",") if args.groups else None
-    prof = profile_spec(args.spec, path, groups=groups, progress=not args.quiet,
-                        log=lambda s: out.print(s, highlight=False))
-    t = Table(title=f"profile {path}", title_justify="left")
-    for col in ("section", "ops", "casts", "optimizer"):
-        t.add_column(col)
-    for key, sec in prof.sections.items():
-        t.add_row(key, str(len(sec.ops)), str(len(sec.casts)), str(len(sec.optimizer)))
-    out.print(t)
-    for key, fit in prof.allreduce.items():
-        if "alpha_ms" in fit:
-            out.print(f"all-reduce {key}: {fit['alpha_ms']:.3f} ms + {fit['beta_ms_per_byte'] * 1e6:.3f} ms/MB")
-        else:  # allreduce_profile.ddp_key: one whole fp32 DDP step, every rank here at once
-            out.print(f"{key}: fp32 DDP step {fit['fp32_ms']:.2f} ms")
-    out.print(f"machine: {prof.machine.get('cpu')} ({', '.join(prof.machine.get('isa', []))}); torch {prof.versions.get('torch')}")
+    k.profile(jobs.load_spec(args.spec), args.output, args.groups.split(",") if args.groups else None, out,
+              progress=not args.quiet)
     return 0
 
 

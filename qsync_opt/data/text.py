@@ -21,10 +21,12 @@ import hashlib
 import sys
 import sysconfig
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from qsync_opt.errors import SpecError
+
+if TYPE_CHECKING:
+    import torch
 
 VOCAB = 256
 TEST_CUT = 26  # SHA-256 first byte < 26: ~10% of files
@@ -60,6 +62,8 @@ def _windows(blob: bytes, seq_len: int, what: str) -> tuple[torch.Tensor, torch.
     if n < 1:
         raise SpecError(f"data.kwargs.{what}: {len(blob)} bytes hold no window of seq_len + 1 = {seq_len + 1} bytes; "
                         "raise it or lower seq_len")
+    import torch  # import cost: the byte-level file lists are read by the loading planner without torch
+
     ids = torch.frombuffer(bytearray(blob[: n * (seq_len + 1)]), dtype=torch.uint8).to(torch.int64)
     w = ids.reshape(n, seq_len + 1)
     return w[:, :-1].contiguous(), w[:, 1:].contiguous()

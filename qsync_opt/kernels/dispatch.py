@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from qsync_opt.errors import SpecError
-from qsync_opt.kernels.dtypes import FP8, TORCH_DTYPE
 from qsync_opt.precision import PEAK_KEY, PRECISIONS
+
+if TYPE_CHECKING:
+    import torch
 
 Kind = Literal["templated", "library", "emulation"]
 KERNELS = ("auto", "templated", "torch")
@@ -55,6 +55,8 @@ class Target:
     @classmethod
     def of_device(cls, device: torch.device) -> "Target":
         if device.type == "cuda":
+            import torch  # import cost: the planner reads this module's table without torch (serving, rollout)
+
             major, minor = torch.cuda.get_device_capability(device)
             return cls("cuda", major * 10 + minor)
         return cls("cpu")
@@ -194,6 +196,10 @@ def storage_bits(precision: str) -> int:
     """Bits per element of what the runtime keeps for a tensor at `precision` (codes saved for
     backward, weight copies): the dtypes the kernel ops return. int4 codes live in int8 tensors
     (quantize_symmetric returns int8 for every bit width), fp8 in torch's float8 dtypes."""
+    import torch  # import cost: as in Target.of_device
+
+    from qsync_opt.kernels.dtypes import FP8, TORCH_DTYPE  # import cost: torch
+
     if precision in ("int8", "int4"):
         dtype = torch.int8
     elif precision.startswith("fp8_"):

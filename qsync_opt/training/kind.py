@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from qsync_opt.kind import Kind, RunRequest
 from qsync_opt.training.pipeline import plan_job
 from qsync_opt.training.plan import Plan
@@ -25,6 +27,32 @@ def run(job: JobSpec, request: RunRequest) -> dict[str, str]:
     return {"report": stages["report"]}
 
 
+def profile(job: JobSpec, output: "str | None", groups: list[str] | None, console, progress: bool = True) -> None:
+    """`qsync-opt profile TRAINING_SPEC [-o FILE] [--groups a,b] [--quiet]`: measure what the profile lacks for
+    every group here (training.predictor.profiler), then print its sections and all-reduce fits."""
+    from rich.table import Table  # import cost: rich's table, only for this verb
+
+    from qsync_opt.training.predictor import profiler  # import cost: the profiler's kernels
+    from qsync_opt.training.predictor.profile import default_profile_path  # import cost: as above
+
+    path = Path(output) if output else default_profile_path()
+    prof = profiler.profile_spec(job, path, groups=groups, progress=progress,
+                                 log=lambda s: console.print(s, highlight=False))
+    t = Table(title=f"profile {path}", title_justify="left")
+    for col in ("section", "ops", "casts", "optimizer"):
+        t.add_column(col)
+    for key, sec in prof.sections.items():
+        t.add_row(key, str(len(sec.ops)), str(len(sec.casts)), str(len(sec.optimizer)))
+    console.print(t)
+    for key, fit in prof.allreduce.items():
+        if "alpha_ms" in fit:
+            console.print(f"all-reduce {key}: {fit['alpha_ms']:.3f} ms + {fit['beta_ms_per_byte'] * 1e6:.3f} ms/MB")
+        else:  # allreduce_profile.ddp_key: one whole fp32 DDP step, every rank here at once
+            console.print(f"{key}: fp32 DDP step {fit['fp32_ms']:.2f} ms")
+    console.print(f"machine: {prof.machine.get('cpu')} ({', '.join(prof.machine.get('isa', []))}); "
+                  f"torch {prof.versions.get('torch')}")
+
+
 KIND = Kind(
     name="training",
     summary="per-operator precisions and batch split for synchronous data-parallel training on unlike devices "
@@ -38,4 +66,5 @@ KIND = Kind(
     stages=tuple(STAGES),
     run_options=frozenset({"start", "emulate"}),
     exports_problem=True,
+    profile=profile,
 )

@@ -52,6 +52,7 @@ WRITES = {
     "kernel_speed.py": ["kernels_gemm.csv", "kernels_quantize.csv"],
     "mixing_additivity.py": ["mixing_additivity.csv"],
     "predictor.py": ["predictor.csv", "indicators.csv", "predictor_scatter.png"],
+    "plan_import_cost.py": ["plan_import_cost.csv"],
     "predictor_cpu_tiny.py": ["cpu_tiny_predict_vs_train.csv"],
     "profile_speed.py": ["profile_speed.csv"],
     "report_pictures.py": ["cpu_tiny_precisions.png", "cpu_tiny_curves.png", "cpu_tiny_timeline.png",

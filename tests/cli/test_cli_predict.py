@@ -84,6 +84,6 @@ def test_profile_of_a_kind_with_nothing_to_measure_says_which_kinds_it_profiles(
     spec.write_text((Path(__file__).resolve().parents[2] / "examples" / "rollout_cpu_tiny.yaml").read_text())
     assert main(["profile", str(spec), "-o", str(tmp_path / "p.json")]) == 2
     err = capsys.readouterr().err
-    assert "kind: rollout" in err and "serving and training specs" in err and f"qsync-opt solve {spec}" in err
+    assert "kind: rollout" in err and "training and serving specs" in err and f"qsync-opt solve {spec}" in err
     assert "trains" not in err  # not the training runner's message
     assert not (tmp_path / "p.json").exists()
