@@ -8,7 +8,9 @@ On a machine with a CUDA device, within the budget (5 minutes by default), in th
   3. the CUDA tests: pytest -m cuda;
   4. fwd+bwd time of every precision's runtime module against fp32 and tf32 on a large linear
      and a large conv, with each output's error against float64;
-  5. templated kernel vs torch op for the int8/int4/fp8 GEMMs (speed ratio, agreement);
+  5. the same linear as a user could run it instead of a plan: bf16, the runtime's fp8 module and torchao's
+     float8 training (tensorwise, rowwise; the `gpu` extra), eager and under torch.compile;
+     then templated kernel vs torch op for the int8/int4/fp8 GEMMs (speed ratio, agreement);
   6. a zoo model profiled per op and precision (DIR/profile.json);
   7. examples/cpu_tiny.yaml's model trained 20 steps on the GPU with a mixed plan.
 Everything goes to DIR (summary.md, results.json, ratios.csv, profile.json, pytest_cuda.txt,
@@ -181,6 +183,16 @@ def summary(run: Run, device: torch.device, gpu: bool) -> str:
             lines.append(f"| {r['shape']} | {r['precision']} | {r['implementation']} | {f('fwd_bwd_ms', '.3f')} | "
                          f"{f('speedup_vs_fp32', '.2f')}x | {f('speedup_vs_tf32', '.2f')}x | "
                          f"{f('rel_err_vs_fp64', '.2e')} {err} |")
+    libs = run.results.get("libraries") or []
+    if libs:
+        lines += ["", "The linear as a user could run it instead (fwd+bwd; torch.compile rows on a GPU only):", "",
+                  "| implementation | precision | compiled | fwd+bwd ms | vs bf16 | vs bf16 compiled | rel. error vs fp64 |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in libs:
+            f = lambda k, fmt: format(r[k], fmt) if k in r else "-"  # noqa: E731
+            lines.append(f"| {r['implementation']} | {r['precision']} | {'yes' if r['compiled'] else 'no'} | "
+                         f"{f('fwd_bwd_ms', '.3f')} | {f('speedup_vs_bf16', '.2f')}x | "
+                         f"{f('speedup_vs_bf16_compiled', '.2f')}x | {f('rel_err_vs_fp64', '.2e')} {r.get('error', '')} |")
     for r in run.results.get("gemm_choices") or []:
         lines.append(f"- {r.get('gemm')}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                                          for k, v in r.items() if k != "gemm"))
@@ -219,6 +231,7 @@ def main(argv=None) -> int:
         run.step("build", lambda: build_extension(device), need_s=60)
         run.step("cuda_tests", lambda: cuda_tests(out, min(150.0, run.left() - 60)), need_s=90)
     run.step("ratios", lambda: parts.ratios(device, gpu, reps), need_s=20 if gpu else 0)
+    run.step("libraries", lambda: parts.library_linears(device, gpu, reps, compile_=gpu), need_s=60 if gpu else 0)
     run.step("gemm_choices", lambda: parts.gemm_choices(device, gpu, reps), need_s=15 if gpu else 0)
     run.step("profile", lambda: parts.profile_model("resnet18" if gpu else "tiny-cnn", 32 if gpu else 2, device,
                                                     reps), need_s=20 if gpu else 0)
@@ -226,6 +239,8 @@ def main(argv=None) -> int:
              need_s=15 if gpu else 0)
     if run.results.get("ratios"):
         write_csv(out / "ratios.csv", run.results["ratios"])
+    if run.results.get("libraries"):
+        write_csv(out / "libraries.csv", run.results["libraries"])
     if run.results.get("profile"):
         prof = {**run.results["profile"], "device": torch.cuda.get_device_name(device) if gpu else "cpu",
                 "torch": torch.__version__, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

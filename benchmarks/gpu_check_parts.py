@@ -116,6 +116,74 @@ def ratios(device: torch.device, big: bool, repeats: int) -> list[dict]:
     return rows
 
 
+#: torchao float8 training recipes timed beside the runtime's own fp8 module (torchao.float8.Float8LinearConfig).
+TORCHAO_RECIPES = ("tensorwise", "rowwise")
+
+
+def torchao_float8():
+    """torchao's float8 training API (convert_to_float8_training, Float8LinearConfig), or None when torchao is
+    not installed (`pip install "qsync-opt[gpu]"`)."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError:
+        return None
+    return convert_to_float8_training, Float8LinearConfig
+
+
+def library_linears(device: torch.device, big: bool, repeats: int, compile_: bool) -> list[dict]:
+    """The linear of `ratios`, forward + backward, as each implementation a user could run instead of a plan:
+    bf16 (autocast-style: module and input in bf16), the runtime's fp8_e4m3 module, and torchao's float8
+    training (Float8Linear, each of TORCHAO_RECIPES), each eager and, with `compile_`, under torch.compile
+    (which fuses torchao's casts and scales). Speed-ups are against bf16 eager and bf16 compiled; errors against
+    float64. This is the table that says whether fp8 pays on this device and which implementation to dispatch."""
+    import copy
+
+    label, base, shape = shapes(big)[0]
+    x = torch.randn(shape, device=device)
+    ref = reference64(base.to(device), x)
+    lib = torchao_float8()
+    cands: list[tuple[str, str, object]] = [("bf16", "torch bf16 module", lambda: copy.deepcopy(base).to(device, torch.bfloat16)),
+                                            ("fp8_e4m3", "qsync runtime module", lambda: quantized(base, "fp8_e4m3", device))]
+    for recipe in TORCHAO_RECIPES:
+        def make(recipe=recipe):
+            if lib is None:
+                raise RuntimeError('torchao is not installed: pip install "qsync-opt[gpu]"')
+            convert, config = lib
+            holder = nn.Sequential(copy.deepcopy(base)).to(device, torch.bfloat16)
+            convert(holder, config=config.from_recipe_name(recipe))
+            return holder
+        cands.append(("fp8_e4m3", f"torchao Float8Linear {recipe}", make))
+    rows, times = [], {}
+    for compiled in ((False, True) if compile_ else (False,)):
+        for precision, impl, make in cands:
+            row = {"shape": label, "precision": precision, "implementation": impl, "compiled": compiled}
+            try:
+                m = make()
+                if compiled:
+                    m = torch.compile(m)
+                dtype = torch.bfloat16 if precision == "bf16" or impl.startswith("torchao") else torch.float32
+                xi = x.to(dtype)
+                xg = xi.clone().requires_grad_(True)
+
+                def step():
+                    y = m(xg)
+                    y.backward(torch.ones_like(y))
+
+                with torch.no_grad():
+                    y = m(xi)
+                row["rel_err_vs_fp64"] = float((y.detach().double() - ref).norm() / ref.norm())
+                times[(impl, compiled)] = row["fwd_bwd_ms"] = time_ms(step, device, repeats)
+            except Exception as e:  # one implementation's failure must not hide the others' figures
+                row["error"] = f"{type(e).__name__}: {e}"[:300]
+            rows.append(row)
+    for row in rows:
+        if "fwd_bwd_ms" in row:
+            for c in (False, True):
+                if ("torch bf16 module", c) in times:
+                    row[f"speedup_vs_bf16{'_compiled' if c else ''}"] = times[("torch bf16 module", c)] / row["fwd_bwd_ms"]
+    return rows
+
+
 def gemm_choices(device: torch.device, big: bool, repeats: int) -> list[dict]:
     """Templated kernel vs torch op for the same GEMM: speed ratio and agreement. What
     dispatch.CUDA_INT8_AUTO (and the fp8 choice) should follow on this architecture."""
@@ -301,6 +369,25 @@ def ratio_problems(rows: list[dict]) -> list[str]:
     return out
 
 
+def library_problems(rows: list[dict]) -> list[str]:
+    """Why the `libraries` step's numbers are wrong: every implementation must run (torchao's rows may say it is
+    not installed: that is the machine's set-up, said in the row, not a failure of the code), be finite and lie
+    within its precision's REL_ERR_TOLERANCE."""
+    out = []
+    for r in rows:
+        name = f"{r.get('implementation')}{' (compiled)' if r.get('compiled') else ''}"
+        if "error" in r:
+            if "torchao is not installed" not in r["error"]:
+                out.append(f"{name}: {r['error']}")
+            continue
+        err, tol = r.get("rel_err_vs_fp64"), REL_ERR_TOLERANCE.get(r.get("precision"))
+        if _bad_number(err) or _bad_number(r.get("fwd_bwd_ms")):
+            out.append(f"{name}: non-finite or missing figures (rel. error {err}, fwd+bwd {r.get('fwd_bwd_ms')})")
+        elif err > tol:
+            out.append(f"{name}: relative error {err:.3g} vs float64 above its tolerance {tol:g}")
+    return out
+
+
 def gemm_problems(rows: list[dict]) -> list[str]:
     """The integer GEMMs must be bit-exact (templated and Triton vs torch); fp8 within the accumulation bound
     of its implementation (kernels.reference.fp8_gemm_tolerance)."""
@@ -350,5 +437,5 @@ def train_problems(t: dict) -> list[str]:
     return out
 
 
-CHECKS = {"ratios": ratio_problems, "gemm_choices": gemm_problems, "profile": profile_problems, "train": train_problems}
+CHECKS = {"ratios": ratio_problems, "libraries": library_problems, "gemm_choices": gemm_problems, "profile": profile_problems, "train": train_problems}
 """Step name -> the function that says why its result is wrong."""

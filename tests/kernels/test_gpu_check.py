@@ -24,7 +24,8 @@ def test_gpu_check_runs_its_cpu_path(tmp_path):
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["gpu"] is False
     assert [(s[0], s[1]) for s in res["steps"]] == [(n, "ok") for n in
-                                                    ("imports", "dispatch", "ratios", "gemm_choices", "profile", "train")]
+                                                    ("imports", "dispatch", "ratios", "libraries", "gemm_choices",
+                                                     "profile", "train")]
     assert "qsync_opt.kernels.dispatch" in res["imports"]
     # every precision measured on both shapes, each with its error against float64
     rows = res["ratios"]
@@ -36,6 +37,17 @@ def test_gpu_check_runs_its_cpu_path(tmp_path):
     assert {r["rel_err_vs_fp64"] < 1e-6 for r in rows if r["precision"] == "fp32"} == {True}
     # each lower precision really is lower: its error is above fp32's (a format that silently ran fp32 shows ~1e-7)
     assert all(r["rel_err_vs_fp64"] > 1e-5 for r in rows if r["precision"] not in ("fp32", "tf32"))
+    # the linear as a user could run it instead: bf16, the runtime's fp8 module, torchao's two float8 recipes
+    # (eager on CPU; torch.compile rows only on a GPU), each within its precision's error bound
+    libs = res["libraries"]
+    assert [(r["implementation"], r["compiled"]) for r in libs] == [
+        ("torch bf16 module", False), ("qsync runtime module", False),
+        ("torchao Float8Linear tensorwise", False), ("torchao Float8Linear rowwise", False)]
+    for r in libs:
+        if "torchao is not installed" in r.get("error", ""):
+            continue
+        assert r["rel_err_vs_fp64"] <= REL_ERR_TOLERANCE[r["precision"]] and r["fwd_bwd_ms"] > 0, r
+        assert r["rel_err_vs_fp64"] > 1e-4, r  # a lower precision really ran (fp32 would give ~1e-7)
     # the templated and torch GEMMs agree bit for bit on CPU
     assert all(r["bit_exact"] for r in res["gemm_choices"] if r["gemm"].startswith("int"))
     prof = json.loads((tmp_path / "profile.json").read_text())
