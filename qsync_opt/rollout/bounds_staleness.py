@@ -304,6 +304,20 @@ def room_seconds(kinds: list[RoomKind], prompts, lengths, trainer_s: float, eta:
     return None
 
 
+def room_kinds(job, kinds: list[WorkerCosts], prompts, lengths, min_ctx: float) -> list[RoomKind]:
+    """The room program's view of each kind for these trajectories: the plane and latency line over the fleet's cap
+    (as rollout.bounds), the lines per batch up to the kind's own cap (`rollout.workers[].batch_cap`, else the
+    fleet's), each at the tokens' mean context."""
+    r = job.rollout
+    cap = r.repack.batch_cap
+    own = {w.group: w.batch_cap for w in r.workers if w.batch_cap is not None}
+    n = np.asarray(lengths, dtype=float)
+    tokens, ctx_sum = float(n.sum()), float((n * np.asarray(prompts, dtype=float) + n * (n - 1) / 2).sum())
+    return [RoomKind(c.count, decode_plane(c, cap, min_ctx, tokens, ctx_sum),
+                     latency_line(c, cap, min_ctx, tokens, ctx_sum),
+                     batch_lines(c, min(cap, own.get(c.group, cap)), ctx_sum / tokens)) for c in kinds]
+
+
 def gate_seconds(job, drawn, trainer_steps, eta: int, costs: list[WorkerCosts] | None = None) -> tuple[float, float]:
     """(end of the last step, start of the first) at their earliest under the admission gate, the trainer's steps
     lasting `trainer_steps` (seconds each, in order), each drawn trajectory at its least decode latency on the
@@ -361,15 +375,8 @@ def staleness_run_ceiling(job, consumed, drawn=None, eta: int | None = None, cos
     base = run_ceiling(job, arr, costs, train_s)
     kinds = costs or all_worker_costs(job)
     prompts, lengths = arr[:, 0], arr[:, 1]
-    cap = r.repack.batch_cap
     min_ctx = float(min(prompts.min(), np.min(drawn[0]))) if len(prompts) else 1.0
-    tokens, ctx_sum = float(lengths.sum()), float((lengths * prompts + lengths * (lengths - 1) / 2).sum())
-    own = {w.group: w.batch_cap for w in r.workers if w.batch_cap is not None}
-    rooms = [RoomKind(c.count, decode_plane(c, cap, min_ctx, tokens, ctx_sum),
-                      latency_line(c, cap, min_ctx, tokens, ctx_sum),
-                      batch_lines(c, min(cap, own.get(getattr(c, "group", None), cap)), ctx_sum / tokens))
-             for c in kinds]
-    window = room_seconds(rooms, prompts, lengths, base.trainer_s, eta, B)
+    window = room_seconds(room_kinds(job, kinds, prompts, lengths, min_ctx), prompts, lengths, base.trainer_s, eta, B)
     end, first = gate_seconds(job, drawn, steps, eta, kinds)
     gate = end - first if long_run else end
     note = "" if window is not None else ("the staleness program ended without a proven optimum: its room bound is "
