@@ -101,7 +101,7 @@ def test_the_lines_per_batch_lie_under_every_decode_step():
         bl = bounds_staleness.batch_lines(c, cap, 300.0)
         assert bl.cap == cap and np.all(bl.mu_s >= 0)
         for b in range(1, cap + 1):
-            a1, b1, a2, b2 = c.decode_lines(b)
+            _, b1, _, b2 = c.decode_lines(b)
             second |= bool(np.isclose(bl.mu_s[b - 1] * 1e3, b2) and b1 != b2)
             for s in np.geomspace(b, b * 2e5, 25):
                 assert c.decode_ms(b, s) / 1e3 >= (bl.f_s[b - 1] + bl.mu_s[b - 1] * s) * (1 - 1e-12), (c.group, b, s)
