@@ -30,8 +30,8 @@ on one worker at a time and trained after its last token); waiting in a queue or
 Step k contributes batch·T_k. A decode step of B sequences, contexts summing to S, duration d, contributes B·d (the B
 it holds are all in the room) and costs its worker d. On kind k, d ≥ f_k(B) + μ_k(B)·S for every S ≥ B
 (`batch_lines`: one of the cost model's two lines at that B, the one above at S = B × the tokens' mean context: a
-supporting line, exact where one line rules, as on every B ≤ 128 of the seven benchmark cases). Split over the step's
-tokens j, contexts c_j:
+supporting line, exact wherever one of the two rules over the contexts that occur). Split over the step's tokens j,
+contexts c_j:
   worker-seconds  d ≥ Σ_j (f_k(B)/B + μ_k(B)·c_j),      room  B·d ≥ Σ_j (f_k(B) + μ_k(B)·B·c_j),
 the same step on both sides: a token decoded at a large batch is cheap in worker-seconds and dear in the room. The
 program decides, fractionally, how many tokens x[k, I, g] of each context group g (priced at its lowest context, as
@@ -49,8 +49,7 @@ A real run gives a feasible point (x its tokens by kind, batch and context, R it
 The batch-free rows (the plane, the latency line; `coupled=False` keeps only them) are kept, so the room is never
 looser than without the tie. It keeps the fleet's capacity per kind, each token's work and latency tied through the
 batch it is decoded at, the kinds' own caps and the rule's room; it drops finished trajectories waiting for their
-step and admitted ones waiting to start (both in the room: in the benchmark's cases a quarter of it), which
-trajectory decodes when, the order of the batches, and that tokens come in whole steps (it is fractional). The value
+step and admitted ones waiting to start (both in the room), which trajectory decodes when, the order of the batches, and that tokens come in whole steps (it is fractional). The value
 is taken only from a proven optimum (status optimal, the solver's bound); otherwise the room is left out and
 `StalenessCeiling.note` says so (the trainer, plane and gate bounds stand).
 
