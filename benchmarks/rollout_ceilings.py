@@ -4,7 +4,8 @@ rollout.bounds_staleness.
 For every case of benchmarks/rollout.py (the same specs, workload seed, η and steps as its simulated rows), the
 long-run ceiling under the staleness rule (rollout.bounds_staleness.staleness_ceiling: the trainer's steps back to
 back; the rollouts' hardware with every decode step priced at the plane under its cost; and the rule, admitted ≤
-(η + version + 1) batches, through its admission gate and its room), beside the one without the rule
+(η + version + 1) batches, through its admission gate and its room, each token's work and latency tied through its
+decode batch), beside the one without the rule
 (rollout.bounds.ceiling), then every policy simulated with the ceiling of its own run (the trajectories it trained
 and could admit, under the rule). The column that bears on #22's "≥ 1.3× the best other asynchronous policy": the
 ceiling over the best of one-step-off, stale, partial-rollout and trajectory-async without repack, the most any
@@ -39,7 +40,8 @@ from qsync_opt.rollout.simulate import VARIANTS, simulate  # noqa: E402
 
 COLS = ("case", "eta", "steps", "batch_cap", "kind_caps", "policy", "trajectories_per_s", "run_ceiling_tps", "of_run_ceiling",
         "ceiling_tps", "ceiling_without_rule_tps", "ceiling_trainer_tps", "ceiling_rollout_tps", "ceiling_rule_tps",
-        "bound_by", "of_ceiling", "of_ceiling_without_rule", "gate_fill_mean", "gate_waiting_mean",
+        "ceiling_room_tps", "ceiling_gate_tps", "bound_by", "of_ceiling", "of_ceiling_without_rule", "gate_fill_mean",
+        "gate_waiting_mean",
         "trainer_idle_frac", "rollout_idle_frac", "decode_batch_mean", "decode_stretch_mean")
 
 
@@ -120,7 +122,8 @@ def main(argv=None) -> int:
         b = got[(c, best, cap_run)][0]
         repacked = [v for v in ("repack-best-fit", "repack-program") if v in variants]
         print(f"\n{c} (η = {eta}, batch cap {cap}{', ' + kind_caps if kind_caps else ''}): ceiling {cl.tps:.2f} traj/s, bound by the {cl.bound_by} (trainer "
-              f"{old.trainer_tps:.2f}, rollouts' hardware {old.rollout_tps:.2f}, staleness rule {cl.rule_tps:.2f}); "
+              f"{old.trainer_tps:.2f}, rollouts' hardware {old.rollout_tps:.2f}, staleness rule {cl.rule_tps:.2f}: its room "
+              f"{cl.room_tps or float('nan'):.2f}, its gate {cl.gate_tps:.2f}); "
               f"without the rule {old.tps:.2f}" + (f" ({cl.note})" if cl.note else ""))
         for v in variants:
             tps, run_c, fill, waiting, t_idle, r_idle, batch, stretch = got[(c, v, cap_run)]
@@ -133,6 +136,8 @@ def main(argv=None) -> int:
                          "of_run_ceiling": round(tps / run_c, 4), "ceiling_tps": round(cl.tps, 3),
                          "ceiling_without_rule_tps": round(old.tps, 3), "ceiling_trainer_tps": round(old.trainer_tps, 3),
                          "ceiling_rollout_tps": round(old.rollout_tps, 3), "ceiling_rule_tps": round(cl.rule_tps, 3),
+                         "ceiling_room_tps": "" if cl.room_tps is None else round(cl.room_tps, 3),
+                         "ceiling_gate_tps": round(cl.gate_tps, 3),
                          "bound_by": cl.bound_by, "of_ceiling": round(tps / cl.tps, 4),
                          "of_ceiling_without_rule": round(tps / old.tps, 4),
                          "gate_fill_mean": "" if fill is None else round(fill, 4),

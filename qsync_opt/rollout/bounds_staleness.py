@@ -23,18 +23,35 @@ the last step: every quantity is non-decreasing in the earlier steps' ends, so n
 the gate, each trajectory's latency and the trainer's steps; it drops capacity (any number decode at once, each at
 its single-sequence step), which kind decodes what, and everything a policy waits on besides.
 
-**The room** (`_program`, Little's law). A trajectory trained in step k stays admitted-and-untrained from its
-admission to the end of step k: at least ℓ plus the step. Integrated over a run of length R:
-Σ_i ℓ_i + batch · Σ_k T_k ≤ (η + 1)·batch · R. Tokens are grouped by context as in rollout.bounds (each group priced
-at its lowest context) and split fractionally among the worker kinds, as are the prefills:
-  minimize R  s.t.  every kind's worker-seconds (the decode plane and φ per prefill) ≤ its count · R,
-                    Σ over tokens of their step latency on the kind that decoded them + Σ prefill latencies
-                        + batch · Σ_k T_k ≤ (η + 1)·batch · R,
+**The room** (`room_seconds`, Little's law). At every instant at most (η + 1)·batch trajectories are admitted and
+untrained, so over a run of length R the integral of that count is at most (η + 1)·batch·R. A trajectory trained in
+step k is in it during each decode step it is part of, during its prefill, and during step k (disjoint spells: it is
+on one worker at a time and trained after its last token); waiting in a queue or finished before its step only add.
+Step k contributes batch·T_k. A decode step of B sequences, contexts summing to S, duration d, contributes B·d (the B
+it holds are all in the room) and costs its worker d. On kind k, d ≥ f_k(B) + μ_k(B)·S for every S ≥ B
+(`batch_lines`: one of the cost model's two lines at that B, the one above at S = B × the tokens' mean context: a
+supporting line, exact wherever one of the two rules over the contexts that occur). Split over the step's tokens j,
+contexts c_j:
+  worker-seconds  d ≥ Σ_j (f_k(B)/B + μ_k(B)·c_j),      room  B·d ≥ Σ_j (f_k(B) + μ_k(B)·B·c_j),
+the same step on both sides: a token decoded at a large batch is cheap in worker-seconds and dear in the room. The
+program decides, fractionally, how many tokens x[k, I, g] of each context group g (priced at its lowest context, as
+rollout.bounds does; valid since μ ≥ 0) each kind decodes at batches in each interval I = [lo, hi] of 1..cap_k
+(`batch_intervals`, ratio BATCH_GRID; cap_k the kind's own cap where it has one, as the simulator applies it), each
+token priced at the least over B in I of its work and, separately, of its room term (`interval_prices`, so a
+coarser grid only loosens it), and how many prefills each kind does:
+  minimize R  s.t.  Σ_g x[·, ·, g] = the tokens of group g;  Σ prefills = the trajectories,
+                    per kind: Σ x·(f/B + μ·c_g) + φ·prefills ≤ count · R        (tied, per batch)
+                              Σ x·(α + β·c_g) + φ·prefills ≤ count · R          (rollout.bounds' plane)
+                    Σ x·(f + μ·B·c_g) + π·prefills + batch·Σ_k T_k ≤ (η + 1)·batch·R   (tied, per batch)
+                    Σ x·(λ + μ·c_g) + π·prefills + batch·Σ_k T_k ≤ (η + 1)·batch·R     (the latency line)
                     R ≥ Σ_k T_k.
-It keeps the fleet's decode capacity, each token's latency on its kind and the rule's room; it drops which
-trajectory decodes when, the order of the batches, and the tie between a token's work and its latency being on one
-worker. The value is taken only from a proven optimum (status optimal, the solver's bound); otherwise the room is
-left out and `StalenessCeiling.note` says so (the trainer, plane and gate bounds stand).
+A real run gives a feasible point (x its tokens by kind, batch and context, R its length), so the least R bounds it.
+The batch-free rows (the plane, the latency line; `coupled=False` keeps only them) are kept, so the room is never
+looser than without the tie. It keeps the fleet's capacity per kind, each token's work and latency tied through the
+batch it is decoded at, the kinds' own caps and the rule's room; it drops finished trajectories waiting for their
+step and admitted ones waiting to start (both in the room), which trajectory decodes when, the order of the batches, and that tokens come in whole steps (it is fractional). The value
+is taken only from a proven optimum (status optimal, the solver's bound); otherwise the room is left out and
+`StalenessCeiling.note` says so (the trainer, plane and gate bounds stand).
 
 Each bound holds in every run, so the ceiling's run length is the largest of rollout.bounds' (trainer, rollouts'
 hardware), the gate's and the room's: never above the ceiling without the rule, and equal to it where the rule
@@ -54,7 +71,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from qsync_opt.rollout.bounds import BUCKET_TOKENS, Ceiling, decode_plane, run_ceiling
+from qsync_opt.rollout.bounds import (
+    BUCKET_TOKENS,
+    Ceiling,
+    Plane,
+    decode_plane,
+    run_ceiling,
+)
 from qsync_opt.rollout.costs import WorkerCosts, all_worker_costs, trainer_step_s
 from qsync_opt.rollout.sim_workload import draw
 from qsync_opt.solver.backends import get_backend
@@ -70,6 +93,35 @@ class LatencyLine:
     lambda_s: float
     mu_s: float
     prefill_s: float
+
+
+BATCH_GRID = 1.1
+"""Ratio of the decode-batch intervals of the room program (`batch_intervals`): batches 1–9 each alone, then
+intervals [lo, ⌊1.1·lo⌋]; 25 intervals up to a cap of 64, 53 up to 1024."""
+
+
+@dataclass(frozen=True)
+class BatchLines:
+    """One line per decode batch B = 1..cap under one kind's step: t(B, S) ≥ f_s[B − 1] + mu_s[B − 1]·S for every
+    S ≥ B (seconds; S the contexts' sum), mu_s ≥ 0."""
+
+    f_s: np.ndarray
+    mu_s: np.ndarray
+
+    @property
+    def cap(self) -> int:
+        return len(self.f_s)
+
+
+@dataclass(frozen=True)
+class RoomKind:
+    """What the room program knows of one worker kind: its count, its batch-free plane (worker-seconds) and latency
+    line (the room), and its lines per decode batch up to its own cap (both, tied)."""
+
+    count: int
+    plane: Plane
+    latency: LatencyLine
+    lines: BatchLines
 
 
 @dataclass(frozen=True)
@@ -108,6 +160,16 @@ class StalenessCeiling:
         if max(self.window_s or 0.0, self.gate_s) > max(self.base.trainer_s, self.base.rollout_s) * (1 + 1e-9):
             return "staleness rule"
         return self.base.bound_by
+
+    @property
+    def room_tps(self) -> float | None:
+        """The room program's bound alone (None: no proven optimum)."""
+        return self.trajectories / self.window_s if self.window_s else None
+
+    @property
+    def gate_tps(self) -> float:
+        """The gate recursion's bound alone."""
+        return self.trajectories / self.gate_s if self.gate_s > 0 else math.inf
 
     @property
     def rule_tps(self) -> float:
@@ -150,42 +212,109 @@ def latency_line(c: WorkerCosts, cap: int, min_ctx: float, tokens: float, ctx_su
     return LatencyLine(lam(lo), lo, max(0.0, wait))
 
 
-def _program(kinds, planes, lats, prompts, lengths, trainer_s: float, eta: int, batch: int) -> float | None:
-    """The least R of the program in the module docstring; None without a proven optimum."""
+def batch_lines(c: WorkerCosts, cap: int, mean_ctx: float) -> BatchLines:
+    """For each decode batch B = 1..cap the one of the cost model's two lines (t(B, S) = max of them) that is the
+    larger at S = B·mean_ctx: the supporting line of t(B, ·) there, under it at every S ≥ B (the simulator prices
+    no step below S = B). Raises RuntimeError on a negative slope (the model's KV reads and attention FLOPs grow
+    with S; a negative slope would make pricing a token at its group's lowest context invalid)."""
+    lines = np.array([c.decode_lines(b) for b in range(1, cap + 1)]) / 1e3
+    a1, b1, a2, b2 = lines.T
+    s = np.arange(1, cap + 1, dtype=float) * max(mean_ctx, 1.0)
+    first = a1 + b1 * s >= a2 + b2 * s
+    mu = np.where(first, b1, b2)
+    if np.any(mu < 0):
+        raise RuntimeError(f"rollout staleness ceiling: a decode line of {getattr(c, 'group', c)} falls with context")
+    return BatchLines(np.where(first, a1, a2), mu)
+
+
+def batch_intervals(cap: int, ratio: float = BATCH_GRID) -> list[tuple[int, int]]:
+    """Consecutive intervals [lo, hi] covering 1..cap, hi = max(lo, ⌊lo·ratio⌋) (every batch its own at ratio 1)."""
+    out, lo = [], 1
+    while lo <= cap:
+        hi = min(cap, max(lo, math.floor(lo * ratio)))
+        out.append((lo, hi))
+        lo = hi + 1
+    return out
+
+
+def interval_prices(bl: BatchLines, lo: int, hi: int, ctx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(work, room) per token at each context in `ctx` decoded at some batch in [lo, hi]: the least over those B of
+    f(B)/B + μ(B)·c (its share of the step's worker-seconds) and of f(B) + μ(B)·B·c (its share of B × the step's
+    duration, the step's term in the room's integral). Each is at most the token's own at its true B and context ≥ c."""
+    B = np.arange(lo, hi + 1, dtype=float)[:, None]
+    f, mu = bl.f_s[lo - 1:hi, None], bl.mu_s[lo - 1:hi, None]
+    c = np.asarray(ctx, dtype=float)[None, :]
+    return np.min(f / B + mu * c, axis=0), np.min(f + mu * B * c, axis=0)
+
+
+def room_seconds(kinds: list[RoomKind], prompts, lengths, trainer_s: float, eta: int, batch: int,
+                 coupled: bool = True, ratio: float = BATCH_GRID) -> float | None:
+    """The least R of the room program in the module docstring (`coupled`: with the rows that tie each token's work
+    to its latency through its decode batch; else only the batch-free rows); None without a proven optimum."""
+    prompts = np.asarray(prompts, dtype=float)
+    lengths = np.asarray(lengths, dtype=float)
     top = float((prompts + lengths).max())
     edges = np.arange(float(prompts.min()), top + BUCKET_TOKENS, BUCKET_TOKENS)
     below = np.array([float(np.clip(e - prompts, 0, lengths).sum()) for e in edges])
     counts = np.diff(below)
+    live = np.flatnonzero(counts > 0)
+    ctx = edges[live]
     p = Problem("rollout-staleness-ceiling")
     R = p.add_var("R", "continuous", lb=float(trainer_s), ub=math.inf)
-    load = {k: {R: -float(c.count)} for k, c in enumerate(kinds)}
-    room = {R: -float((eta + 1) * batch)}
-    for g, n in enumerate(counts):
-        if n <= 0:
-            continue
-        share = {}
-        for k, (pl, lt) in enumerate(zip(planes, lats)):
-            v = p.add_var(f"x_{g}_{k}", "continuous", lb=0.0, ub=math.inf)  # tokens of group g on kind k
-            share[v] = 1.0
-            load[k][v] = pl.alpha_s + pl.beta_s * float(edges[g])
-            room[v] = lt.lambda_s + lt.mu_s * float(edges[g])
-        p.add_constraint(f"tokens_{g}", share, "==", float(n))
-    share = {}
-    for k, (pl, lt) in enumerate(zip(planes, lats)):
+    plane_load = {k: {R: -float(kd.count)} for k, kd in enumerate(kinds)}  # worker-seconds, batch-free plane
+    batch_load = {k: {R: -float(kd.count)} for k, kd in enumerate(kinds)}  # worker-seconds, per decode batch
+    room = {R: -float((eta + 1) * batch)}  # the room, each token at its batch-free latency line
+    batch_room = {R: -float((eta + 1) * batch)}  # the room, each token's share of B × its step
+    share = {int(g): {} for g in live}
+    for k, kd in enumerate(kinds):
+        for i, iv in enumerate(batch_intervals(kd.lines.cap, ratio) if coupled else [None]):
+            work, lat = interval_prices(kd.lines, *iv, ctx) if coupled else (None, None)
+            for j, g in enumerate(live):
+                # tokens of group g decoded on kind k at a batch in interval i
+                v = p.add_var(f"x_{g}_{k}_{i}", "continuous", lb=0.0, ub=math.inf)
+                share[int(g)][v] = 1.0
+                plane_load[k][v] = kd.plane.alpha_s + kd.plane.beta_s * float(ctx[j])
+                room[v] = kd.latency.lambda_s + kd.latency.mu_s * float(ctx[j])
+                if coupled:
+                    batch_load[k][v] = float(work[j])
+                    batch_room[v] = float(lat[j])
+    for g, row in share.items():
+        p.add_constraint(f"tokens_{g}", row, "==", float(counts[g]))
+    pre = {}
+    for k, kd in enumerate(kinds):
         v = p.add_var(f"prefill_{k}", "continuous", lb=0.0, ub=math.inf)
-        share[v] = 1.0
-        load[k][v] = pl.prefill_s
-        room[v] = lt.prefill_s
-    p.add_constraint("prefills", share, "==", float(len(lengths)))
-    for k, row in load.items():
+        pre[v] = 1.0
+        plane_load[k][v] = batch_load[k][v] = kd.plane.prefill_s
+        room[v] = batch_room[v] = kd.latency.prefill_s
+    p.add_constraint("prefills", pre, "==", float(len(lengths)))
+    trained = -float(batch) * float(trainer_s)
+    for k, row in plane_load.items():
         p.add_constraint(f"load_{k}", row, "<=", 0.0)
-    p.add_constraint("staleness_room", room, "<=", -float(batch) * float(trainer_s))
+        if coupled:
+            p.add_constraint(f"batch_load_{k}", batch_load[k], "<=", 0.0)
+    p.add_constraint("staleness_room", room, "<=", trained)
+    if coupled:
+        p.add_constraint("staleness_room_by_batch", batch_room, "<=", trained)
     p.objective = {R: 1.0}
     raw = get_backend("highs").solve(p, SolveOptions(time_limit_s=60.0, rel_gap=0.0, threads=1))
     # only a proven optimum bounds the run length; 1e-6 of it is left for the solver's feasibility tolerances
     if raw.status == "optimal" and raw.bound is not None and raw.bound_in_plan_units:
         return max(0.0, float(raw.bound)) * (1 - 1e-6)
     return None
+
+
+def room_kinds(job, kinds: list[WorkerCosts], prompts, lengths, min_ctx: float) -> list[RoomKind]:
+    """The room program's view of each kind for these trajectories: the plane and latency line over the fleet's cap
+    (as rollout.bounds), the lines per batch up to the kind's own cap (`rollout.workers[].batch_cap`, else the
+    fleet's), each at the tokens' mean context."""
+    r = job.rollout
+    cap = r.repack.batch_cap
+    own = {w.group: w.batch_cap for w in r.workers if w.batch_cap is not None}
+    n = np.asarray(lengths, dtype=float)
+    tokens, ctx_sum = float(n.sum()), float((n * np.asarray(prompts, dtype=float) + n * (n - 1) / 2).sum())
+    return [RoomKind(c.count, decode_plane(c, cap, min_ctx, tokens, ctx_sum),
+                     latency_line(c, cap, min_ctx, tokens, ctx_sum),
+                     batch_lines(c, min(cap, own.get(c.group, cap)), ctx_sum / tokens)) for c in kinds]
 
 
 def gate_seconds(job, drawn, trainer_steps, eta: int, costs: list[WorkerCosts] | None = None) -> tuple[float, float]:
@@ -245,12 +374,8 @@ def staleness_run_ceiling(job, consumed, drawn=None, eta: int | None = None, cos
     base = run_ceiling(job, arr, costs, train_s)
     kinds = costs or all_worker_costs(job)
     prompts, lengths = arr[:, 0], arr[:, 1]
-    cap = r.repack.batch_cap
     min_ctx = float(min(prompts.min(), np.min(drawn[0]))) if len(prompts) else 1.0
-    tokens, ctx_sum = float(lengths.sum()), float((lengths * prompts + lengths * (lengths - 1) / 2).sum())
-    planes = [decode_plane(c, cap, min_ctx, tokens, ctx_sum) for c in kinds]
-    lats = [latency_line(c, cap, min_ctx, tokens, ctx_sum) for c in kinds]
-    window = _program(kinds, planes, lats, prompts, lengths, base.trainer_s, eta, B)
+    window = room_seconds(room_kinds(job, kinds, prompts, lengths, min_ctx), prompts, lengths, base.trainer_s, eta, B)
     end, first = gate_seconds(job, drawn, steps, eta, kinds)
     gate = end - first if long_run else end
     note = "" if window is not None else ("the staleness program ended without a proven optimum: its room bound is "
