@@ -78,7 +78,7 @@ def _graph_counts(spec_path: Path):
     import torch
 
     from qsync_opt.models.from_spec import build_from_spec, input_maker
-    from qsync_opt.models.trace import trace
+    from qsync_opt.models.tracing import trace
     from qsync_opt.training.spec import load_spec
 
     spec = load_spec(spec_path)

@@ -27,7 +27,6 @@ from rich.console import Console
 from rich.table import Table
 
 from qsync_opt import jobs
-from qsync_opt.cli.models import summary
 from qsync_opt.cli.predict import register as register_predictor_verbs
 from qsync_opt.cli.spec_doc import document
 from qsync_opt.console import make_console, styled
@@ -35,7 +34,6 @@ from qsync_opt.errors import InfeasibleError, ModelError, QSyncError, RuntimeSet
 from qsync_opt.hardware.device import catalog
 from qsync_opt.io import atomic_write_text
 from qsync_opt.jobs import KINDS
-from qsync_opt.models.zoo import ZOO
 from qsync_opt.precision import PEAK_KEY, PRECISIONS
 from qsync_opt.runtime.process_exit import Stopped, stop_on_signals
 from qsync_opt.solver.backends import EXACT, available
@@ -44,7 +42,6 @@ from qsync_opt.solver.backends.quiet import fd1_redirected
 from qsync_opt.solver.budget import DEFAULT_TIME_LIMIT_S
 from qsync_opt.solver.files import load_problem
 from qsync_opt.spec.load import Override
-from qsync_opt.training.runtime.torchrun import train_rank, under_torchrun
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_STOPPED, EXIT_MISSES_BOUNDS = 0, 1, 2, 3, 4, 5
 
@@ -313,6 +310,9 @@ def _cmd_devices(args) -> int:
 
 
 def _cmd_models(args) -> int:
+    from qsync_opt.cli.models import summary  # import cost: torch (the zoo's modules are built to count them)
+    from qsync_opt.models.zoo import ZOO  # import cost: torch
+
     t = Table(title="model zoo (random weights, no downloads)", title_justify="left",
               caption="operators: the Linear/Conv/Embedding modules a plan gives a precision (functional matmuls "
                       "the tracer finds, e.g. attention, come on top; `solve` counts them all)", caption_justify="left")
@@ -339,6 +339,8 @@ def _cmd_train(args) -> int:
         raise SpecError(f"--steps: got {args.steps}; give a positive number of steps (default: training.steps)")
     if args.checkpoint_every < 0:
         raise SpecError(f"--checkpoint-every: got {args.checkpoint_every}; give 0 (only at the end) or more")
+    from qsync_opt.training.runtime.torchrun import train_rank, under_torchrun  # import cost: torch.distributed
+
     if under_torchrun():
         return train_rank(args)
     with stop_on_signals():  # a stop at any point is exit 4 (launch says what was kept)

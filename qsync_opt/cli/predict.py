@@ -15,7 +15,6 @@ from qsync_opt.console import make_console
 from qsync_opt.errors import SpecError
 from qsync_opt.io import atomic_write_text
 from qsync_opt.spec.load import Override
-from qsync_opt.training import run_stages
 from qsync_opt.training.spec import load_spec
 
 
@@ -59,6 +58,7 @@ def cmd_profile(args) -> int:
 
 
 def cmd_predict(args) -> int:
+    from qsync_opt.training import run_stages  # import cost: torch (the plan is replayed on the traced model)
     from qsync_opt.training.predictor.timeline_export import write_chrome_trace, write_png  # import cost: matplotlib
 
     out = _console()

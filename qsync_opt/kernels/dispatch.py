@@ -99,7 +99,7 @@ def cuda_arch(sm: int | None) -> str | None:
     """The newest tiles.yaml arch not newer than `sm` (its code runs there), or None."""
     if sm is None:
         return None
-    from qsync_opt.kernels.spec import cuda_archs  # import cost: the kernel specs, only once a CUDA device asks
+    from qsync_opt.kernels.tiles import cuda_archs  # import cost: tiles.yaml is read once a CUDA device asks
 
     fit = [a for a in cuda_archs() if int(a.split("_")[1]) <= sm]
     return fit[-1] if fit else None
@@ -110,7 +110,7 @@ def cuda_gemm_kinds(sm: int | None) -> tuple[str, ...]:
     arch = cuda_arch(sm)
     if arch is None:
         return ()
-    from qsync_opt.kernels.spec import tile_table  # import cost: the kernel specs, only once a CUDA device asks
+    from qsync_opt.kernels.tiles import tile_table  # import cost: tiles.yaml is read once a CUDA device asks
 
     return tuple(tile_table()["archs"][arch])
 

@@ -6,30 +6,14 @@ cache directory listing says what each artefact is. CUDA tile shapes come from t
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
-
-import yaml
 
 from qsync_opt.errors import SpecError
 from qsync_opt.kernels.dtypes import FP8, OUT_DTYPES, TORCH_DTYPE, check_names
+from qsync_opt.kernels.tiles import TILES_PATH, cuda_archs, tile_table  # noqa: F401 (re-exported)
 
-TILES_PATH = Path(__file__).with_name("tiles.yaml")
 GEMM_KINDS = ("int8", "int4", "fp8")
-
-
-@functools.lru_cache(maxsize=None)
-def tile_table() -> dict:
-    """The parsed tiles.yaml (quantize launch shape and per-arch GEMM tiles)."""
-    with open(TILES_PATH) as f:
-        return yaml.safe_load(f) or {}
-
-
-def cuda_archs() -> tuple[str, ...]:
-    """Architectures that have a tile entry, oldest first."""
-    return tuple(sorted(tile_table()["archs"], key=lambda a: int(a.split("_")[1])))
 
 
 @dataclass(frozen=True)

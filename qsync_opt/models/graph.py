@@ -1,6 +1,6 @@
 """OpGraph: the model as the planner sees it — operators with shapes, FLOPs and bytes.
 
-Produced by `qsync_opt.models.trace`; consumed by the predictor and the solver. Plain,
+Produced by `qsync_opt.models.tracing`; consumed by the predictor and the solver. Plain,
 frozen, JSON-serialisable data: nothing here holds a reference to the nn.Module.
 """
 

@@ -1,7 +1,7 @@
 """Give every plannable functional op a module at the FQN the planner named it, so a plan applies.
 
 The planner keys functional GEMMs (`torch.matmul`, `a @ b`, `torch.bmm`, `F.linear`,
-`F.conv2d`) as `<enclosing module>.<fn>_<k>` (models/trace.py). A plan that lowers one names
+`F.conv2d`) as `<enclosing module>.<fn>_<k>` (models/tracing.py). A plan that lowers one names
 a module that does not exist in the user's model. `make_applicable` fx-traces the model with
 the planner's own tracer, computes the names exactly as `trace` does, and replaces each such
 call by a call of a small module registered at that FQN: `MatMul` for matmul/@/bmm,
@@ -23,7 +23,7 @@ from qsync_opt.models import flops
 from qsync_opt.models.from_spec import input_maker
 from qsync_opt.models.layers import FunctionalConv2d, FunctionalLinear, MatMul
 from qsync_opt.models.spec import ModelJob
-from qsync_opt.models.trace import op_names, symbolic_trace
+from qsync_opt.models.tracing import op_names, symbolic_trace
 
 REWRITABLE = {"matmul": "matmul", "bmm": "bmm", "linear": "linear", "conv2d": "conv2d"}
 """Function names (as trace names them) that get a module."""

@@ -1,9 +1,9 @@
-"""The graph walk of models.trace: an fx graph and its recorded values to the planner's OpGraph.
+"""The graph walk of models.tracing: an fx graph and its recorded values to the planner's OpGraph.
 
 It keeps costed operators, drops view-like nodes while passing their data-flow through, names each
 op (module FQN, `<fqn>@<k>` for a repeated call, `<enclosing>.<fn>_<k>` for functional ops), counts
 each parameter once, and derives edges, selectable edges (crossing at most MAX_MERGES residual
-merges), edge numels and depths. models.trace (fx) and models.export_trace (torch.export) both
+merges), edge numels and depths. models.tracing (fx) and models.export_trace (torch.export) both
 build their OpGraph here; training.predictor.profiler reuses its classification and naming.
 """
 

@@ -5,23 +5,29 @@ from __future__ import annotations
 from pathlib import Path
 
 from qsync_opt.kind import Kind, RunRequest
-from qsync_opt.training.pipeline import plan_job
 from qsync_opt.training.plan import Plan
-from qsync_opt.training.report import print_plan
-from qsync_opt.training.run import STAGES
-from qsync_opt.training.run import run as run_stages
 from qsync_opt.training.spec import JobSpec
+
+#: training.run.STAGES' names, in order (tests/training/test_training_kind.py holds them equal): the record is read
+#: to list every kind's stages (`qsync-opt --help`, `spec`) without importing the runtime.
+STAGE_NAMES = ("profile", "indicate", "solve", "predict", "train", "report")
 
 
 def plan(job: JobSpec, budget, export_problem=None) -> Plan:
+    from qsync_opt.training.pipeline import plan_job  # import cost: torch (the model is traced)
+
     return plan_job(job, budget, export_problem=export_problem)
 
 
 def report(plan: Plan, console, verbose: bool = False) -> None:
+    from qsync_opt.training.report import print_plan  # import cost: rich's tables, only when a plan is printed
+
     print_plan(plan, console, verbose=verbose)
 
 
 def run(job: JobSpec, request: RunRequest) -> dict[str, str]:
+    from qsync_opt.training.run import run as run_stages  # import cost: torch and the runtime
+
     stages = run_stages(request.spec_path, request.out, start=request.start, steps=request.steps,
                         emulate=request.emulate)
     return {"report": stages["report"]}
@@ -63,7 +69,7 @@ KIND = Kind(
     report=report,
     load_plan=Plan.load,
     run=run,
-    stages=tuple(STAGES),
+    stages=STAGE_NAMES,
     run_options=frozenset({"start", "emulate"}),
     exports_problem=True,
     profile=profile,

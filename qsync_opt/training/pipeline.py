@@ -18,7 +18,7 @@ from qsync_opt.errors import InfeasibleError, ModelError
 from qsync_opt.models.from_spec import build_from_spec, input_maker
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.models.private_rng import private_rng
-from qsync_opt.models.trace import TRACE_BATCH, trace
+from qsync_opt.models.tracing import TRACE_BATCH, trace
 from qsync_opt.solver.budget import Budget
 from qsync_opt.training.infeasible_fixes import precision_fixes
 from qsync_opt.training.plan import GroupPlan, Plan, Provenance, SolverReport, graph_fingerprint

@@ -20,7 +20,7 @@ from qsync_opt.training.spec import JobSpec, load_spec
 from qsync_opt.errors import ModelError, SpecError
 from qsync_opt.models.from_spec import build_from_spec, input_maker
 from qsync_opt.models.private_rng import private_rng
-from qsync_opt.models.trace import TRACE_BATCH, symbolic_trace, trace
+from qsync_opt.models.tracing import TRACE_BATCH, symbolic_trace, trace
 from qsync_opt.training.pipeline import prepare
 from qsync_opt.training.plan import Plan
 from qsync_opt.training.predictor.indicator_auto import resolved_method

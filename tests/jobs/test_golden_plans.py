@@ -53,8 +53,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 GOLDEN = Path(__file__).resolve().parent / "golden_plans"
-REL = 1e-9
-"""Relative tolerance of a figure: its choices are equal, so only the float summation order may differ."""
+REL = 1e-6
+"""Relative tolerance of a figure: its choices are equal, so only the float summation order may differ, and the
+indicators are float32 forward/backward sums whose order follows torch's thread count (a process whose earlier work
+left one thread moves cpu_hf_llama_pysource's Σω by 5e-8 relative)."""
 SLOW = {"hybrid_a100_t4_bert_base", "gpu_gpt2_small", "rollout_laminar"}
 """Examples whose solve takes more than about 20 s (marked slow; CI still runs them)."""
 MEASURED = {"serving_cpu_llama": "serving.costs: measured — its costs are timed on the machine that solves it, so "

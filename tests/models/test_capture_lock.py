@@ -7,7 +7,7 @@ import threading
 import torch
 from torch import nn
 
-from qsync_opt.models.trace import symbolic_trace, trace
+from qsync_opt.models.tracing import symbolic_trace, trace
 
 ORIGINAL_CALL = nn.Module.__call__
 

@@ -102,7 +102,7 @@ def test_refuses_what_it_cannot_replay_exactly(factory):
 
 
 def test_zero_stride_twin_traces_to_the_same_graph_holding_no_weights():
-    from qsync_opt.models.trace import trace
+    from qsync_opt.models.tracing import trace
 
     module, _ = build_recorded(lambda: build_model("tiny-bert"), 0)
     meta_of = zero_stride_twin(module)

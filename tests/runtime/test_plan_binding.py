@@ -6,7 +6,7 @@ import pytest
 from rt_jobs import make_plan, write_spec
 
 from qsync_opt.errors import RuntimeSetupError
-from qsync_opt.models.trace import trace
+from qsync_opt.models.tracing import trace
 from qsync_opt.models.zoo import ZOO, build_model
 from qsync_opt.training.plan import Plan, graph_fingerprint
 from qsync_opt.runtime import apply_plan, current_precisions, selectable_modules

@@ -30,7 +30,7 @@ from qsync_opt.training.predictor.calibration import calibration_batches  # noqa
 from qsync_opt.training.predictor.sensitivity import Sensitivity
 from qsync_opt.models.from_spec import build_from_spec, input_maker
 from qsync_opt.models.private_rng import private_rng
-from qsync_opt.models.trace import TRACE_BATCH, trace
+from qsync_opt.models.tracing import TRACE_BATCH, trace
 from qsync_opt.runtime.data import build_task
 from qsync_opt.training.predictor.empirical import empirical_indicator
 from qsync_opt.training.predictor import gvar  # called as gvar.gvar_indicator: tests wrap it in the module

@@ -52,7 +52,7 @@ from qsync_opt.training.predictor.colocate import keep_busy, rank_jobs, run_colo
 from qsync_opt.training.predictor.step_profile import (
     MIN_STEPS, PROFILE_STEP_WARMUP, fp32_step, measure_casts, measure_step, measure_steps, steps_key)
 
-tr = importlib.import_module("qsync_opt.models.trace")  # the module (models/__init__ exports a function of that name)
+from qsync_opt.models import tracing as tr  # noqa: E402
 
 
 

@@ -1,7 +1,7 @@
 """Hand-built OpGraphs (MLP, conv chain, residual block) and the modules they describe.
 
 FLOPs and bytes are written out here from first principles, independently of the tracer, so
-predictor tests do not depend on qsync_opt.models.trace.
+predictor tests do not depend on qsync_opt.models.tracing.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qsync_opt.models.trace import trace
+from qsync_opt.models.tracing import trace
 from qsync_opt.training.predictor.empirical import empirical_indicator, loss_changes
 
 

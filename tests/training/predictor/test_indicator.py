@@ -150,7 +150,7 @@ def test_bad_inputs_raise_named_errors(seeded):
 
 def test_gvar_on_tiny_bert_covers_embeddings_and_attention_products(seeded):
     zoo = pytest.importorskip("qsync_opt.models.zoo", reason="model zoo not available")
-    from qsync_opt.models.trace import trace
+    from qsync_opt.models.tracing import trace
 
     entry = zoo.ZOO["tiny-bert"]
     model = zoo.build_model("tiny-bert")

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from qsync_opt.errors import SpecError
-from qsync_opt.models.trace import trace
+from qsync_opt.models.tracing import trace
 from qsync_opt.training.predictor.gvar import collect_stats
 from qsync_opt.training.predictor.hessian import hessian_indicator, hutchinson_traces, quantisation_error
 from qsync_opt.training.predictor.indicators import compute_indicator

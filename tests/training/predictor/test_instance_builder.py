@@ -125,7 +125,7 @@ def test_baselines():
 
 def test_zoo_model_end_to_end():
     zoo = pytest.importorskip("qsync_opt.models.zoo", reason="model zoo not available")
-    from qsync_opt.models.trace import trace
+    from qsync_opt.models.tracing import trace
     from qsync_opt.training.predictor.indicator import weight_indicator
 
     model = zoo.build_model("tiny-resnet")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from qsync_opt.models.from_spec import build_from_spec, input_maker
-from qsync_opt.models.trace import trace
+from qsync_opt.models.tracing import trace
 from qsync_opt.training.predictor import measuring, profiler
 from qsync_opt.training.predictor.profile import load_profile, op_signature, step_key
 from qsync_opt.training.spec import load_spec
