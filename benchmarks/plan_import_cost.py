@@ -11,7 +11,9 @@ working directory. The old code is `git archive REV qsync_opt` unpacked into a t
 Writes DIR/plan_import_cost.csv (per spec: the median wall and peak RSS of each side, their ratios, torch imported
 or not; the command, CPU model and machine load in its header) and prints the table.
 
---smoke: one round of the loading example only.
+Then the same for CLI commands that plan nothing (`qsync-opt --help`, `devices`; --no-cli leaves them out).
+
+--smoke: one round of the loading example and `qsync-opt --help`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from results_table import load_now, write_table  # noqa: E402
 OLD = "3c73fb2"
 SPECS = ("examples/serving_opt30b_t4_v100.yaml", "examples/rollout_cpu_tiny.yaml", "examples/loading_cpu_mix.yaml",
          "examples/hybrid_v100_t4_resnet50.yaml")
+#: CLI commands timed the same way (`python -m qsync_opt.cli ARGS`), after the specs.
+COMMANDS = (("--help",), ("devices",))
 CODE = ("import sys, qsync_opt\n"
         "p = qsync_opt.solve(sys.argv[1])\n"
         "print(type(p).__name__, 'torch' in sys.modules)\n")
@@ -50,12 +54,23 @@ def export(rev: str, into: Path) -> Path:
     return into
 
 
-def once(code: Path, spec: Path) -> tuple[float, bool, str]:
-    """(wall s, torch imported, plan type) of one fresh process planning `spec` with the package under `code`."""
+def argv_of(job: "Path | tuple[str, ...]", probe: str = CODE) -> list[str]:
+    """The process that plans `job` (a spec path) or runs the CLI command `job` (a tuple), printing what `probe`
+    prints at its end."""
+    if isinstance(job, tuple):
+        cli = ("import sys\nfrom qsync_opt.cli.commands import main\n"
+               "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n")
+        tail = probe.split("\n", 2)[2].replace("type(p).__name__", "'cli'")
+        return [sys.executable, "-c", cli + tail, *job]
+    return [sys.executable, "-c", probe, str(job)]
+
+
+def once(code: Path, spec: "Path | tuple[str, ...]") -> tuple[float, bool, str]:
+    """(wall s, torch imported, plan type) of one fresh process planning `spec` (or running a CLI command) with the
+    package under `code`."""
     env = {**os.environ, "PYTHONPATH": str(code)}
     t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", CODE, str(spec)], cwd=code, env=env, capture_output=True, text=True,
-                       timeout=600)
+    p = subprocess.run(argv_of(spec), cwd=code, env=env, capture_output=True, text=True, timeout=600)
     wall = time.perf_counter() - t
     if p.returncode != 0:
         raise SystemExit(f"error: planning {spec} with {code} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
@@ -68,8 +83,8 @@ def peak_rss_mib(code: Path, spec: Path) -> float:
     probe = CODE.replace("print(type(p).__name__, 'torch' in sys.modules)",
                          "import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
     env = {**os.environ, "PYTHONPATH": str(code)}
-    p = subprocess.run([sys.executable, "-c", probe, str(spec)], cwd=code, env=env, capture_output=True, text=True,
-                       timeout=600, check=True)
+    p = subprocess.run(argv_of(spec, probe), cwd=code, env=env, capture_output=True, text=True, timeout=600,
+                       check=True)
     return int(p.stdout.split()[-1]) / 1024
 
 
@@ -80,19 +95,21 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--old", default=OLD, help=f"the commit to compare with (default {OLD})")
     ap.add_argument("--specs", nargs="+", default=list(SPECS))
+    ap.add_argument("--no-cli", dest="commands", action="store_const", const=(), default=COMMANDS,
+                    help="leave out the CLI commands (qsync-opt --help, devices)")
     ap.add_argument("--smoke", action="store_true", help="one round of the loading example")
     a = ap.parse_args(argv)
     if a.smoke:
-        a.rounds, a.specs = 1, ["examples/loading_cpu_mix.yaml"]
+        a.rounds, a.specs, a.commands = 1, ["examples/loading_cpu_mix.yaml"], (("--help",),)
     if a.rounds < 1:
         raise SystemExit(f"error: --rounds {a.rounds}: give at least 1")
     load = load_now()
     rows = []
     with tempfile.TemporaryDirectory() as d:
         old = export(a.old, Path(d) / "old")
-        for s in a.specs:
-            spec = (ROOT / s).resolve()
-            if not spec.is_file():
+        jobs = [(s, (ROOT / s).resolve()) for s in a.specs] + [(f"qsync-opt {' '.join(c)}", c) for c in a.commands]
+        for s, spec in jobs:
+            if isinstance(spec, Path) and not spec.is_file():
                 raise SystemExit(f"error: --specs {s}: no such file")
             walls, torch = {"old": [], "new": []}, {}
             for _ in range(a.rounds):
