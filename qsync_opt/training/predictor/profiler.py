@@ -78,7 +78,7 @@ class _Values(fx.Interpreter):
 
 
 def fx_nodes(gm: fx.GraphModule, desc: dict) -> dict[str, fx.Node]:
-    """OpGraph op name -> fx node, by the very walk and naming trace.py uses."""
+    """OpGraph op name -> fx node, by the very walk and naming tracing.py uses."""
     act, used, counters, out = {}, set(), {}, {}
     for n in gm.graph.nodes:
         data_in = [u for u in n.all_input_nodes if walk.carries_data(desc, u)]
