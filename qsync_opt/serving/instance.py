@@ -39,14 +39,22 @@ def micro_batch_sizes(s: ServingSpec, phase: str) -> list[int]:
     return sorted({2**k for k in range(int(math.log2(b)) + 1) if b % 2**k == 0} | {b})
 
 
+def position(j: int, stages: int) -> str:
+    """A pipeline stage's position as the measured stage fit names it: 'only', 'first', 'last' or 'mid'."""
+    if stages == 1:
+        return "only"
+    return "first" if j == 0 else "last" if j == stages - 1 else "mid"
+
+
 def build(s: ServingSpec, order: list[PipelineDevice], prefill_mb: int, decode_mb: int,
           omega: list[dict[int, float]], link: tuple[float, float], max_indicator: float | None,
           measured: Mapping | None = None, hops: Mapping[tuple[str, int], float] | None = None) -> ServingInstance:
     """Costs of every layer on every pipeline position for these micro-batch sizes.
 
     `measured`: group name -> measured costs (`serving.profile.GroupCosts`: `prefill[(bits, m)]`,
-    `decode[(bits, m)]`, `head[(phase, m)]`, ms) replacing the roofline's layer and head times on that
-    group's devices; memory stays modelled. `hops`: (phase, micro-batch) -> one measured stage-to-stage hop, ms
+    `decode[(bits, m)]`, ms per layer, and the stage call's fixed time at the stage's position
+    `fixed[(position, phase, m)]`, else `head[(phase, m)]` on stage 0) replacing the roofline's layer and
+    head times on that group's devices; memory stays modelled. `hops`: (phase, micro-batch) -> one measured stage-to-stage hop, ms
     (serving/link.py), replacing the interconnect's α + β·bytes."""
     cfg, w = s.model, workload(s)
     bw, lat_us = link
@@ -64,8 +72,12 @@ def build(s: ServingSpec, order: list[PipelineDevice], prefill_mb: int, decode_m
         else:
             pre = {b: mc.prefill[(b, prefill_mb)] for b in s.bits}
             dec = {b: mc.decode[(b, decode_mb)] for b in s.bits}
-            fpre = mc.head[("prefill", prefill_mb)] if head else 0.0
-            fdec = mc.head[("decode", decode_mb)] if head else 0.0
+            if mc.fixed is not None:  # the stage call as it runs at this position (profile.fit_stage)
+                where = position(j, len(order))
+                fpre, fdec = mc.fixed[(where, "prefill", prefill_mb)], mc.fixed[(where, "decode", decode_mb)]
+            else:
+                fpre = mc.head[("prefill", prefill_mb)] if head else 0.0
+                fdec = mc.head[("decode", decode_mb)] if head else 0.0
         stages.append(StageData(
             name=pd.name,
             device=dev.name,
