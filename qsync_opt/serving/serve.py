@@ -30,6 +30,26 @@ from qsync_opt.serving.weights import ModelSource, build, family_config, require
 
 START_TIMEOUT_FLOOR_S = 10.0
 
+PREDICTION_TOLERANCE = 0.15
+"""Measured tokens/s within this fraction of the prediction confirm the plan's prediction; beyond it the run
+says the plan's choice (made on predictions this far off) is not confirmed."""
+
+
+def prediction_check(predicted: float, measured: float, tolerance: float = PREDICTION_TOLERANCE) -> dict:
+    """Measured against predicted tokens/s as a fact: their ratio, whether it is within `tolerance`, and the
+    sentence serve.json and report.md print (e.g. 'measured 0.70x the prediction (more than 15% below it): the
+    plan's choice is not confirmed by this run')."""
+    ratio = measured / predicted if predicted > 0 else float("inf")
+    ok = abs(ratio - 1.0) <= tolerance + 1e-12  # the bound itself is within (0.85 - 1 is not exactly -0.15)
+    tol = f"{100 * tolerance:.0f}%"
+    if ok:
+        text = f"measured {ratio:.2f}x the prediction (within {tol}): the prediction is confirmed by this run"
+    else:
+        side = "below" if ratio < 1 else "above"
+        text = (f"measured {ratio:.2f}x the prediction (more than {tol} {side} it): the cost model is off by more "
+                "than the margins between the plans it compares, so the plan's choice is not confirmed by this run")
+    return {"measured_over_predicted": ratio, "tolerance": tolerance, "prediction_confirmed": ok, "verdict": text}
+
 
 def model_source(job: ServingJob) -> ModelSource:
     """What every stage process builds; exit 2 here (naming the field) when transformers is missing or the
@@ -206,10 +226,12 @@ def measure(job: ServingJob, plan: ServingPlan, served: dict) -> dict:
             "weight_mb": st["weight_bytes"] / 2**20, "kv_cache_mb": st["kv_bytes"] / 2**20,
             "peak_mb": st["peak_bytes"] / 2**20, "peak_kind": st["peak_kind"], "threads": st["threads"],
         })
+    tps = n * gen / span if span else 0.0
     return {
         "requests": n, "batches": rounds, "gen_tokens": gen, "span_s": span,
-        "tokens_per_s": n * gen / span if span else 0.0,
+        "tokens_per_s": tps,
         "predicted_tokens_per_s": plan.prediction.tokens_per_s,
+        **prediction_check(plan.prediction.tokens_per_s, tps),
         "ttft_ms_p50": statistics.median(ttft), "ttft_ms_p99": pct(ttft, 99),
         "tpot_ms_p50": statistics.median(tpot) if tpot else None, "tpot_ms_p99": pct(tpot, 99) if tpot else None,
         "predicted_e2e_ms": plan.prediction.e2e_ms, "measured_e2e_ms_per_batch": 1e3 * span / rounds,
@@ -267,10 +289,12 @@ def report_md(job: ServingJob, plan_text: str, m: dict) -> str:
     tp = "" if m["tpot_ms_p50"] is None else f"{m['tpot_ms_p50']:.2f} / {m['tpot_ms_p99']:.2f}"
     return (f"# {job.name}: served\n\n```\n{plan_text}\n```\n\n## Measured\n\n"
             f"| figure | predicted | measured |\n|---|---|---|\n"
-            f"| tokens/s | {m['predicted_tokens_per_s']:.1f} | {m['tokens_per_s']:.1f} |\n"
+            f"| tokens/s | {m['predicted_tokens_per_s']:.1f} | {m['tokens_per_s']:.1f} "
+            f"({m['measured_over_predicted']:.2f}x) |\n"
             f"| one batch end to end | {m['predicted_e2e_ms']:.1f} ms | {m['measured_e2e_ms_per_batch']:.1f} ms |\n"
             f"| time to first token p50 / p99 | | {m['ttft_ms_p50']:.2f} / {m['ttft_ms_p99']:.2f} ms |\n"
             f"| time per output token p50 / p99 | | {tp} ms |\n\n"
+            f"**{'Confirmed' if m['prediction_confirmed'] else 'Not confirmed'}: {m['verdict']}.**\n\n"
             f"{m['requests']} requests in {m['batches']} batch(es), {m['gen_tokens']} tokens each, greedy.\n\n"
             + "\n".join(rows) + "\n\n![timeline](timeline.png)\n" + quality_md(m.get("quality")))
 
