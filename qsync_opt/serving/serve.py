@@ -215,11 +215,15 @@ def measure(job: ServingJob, plan: ServingPlan, served: dict) -> dict:
     per_stage = []
     for st, ps in zip(served["stages"], plan.stages):
         busy = sum(e[4] - e[3] for e in st["events"])
+        # of the bubble: waiting for the call's input (the previous stage's activations, or stage 0's tokens back
+        # from the last), the rest is the stage's own loop between calls (sends, bookkeeping)
+        waited = sum(e[3] - e[6] for e in st["events"] if len(e) > 6)
         pre = [1e3 * (e[4] - e[3]) for e in st["events"] if e[0] == "prefill"]
         dec = [1e3 * (e[4] - e[3]) for e in st["events"] if e[0] == "decode"]
         per_stage.append({
             "stage": st["rank"], "device": ps.device, "layers": st["layers"], "bits": st["bits"],
             "busy_s": busy, "bubble_s": span - busy, "busy_frac": busy / span if span else 0.0,
+            "input_wait_s": waited,
             "prefill_ms_p50": statistics.median(pre) if pre else None,
             "decode_ms_p50": statistics.median(dec) if dec else None,
             "predicted_prefill_ms": ps.prefill_ms, "predicted_decode_ms": ps.decode_ms,
@@ -277,12 +281,12 @@ def requests_csv(m: dict) -> str:
 
 
 def report_md(job: ServingJob, plan_text: str, m: dict) -> str:
-    rows = ["| stage | device | layers | bits | busy | bubble | prefill ms (pred / meas) | decode ms (pred / meas) "
+    rows = ["| stage | device | layers | bits | busy | bubble (of it waiting for input) | prefill ms (pred / meas) | decode ms (pred / meas) "
             "| weights MB | KV MB | peak MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for st in m["stages"]:
         bits = "/".join(str(b) for b in sorted(set(st["bits"]), reverse=True))
         rows.append(f"| {st['stage']} | {st['device']} | {st['layers'][0]}-{st['layers'][1] - 1} | {bits} "
-                    f"| {st['busy_s']:.2f} s | {st['bubble_s']:.2f} s "
+                    f"| {st['busy_s']:.2f} s | {st['bubble_s']:.2f} s ({st.get('input_wait_s', 0.0):.2f} s) "
                     f"| {st['predicted_prefill_ms']:.2f} / {st['prefill_ms_p50']:.2f} "
                     f"| {st['predicted_decode_ms']:.3f} / {st['decode_ms_p50']:.3f} "
                     f"| {st['weight_mb']:.2f} | {st['kv_cache_mb']:.2f} | {st['peak_mb']:.0f} ({st['peak_kind']}) |")

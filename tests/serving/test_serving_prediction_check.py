@@ -25,10 +25,12 @@ JOB = load_serving_spec({
 
 
 def served(span_s: float, gen: int = 4, n: int = 2) -> dict:
-    """One stage's records of one batch served in exactly `span_s` seconds: prefill the first half, decode the rest."""
+    """One stage's records of one batch served in exactly `span_s` seconds: prefill the first half, decode the rest,
+each decode call waiting the first quarter of its step for its input."""
     half = span_s / 2
-    events = [("prefill", 0, 0, 0.0, half, 0)] + [
-        ("decode", k, 0, half + (k - 1) * half / (gen - 1), half + k * half / (gen - 1), 0) for k in range(1, gen)]
+    step = half / (gen - 1)  # each decode call waits a quarter of its step for its input, then computes
+    events = [("prefill", 0, 0, 0.0, half, 0, 0.0)] + [
+        ("decode", k, 0, half + (k - 0.75) * step, half + k * step, 0, half + (k - 1) * step) for k in range(1, gen)]
     stage = {"rank": 0, "layers": [0, 2], "bits": [16, 16], "events": events, "weight_bytes": 1 << 20,
              "kv_bytes": 1 << 10, "peak_bytes": 1 << 26, "peak_kind": "process max RSS", "threads": 1}
     times = [(0, 0, 0, n, half)] + [(0, k, 0, n, half + k * half / (gen - 1)) for k in range(1, gen)]
@@ -43,11 +45,15 @@ def served(span_s: float, gen: int = 4, n: int = 2) -> dict:
 def test_run_states_measured_over_predicted_and_whether_it_confirms_the_plan(factor, confirmed, words):
     plan = plan_serving(JOB, Budget(30))
     pred = plan.prediction.tokens_per_s
-    m = serve.measure(JOB, plan, served(2 * 4 / (factor * pred)))  # 8 tokens in the span that gives factor x pred
+    span = 2 * 4 / (factor * pred)  # 8 tokens in the span that gives factor x pred
+    m = serve.measure(JOB, plan, served(span))
     assert m["tokens_per_s"] == pytest.approx(factor * pred, rel=1e-9)
     assert m["measured_over_predicted"] == pytest.approx(factor, rel=1e-9)
     assert m["prediction_confirmed"] is confirmed and m["tolerance"] == serve.PREDICTION_TOLERANCE
     assert m["verdict"].startswith(words)
+    st = m["stages"][0]
+    assert st["input_wait_s"] == pytest.approx(span / 2 / 4, rel=1e-9)  # a quarter of the decode half
+    assert st["bubble_s"] == pytest.approx(span / 2 / 4, rel=1e-9)
     md = serve.report_md(JOB, "plan text", m)
     assert f"| tokens/s | {pred:.1f} | {factor * pred:.1f} ({factor:.2f}x) |" in md
     if confirmed:
