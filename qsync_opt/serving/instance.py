@@ -46,6 +46,22 @@ def position(j: int, stages: int) -> str:
     return "first" if j == 0 else "last" if j == stages - 1 else "mid"
 
 
+def stage_messages_ms(stages: int, hops: Mapping[tuple[str, int], float], prefill_mb: int,
+                      decode_mb: int) -> dict[tuple[str, int], float]:
+    """(phase, stage) -> the measured hops a stage's own thread handles per micro-batch on a local pipeline, ms:
+    each hop costs its sender and its receiver (StageData.msg_*_ms). Prefill: stage 0 sends its activations, the
+    last stage receives them and sends the first tokens back, a middle stage receives and sends; decode: every
+    stage receives one message and sends one (stage 0 gets the tokens back, the last sends them). One stage: none."""
+    if stages == 1:
+        return {("prefill", 0): 0.0, ("decode", 0): 0.0}
+    pre, dec = hops[("prefill", prefill_mb)], hops[("decode", decode_mb)]
+    out = {}
+    for j in range(stages):
+        out[("prefill", j)] = pre if j == 0 else pre + (dec if j == stages - 1 else pre)
+        out[("decode", j)] = 2 * dec
+    return out
+
+
 def build(s: ServingSpec, order: list[PipelineDevice], prefill_mb: int, decode_mb: int,
           omega: list[dict[int, float]], link: tuple[float, float], max_indicator: float | None,
           measured: Mapping | None = None, hops: Mapping[tuple[str, int], float] | None = None) -> ServingInstance:
@@ -58,6 +74,7 @@ def build(s: ServingSpec, order: list[PipelineDevice], prefill_mb: int, decode_m
     (serving/link.py), replacing the interconnect's α + β·bytes."""
     cfg, w = s.model, workload(s)
     bw, lat_us = link
+    msg = stage_messages_ms(len(order), hops, prefill_mb, decode_mb) if hops else None
     stages = []
     for j, pd in enumerate(order):
         dev = pd.device
@@ -88,6 +105,8 @@ def build(s: ServingSpec, order: list[PipelineDevice], prefill_mb: int, decode_m
             fixed_dec_ms=fdec,
             fixed_mem_bytes=act + (C.embedding_bytes(cfg) + prefill_mb * cfg.get("vocab") * 4 if head else 0.0),
             capacity_bytes=C.capacity_bytes(dev, s.memory_fraction, s.runtime_overhead_gb),
+            msg_pre_ms=msg[("prefill", j)] if msg else 0.0,
+            msg_dec_ms=msg[("decode", j)] if msg else 0.0,
             cost_source="roofline" if mc is None else "measured",
         ))
     return ServingInstance(
