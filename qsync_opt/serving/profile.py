@@ -498,6 +498,13 @@ def cli_profile(job: ServingJob, output: "str | None", groups: list[str] | None,
         for r in rows(job, g, prof.entries(table_key(job, g))):
             t.add_row(str(r[0]), str(r[1]), *(("-" if v is None else f"{v:.4g}") for v in r[2:]))
         console.print(t)
+        entries = prof.entries(table_key(job, g))
+        if all(k in entries for k in wanted(job)):
+            fit = group_costs(job, entries).fixed
+            for ph in ("prefill", "decode"):
+                console.print(f"{g.name} {ph}: a stage call's fixed ms (fit), per micro-batch size: " + "; ".join(
+                    f"m={m}: " + " ".join(f"{p} {fit[(p, ph, m)]:.3g}" for p in POSITIONS) for m in sizes(job)),
+                    highlight=False)
     s = job.serving
     console.print(f"prefill: {s.prompt_len} tokens per prompt; decode: one token at context {decode_context(job)}; "
                   f"head: embedding + LM head per micro-batch; profile {path}", highlight=False)
