@@ -21,13 +21,15 @@ at every bit-width in `serving.bits` and every micro-batch size the planner trie
 sizes together, both phases). Decoder layers are identical in shape, so each distinct (layer shape,
 bits, m, phase, length) is measured once, whatever the layer count: the table is keyed by the layer's
 shape, not the model's depth. Each entry is the median of repeated calls, repeated until adding calls
-moves the median by at most STABLE (between FLOOR and CAP calls, or BUDGET_MS of timed calls). The groups
+moves the median by at most STABLE (between FLOOR and CAP calls, or BUDGET_MS of timed calls), each after
+IDLE_S of sleep, as a stage's call follows its wait for input in the pipeline. The groups
 that `profile_job` measures together run at the same time, one process each (the training profiler's
 co-location: the pipeline's stages share this machine's cores), so each is timed beside the others' load.
 
 The table lives in this machine's profile folder (the training profiler's: $QSYNC_OPT_PROFILE_DIR, else
 $QSYNC_OPT_CACHE, else ~/.cache/qsync_opt/profiles), one file per machine (CPU model and ISA flags),
-tables keyed by device, env, threads, family, layer shape, dtype, quantisation group and torch version:
+tables keyed by device, env, threads, family, layer shape, dtype, quantisation group, torch version and the idle
+time before each timed call:
 a change of any of them misses the cache rather than reusing foreign figures.
 
 `serving.costs`: 'roofline' never reads it; 'auto' uses a group's table when the cache holds every entry
@@ -56,7 +58,7 @@ from qsync_opt.llm import costs as C
 from qsync_opt.serving import link
 from qsync_opt.serving.instance import micro_batch_sizes, workload
 from qsync_opt.serving.spec import ServingJob
-from qsync_opt.serving.profile_measure import PROFILE_LAYERS, measure, stable_median_ms  # noqa: F401 (re-exported)
+from qsync_opt.serving.profile_measure import IDLE_S, PROFILE_LAYERS, measure, stable_median_ms  # noqa: F401 (re-exported)
 
 POSITIONS = ("first", "mid", "last")
 """Pipeline positions a stage call is measured at: with the embedding, neither, with the LM head."""
@@ -186,7 +188,7 @@ def table_key(job: ServingJob, group) -> str:
         where += f"@{torch.cuda.get_device_name(0)}"
     env = ",".join(f"{k}={v}" for k, v in sorted(group.env.items()))
     return (f"{where}|env={env}|threads={group_threads(group)}|{s.runtime.family}:{digest}|"
-            f"{compute_dtype(job, dev)}|group={s.runtime.group_size}|torch={torch_version()}")
+            f"{compute_dtype(job, dev)}|group={s.runtime.group_size}|torch={torch_version()}|idle_ms={IDLE_S * 1e3:g}")
 
 
 def local_pipeline(job: ServingJob) -> bool:

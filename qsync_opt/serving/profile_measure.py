@@ -26,6 +26,9 @@ STABLE = 0.02
 LOOKBACK = 3
 BUDGET_MS = float(os.environ.get("QSYNC_OPT_SERVING_PROFILE_BUDGET_MS", 400))
 """Timed milliseconds at most per entry (after FLOOR calls): a slow entry's median settles in few calls."""
+IDLE_S = float(os.environ.get("QSYNC_OPT_SERVING_PROFILE_IDLE_MS", 1.0)) / 1e3
+"""Idle seconds before each timed call: a pipeline stage waits for its input between calls, and a call after a
+wait runs on colder caches than one in a tight loop; the profile times calls as they come in the pipeline."""
 PROFILE_LAYERS = 4
 """Layers of the model built to profile: layer 1 alone is a layer entry (neither embeds nor holds the head);
 stage entries take 1 or 2 layers from the start (embedding), the middle (from layer 1) or the end (LM head)."""
@@ -37,15 +40,19 @@ def stage_range(pos: str, n: int) -> tuple[int, int]:
 
 
 def stable_median_ms(fn: Callable[[], object], *, clock: Callable[[], float] = time.perf_counter,
-                     floor: int | None = None, cap: int | None = None, budget_ms: float | None = None) -> float:
+                     floor: int | None = None, cap: int | None = None, budget_ms: float | None = None,
+                     idle_s: float = 0.0) -> float:
     """Median ms of calls of `fn` after two warm-up calls: at least `floor` calls, then until the median moves
-    by at most STABLE over the last LOOKBACK calls, `cap` calls or `budget_ms` of timed calls."""
+    by at most STABLE over the last LOOKBACK calls, `cap` calls or `budget_ms` of timed calls; `idle_s` of sleep
+    (untimed) before each timed call."""
     floor, cap = floor or FLOOR, cap or CAP
     budget_ms = BUDGET_MS if budget_ms is None else budget_ms
     fn()
     fn()
     times, medians = [], []
     while len(times) < cap:
+        if idle_s:
+            time.sleep(idle_s)
         t = clock()
         fn()
         times.append((clock() - t) * 1e3)
@@ -70,7 +77,7 @@ def measure(req: dict, timer: Callable[[str, Callable[[], object]], float] | Non
 
     from qsync_opt.serving import lm  # import cost: torch (the runtime's model)
 
-    timer = timer or (lambda key, fn: stable_median_ms(fn))
+    timer = timer or (lambda key, fn: stable_median_ms(fn, idle_s=IDLE_S))
     if req["threads"] != "default":
         torch.set_num_threads(int(req["threads"]))
     dev = torch.device(req["device"])
