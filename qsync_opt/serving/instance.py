@@ -64,7 +64,8 @@ def stage_messages_ms(stages: int, hops: Mapping[tuple[str, int], float], prefil
 
 def build(s: ServingSpec, order: list[PipelineDevice], prefill_mb: int, decode_mb: int,
           omega: list[dict[int, float]], link: tuple[float, float], max_indicator: float | None,
-          measured: Mapping | None = None, hops: Mapping[tuple[str, int], float] | None = None) -> ServingInstance:
+          measured: Mapping | None = None, hops: Mapping[tuple[str, int], float] | None = None,
+          serial: bool = False) -> ServingInstance:
     """Costs of every layer on every pipeline position for these micro-batch sizes.
 
     `measured`: group name -> measured costs (`serving.profile.GroupCosts`: `prefill[(bits, m)]`,
@@ -120,5 +121,6 @@ def build(s: ServingSpec, order: list[PipelineDevice], prefill_mb: int, decode_m
         comm_dec_ms=hops[("decode", decode_mb)] if hops else C.transfer_ms(cfg, w, decode_mb, "decode", bw, lat_us),
         max_indicator=max_indicator,
         theta=s.quality.theta,
+        serial=serial,
         meta={"prefill_mb": prefill_mb, "decode_mb": decode_mb, "order": [pd.name for pd in order]},
     )

@@ -196,6 +196,27 @@ def local_pipeline(job: ServingJob) -> bool:
     return all(g.device_spec.kind == "cpu" for g in job.cluster.groups)
 
 
+def stage_threads(job: ServingJob) -> list[int]:
+    """Threads of each stage process `run` starts (serve.stage_envs: a group's OMP_NUM_THREADS, else this
+    machine's CPU count over the stages), one stage per device."""
+    devices = [g for g in job.cluster.groups for _ in range(g.count)]
+    share = max(1, (os.cpu_count() or 1) // max(1, len(devices)))
+    out = []
+    for g in devices:
+        t = g.env.get("OMP_NUM_THREADS", "")
+        out.append(int(t) if t.isdigit() and int(t) > 0 else share)
+    return out
+
+
+def serial_pipeline(job: ServingJob) -> bool:
+    """Whether the planner prices micro-batches as not overlapping (program.ServingInstance.serial): a local CPU
+    pipeline (measured costs) whose stage threads fill this machine's cores, so no core is left for a message
+    that arrives while its receiver computes."""
+    if job.serving.costs == "roofline" or not local_pipeline(job):
+        return False
+    return sum(stage_threads(job)) >= (os.cpu_count() or 1)
+
+
 LINK_TABLE = "link|cpu-gloo"
 
 

@@ -66,3 +66,47 @@ def test_priced_messages_make_one_large_micro_batch_win_where_overlap_alone_chos
         assert one == pytest.approx(1.4)
         assert two == pytest.approx(1.5 if messages else 1.3)
         assert (two < one) is two_wins
+
+
+@pytest.mark.parametrize("seed", range(6), ids=lambda s: f"seed{s}")
+@pytest.mark.parametrize("identical", [False, True], ids=["per-layer", "aggregated"])
+def test_the_serial_program_matches_brute_force(seed, identical):
+    inst = replace(with_messages(random_instance(seed, layers=4 + seed % 3, stages=3, identical=identical), seed),
+                   serial=True)
+    best, best_obj = brute_force(inst)
+    res = solve_serving(inst, "highs", OPTS)
+    if best is None:
+        assert res.status == "infeasible"
+        return
+    assert res.status == "optimal"
+    assert abs(res.objective - best_obj) <= 1e-6 * max(1.0, abs(best_obj)), (res.objective, best_obj)
+    assert lower_bound(inst) <= best_obj + 1e-9
+
+
+def test_serial_micro_batches_each_go_round_the_ring_alone():
+    """Serial (no overlap): two micro-batches of 4 cost 2·(0.55 + 0.55 + 2·0.1) = 2.6 ms a decode step against
+    1.4 for one of 8; prefill is m_p passes of the whole pipeline."""
+    a = Assignment(sizes=(1, 1), bits=(16, 16))
+    two = replace(two_stage(0.55, 2, 0.1, True), serial=True, m_pre=2, comm_pre_ms=0.5)
+    ev = evaluate(two, a)
+    assert ev.decode_ms / 15 == pytest.approx(2.6)
+    assert ev.prefill_ms == pytest.approx(2 * (1.0 + 1.0 + 0.5 + 0.1))  # comm_p of one boundary + the tokens back
+    assert evaluate(replace(two_stage(0.60, 1, 0.1, True), serial=True), a).decode_ms / 15 == pytest.approx(1.4)
+
+
+def test_a_local_pipeline_is_serial_when_its_stage_threads_fill_the_cpus(monkeypatch):
+    from qsync_opt.serving import profile as P
+    from qsync_opt.serving.spec import load_serving_spec
+
+    def job(threads, costs="measured"):
+        groups = [{"name": n, "device": "cpu-local", "env": {"OMP_NUM_THREADS": str(threads)}} for n in ("a", "b")]
+        return load_serving_spec({
+            "kind": "serving", "name": "s", "cluster": {"groups": groups, "interconnect": "loopback"},
+            "serving": {"model": {"layers": 2, "hidden": 64, "ffn": 128, "heads": 4, "kv_heads": 2, "vocab": 256,
+                                  "max_positions": 64, "ffn_matrices": 3, "tied_embeddings": False},
+                        "prompt_len": 8, "gen_tokens": 4, "global_batch": 2, "bits": [16], "costs": costs}})
+
+    monkeypatch.setattr(P.os, "cpu_count", lambda: 4)
+    assert P.stage_threads(job(2)) == [2, 2] and P.serial_pipeline(job(2))
+    assert not P.serial_pipeline(job(1))  # 2 of 4 CPUs: a core is left for the messages
+    assert not P.serial_pipeline(job(2, costs="roofline"))  # the roofline prices a wire, never this machine
