@@ -39,7 +39,7 @@ from qsync_opt.serving.spec import load_serving_spec  # noqa: E402
 from qsync_opt.serving.weights import build  # noqa: E402
 from qsync_opt.solver.budget import Budget  # noqa: E402
 
-FIELDS = ["policy", "predicted_tokens_per_s", "measured_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50",
+FIELDS = ["policy", "predicted_tokens_per_s", "measured_tokens_per_s", "measured_over_predicted", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50",
           "tpot_ms_p99", "perplexity", "sigma_omega", "partition", "micro_batches", "busy_frac", "load1"]
 
 
@@ -125,6 +125,7 @@ def main(argv=None) -> int:
         rows.append({
             "policy": name, "predicted_tokens_per_s": round(p.prediction.tokens_per_s, 1),
             "measured_tokens_per_s": round(med("tokens_per_s"), 1),
+            "measured_over_predicted": round(med("tokens_per_s") / p.prediction.tokens_per_s, 3),
             "ttft_ms_p50": round(med("ttft_ms_p50"), 2), "ttft_ms_p99": round(med("ttft_ms_p99"), 2),
             "tpot_ms_p50": None if ms[0]["tpot_ms_p50"] is None else round(med("tpot_ms_p50"), 3),
             "tpot_ms_p99": None if ms[0]["tpot_ms_p99"] is None else round(med("tpot_ms_p99"), 3),

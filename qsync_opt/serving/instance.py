@@ -39,17 +39,43 @@ def micro_batch_sizes(s: ServingSpec, phase: str) -> list[int]:
     return sorted({2**k for k in range(int(math.log2(b)) + 1) if b % 2**k == 0} | {b})
 
 
+def position(j: int, stages: int) -> str:
+    """A pipeline stage's position as the measured stage fit names it: 'only', 'first', 'last' or 'mid'."""
+    if stages == 1:
+        return "only"
+    return "first" if j == 0 else "last" if j == stages - 1 else "mid"
+
+
+def stage_messages_ms(stages: int, hops: Mapping[tuple[str, int], float], prefill_mb: int,
+                      decode_mb: int) -> dict[tuple[str, int], float]:
+    """(phase, stage) -> the measured hops a stage's own thread handles per micro-batch on a local pipeline, ms:
+    each hop costs its sender and its receiver (StageData.msg_*_ms). Prefill: stage 0 sends its activations, the
+    last stage receives them and sends the first tokens back, a middle stage receives and sends; decode: every
+    stage receives one message and sends one (stage 0 gets the tokens back, the last sends them). One stage: none."""
+    if stages == 1:
+        return {("prefill", 0): 0.0, ("decode", 0): 0.0}
+    pre, dec = hops[("prefill", prefill_mb)], hops[("decode", decode_mb)]
+    out = {}
+    for j in range(stages):
+        out[("prefill", j)] = pre if j == 0 else pre + (dec if j == stages - 1 else pre)
+        out[("decode", j)] = 2 * dec
+    return out
+
+
 def build(s: ServingSpec, order: list[PipelineDevice], prefill_mb: int, decode_mb: int,
           omega: list[dict[int, float]], link: tuple[float, float], max_indicator: float | None,
-          measured: Mapping | None = None, hops: Mapping[tuple[str, int], float] | None = None) -> ServingInstance:
+          measured: Mapping | None = None, hops: Mapping[tuple[str, int], float] | None = None,
+          serial: bool = False) -> ServingInstance:
     """Costs of every layer on every pipeline position for these micro-batch sizes.
 
     `measured`: group name -> measured costs (`serving.profile.GroupCosts`: `prefill[(bits, m)]`,
-    `decode[(bits, m)]`, `head[(phase, m)]`, ms) replacing the roofline's layer and head times on that
-    group's devices; memory stays modelled. `hops`: (phase, micro-batch) -> one measured stage-to-stage hop, ms
+    `decode[(bits, m)]`, ms per layer, and the stage call's fixed time at the stage's position
+    `fixed[(position, phase, m)]`, else `head[(phase, m)]` on stage 0) replacing the roofline's layer and
+    head times on that group's devices; memory stays modelled. `hops`: (phase, micro-batch) -> one measured stage-to-stage hop, ms
     (serving/link.py), replacing the interconnect's α + β·bytes."""
     cfg, w = s.model, workload(s)
     bw, lat_us = link
+    msg = stage_messages_ms(len(order), hops, prefill_mb, decode_mb) if hops else None
     stages = []
     for j, pd in enumerate(order):
         dev = pd.device
@@ -64,8 +90,12 @@ def build(s: ServingSpec, order: list[PipelineDevice], prefill_mb: int, decode_m
         else:
             pre = {b: mc.prefill[(b, prefill_mb)] for b in s.bits}
             dec = {b: mc.decode[(b, decode_mb)] for b in s.bits}
-            fpre = mc.head[("prefill", prefill_mb)] if head else 0.0
-            fdec = mc.head[("decode", decode_mb)] if head else 0.0
+            if mc.fixed is not None:  # the stage call as it runs at this position (profile.fit_stage)
+                where = position(j, len(order))
+                fpre, fdec = mc.fixed[(where, "prefill", prefill_mb)], mc.fixed[(where, "decode", decode_mb)]
+            else:
+                fpre = mc.head[("prefill", prefill_mb)] if head else 0.0
+                fdec = mc.head[("decode", decode_mb)] if head else 0.0
         stages.append(StageData(
             name=pd.name,
             device=dev.name,
@@ -76,6 +106,8 @@ def build(s: ServingSpec, order: list[PipelineDevice], prefill_mb: int, decode_m
             fixed_dec_ms=fdec,
             fixed_mem_bytes=act + (C.embedding_bytes(cfg) + prefill_mb * cfg.get("vocab") * 4 if head else 0.0),
             capacity_bytes=C.capacity_bytes(dev, s.memory_fraction, s.runtime_overhead_gb),
+            msg_pre_ms=msg[("prefill", j)] if msg else 0.0,
+            msg_dec_ms=msg[("decode", j)] if msg else 0.0,
             cost_source="roofline" if mc is None else "measured",
         ))
     return ServingInstance(
@@ -89,5 +121,6 @@ def build(s: ServingSpec, order: list[PipelineDevice], prefill_mb: int, decode_m
         comm_dec_ms=hops[("decode", decode_mb)] if hops else C.transfer_ms(cfg, w, decode_mb, "decode", bw, lat_us),
         max_indicator=max_indicator,
         theta=s.quality.theta,
+        serial=serial,
         meta={"prefill_mb": prefill_mb, "decode_mb": decode_mb, "order": [pd.name for pd in order]},
     )

@@ -62,6 +62,7 @@ def run(job: ServingJob, request: RunRequest) -> dict[str, str]:
     paths["report"] = str(atomic_write_text(out / "report.md", serve.report_md(job, printed, measured)))
     log(f"[serve] measured {measured['tokens_per_s']:.1f} tokens/s (predicted {measured['predicted_tokens_per_s']:.1f}), "
         f"time to first token p50 {measured['ttft_ms_p50']:.1f} ms", highlight=False)
+    log(f"[serve] {measured['verdict']}", highlight=False)
     return paths
 
 

@@ -15,8 +15,8 @@ Sends are asynchronous (`isend`): a stage computes its next micro-batch while it
 in flight. Messages on each link arrive in the order sent, so each receiver knows the shape of
 every message from the schedule. The backend is gloo on CPU and NCCL on CUDA.
 
-Each stage writes WORKDIR/stage{r}.json: its compute intervals (phase, micro-batch, step, start,
-end on the shared wall clock), weight and KV-cache bytes and peak memory; the last stage also
+Each stage writes WORKDIR/stage{r}.json: its compute intervals (phase, step, micro-batch, start,
+end, batch round, and when it began waiting for that call's input, on the shared wall clock), weight and KV-cache bytes and peak memory; the last stage also
 writes the generated tokens and when each micro-batch's tokens were produced (tokens.pt).
 """
 
@@ -106,6 +106,7 @@ class Worker:
                 n = rows.stop - rows.start
                 t = plen if phase == "prefill" else 1
                 pos = 0 if phase == "prefill" else plen + step - 1
+                asked = time.time()
                 if first:
                     if phase == "prefill":
                         x = prompts[rows]
@@ -123,7 +124,7 @@ class Worker:
                 if self.on_cuda:
                     torch.cuda.synchronize(self.device)
                 end = time.time()
-                events.append((phase, step, mb, start - t0, end - t0, r))
+                events.append((phase, step, mb, start - t0, end - t0, r, asked - t0))
                 if last:
                     out[rows, step] = y
                     token_times.append((r, step, rows.start, rows.stop, end - t0))

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from qsync_opt.errors import InfeasibleError, SolverError, SpecError
 from qsync_opt.serving.instance import COST_SOURCE, PipelineDevice, build, micro_batch_sizes
-from qsync_opt.serving.profile import GroupCosts, measured_costs, measured_hops
+from qsync_opt.serving.profile import GroupCosts, measured_costs, measured_hops, serial_pipeline, stage_threads
 from qsync_opt.serving.quality import layer_omegas
 from qsync_opt.serving.plan import BaselineResult, Prediction, ServingPlan, SolverStats, Stage
 from qsync_opt.solver.backends import EXACT, available
@@ -99,6 +100,11 @@ def plan_serving(job: ServingJob, budget: Budget, measured: Mapping[str, GroupCo
         if hops is not None:
             cost_notes.append("stage-to-stage hops: measured (gloo between two local processes, serving/link.py), "
                               "not the interconnect's figures")
+    serial = hops is not None and serial_pipeline(spec)
+    if serial:
+        cost_notes.append(f"micro-batches priced as not overlapping: the stages' {sum(stage_threads(spec))} threads "
+                          f"fill this machine's {os.cpu_count()} CPUs, so a message that arrives while its receiver "
+                          "computes waits for a core")
     t0 = time.perf_counter()
     devices = expand(spec)
     link = (spec.cluster.link.bandwidth_gbs, spec.cluster.link.latency_us)
@@ -114,7 +120,7 @@ def plan_serving(job: ServingJob, budget: Budget, measured: Mapping[str, GroupCo
     ] + cost_notes
 
     def inst_for(order, bp, bd, bound):
-        return build(s, order, bp, bd, omega, link, bound, measured, hops)
+        return build(s, order, bp, bd, omega, link, bound, measured, hops, serial)
 
     free = [inst_for(o, bp, bd, None) for o, bp, bd in candidates]
     bound, bound_note = _quality_bound(s, free)

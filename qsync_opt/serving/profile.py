@@ -9,17 +9,27 @@ carries the group's `env` (ONEDNN_MAX_CPU_ISA changes which kernels run) and thr
 - one decoder layer's decode step: a micro-batch of m sequences, one token at the planner's mean decode
   context round(prompt_len + gen_tokens / 2), its KV cache filled up to that position;
 - the embedding lookup (and BLOOM's embedding norm) plus the final norm and LM head of the last position,
-  per phase (the planner's `fixed_*_ms` of the first stage);
+  per phase (shown by `qsync-opt profile`; the planner uses the stage fit below);
+- whole stage calls at 16 bits, as `lm.Stage` runs them inside the pipeline: 1 and 2 layers at the first
+  position (with the embedding), the last (with the final norm, LM head and greedy pick) and the middle
+  (the 1-layer middle stage is the layer entry itself); `fit_stage` fits each position a fixed term per call
+  (embedding / head, rotary positions, the call's Python) plus one per-layer term, and the planner prices a
+  stage as its position's fixed term (`fixed_*_ms`) plus its layers' entries less the middle stage's fixed
+  term (a layer entry is a 1-layer middle stage call, so it holds that call's fixed cost once);
 
 at every bit-width in `serving.bits` and every micro-batch size the planner tries (prefill and decode
 sizes together, both phases). Decoder layers are identical in shape, so each distinct (layer shape,
 bits, m, phase, length) is measured once, whatever the layer count: the table is keyed by the layer's
 shape, not the model's depth. Each entry is the median of repeated calls, repeated until adding calls
-moves the median by at most STABLE (between FLOOR and CAP calls, or BUDGET_MS of timed calls).
+moves the median by at most STABLE (between FLOOR and CAP calls, or BUDGET_MS of timed calls), each after
+IDLE_S of sleep, as a stage's call follows its wait for input in the pipeline. The groups
+that `profile_job` measures together run at the same time, one process each (the training profiler's
+co-location: the pipeline's stages share this machine's cores), so each is timed beside the others' load.
 
 The table lives in this machine's profile folder (the training profiler's: $QSYNC_OPT_PROFILE_DIR, else
 $QSYNC_OPT_CACHE, else ~/.cache/qsync_opt/profiles), one file per machine (CPU model and ISA flags),
-tables keyed by device, env, threads, family, layer shape, dtype, quantisation group and torch version:
+tables keyed by device, env, threads, family, layer shape, dtype, quantisation group, torch version and the idle
+time before each timed call:
 a change of any of them misses the cache rather than reusing foreign figures.
 
 `serving.costs`: 'roofline' never reads it; 'auto' uses a group's table when the cache holds every entry
@@ -36,6 +46,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -47,7 +58,12 @@ from qsync_opt.llm import costs as C
 from qsync_opt.serving import link
 from qsync_opt.serving.instance import micro_batch_sizes, workload
 from qsync_opt.serving.spec import ServingJob
-from qsync_opt.serving.profile_measure import PROFILE_LAYERS, measure, stable_median_ms  # noqa: F401 (re-exported)
+from qsync_opt.serving.profile_measure import IDLE_S, PROFILE_LAYERS, measure, stable_median_ms  # noqa: F401 (re-exported)
+
+POSITIONS = ("first", "mid", "last")
+"""Pipeline positions a stage call is measured at: with the embedding, neither, with the LM head."""
+STAGE_DEPTHS = (1, 2)
+"""Layers per measured stage call (the fit's points per position)."""
 from qsync_opt.serving.weights import family_config, require_transformers
 from qsync_opt.spec.yaml_loader import loads_code
 
@@ -123,14 +139,27 @@ def entry_key(part: str, phase: str, m: int, length: int, bits: int = 16) -> str
     return f"layer|bits={bits}|m={m}|{phase}|{where}"
 
 
+def stage_key(pos: str, n: int, phase: str, m: int, length: int) -> str:
+    """A whole stage call of `n` 16-bit layers at pipeline position `pos`: 'stage|pos=first|n=2|m=4|decode|ctx=56'.
+    The 1-layer middle stage is the 16-bit layer entry (the same call)."""
+    if pos == "mid" and n == 1:
+        return entry_key("layer", phase, m, length, 16)
+    where = f"s={length}" if phase == "prefill" else f"ctx={length}"
+    return f"stage|pos={pos}|n={n}|m={m}|{phase}|{where}"
+
+
 def wanted(job: ServingJob) -> list[str]:
-    """Every entry the planner needs of one present device: layers at each bit, m and phase, and the head."""
+    """Every entry the planner needs of one present device: layers at each bit, m and phase, the head, and
+    whole stage calls at each position and depth."""
     s, ctx = job.serving, decode_context(job)
     out = []
     for m in sizes(job):
         for b in s.bits:
             out += [entry_key("layer", "prefill", m, s.prompt_len, b), entry_key("layer", "decode", m, ctx, b)]
         out += [entry_key("head", "prefill", m, s.prompt_len), entry_key("head", "decode", m, ctx)]
+        for phase, length in (("prefill", s.prompt_len), ("decode", ctx)):
+            out += [k for pos in POSITIONS for n in STAGE_DEPTHS
+                    if (k := stage_key(pos, n, phase, m, length)) not in out]
     return out
 
 
@@ -159,12 +188,33 @@ def table_key(job: ServingJob, group) -> str:
         where += f"@{torch.cuda.get_device_name(0)}"
     env = ",".join(f"{k}={v}" for k, v in sorted(group.env.items()))
     return (f"{where}|env={env}|threads={group_threads(group)}|{s.runtime.family}:{digest}|"
-            f"{compute_dtype(job, dev)}|group={s.runtime.group_size}|torch={torch_version()}")
+            f"{compute_dtype(job, dev)}|group={s.runtime.group_size}|torch={torch_version()}|idle_ms={IDLE_S * 1e3:g}")
 
 
 def local_pipeline(job: ServingJob) -> bool:
     """Every stage runs on this machine's CPU: its hops are gloo messages between local processes (serving/link.py)."""
     return all(g.device_spec.kind == "cpu" for g in job.cluster.groups)
+
+
+def stage_threads(job: ServingJob) -> list[int]:
+    """Threads of each stage process `run` starts (serve.stage_envs: a group's OMP_NUM_THREADS, else this
+    machine's CPU count over the stages), one stage per device."""
+    devices = [g for g in job.cluster.groups for _ in range(g.count)]
+    share = max(1, (os.cpu_count() or 1) // max(1, len(devices)))
+    out = []
+    for g in devices:
+        t = g.env.get("OMP_NUM_THREADS", "")
+        out.append(int(t) if t.isdigit() and int(t) > 0 else share)
+    return out
+
+
+def serial_pipeline(job: ServingJob) -> bool:
+    """Whether the planner prices micro-batches as not overlapping (program.ServingInstance.serial): a local CPU
+    pipeline (measured costs) whose stage threads fill this machine's cores, so no core is left for a message
+    that arrives while its receiver computes."""
+    if job.serving.costs == "roofline" or not local_pipeline(job):
+        return False
+    return sum(stage_threads(job)) >= (os.cpu_count() or 1)
 
 
 LINK_TABLE = "link|cpu-gloo"
@@ -267,18 +317,56 @@ class GroupCosts:
     """(phase, micro-batch) -> embedding + LM head of one micro-batch, ms."""
     source: str = "given table"
     """Where the figures come from (the profile file)."""
+    fixed: Mapping[tuple[str, str, int], float] | None = None
+    """(position, phase, micro-batch) -> a stage call's fixed time at that position ('first', 'mid', 'last',
+    'only' for a one-stage pipeline), ms, from `fit_stage`; `prefill` / `decode` are then the fitted per-layer
+    terms. None (a table without stage entries): stage 0 carries `head`, the others nothing."""
+
+
+def fit_stage(points: Mapping[tuple[str, int], float]) -> tuple[dict[str, float], float]:
+    """Least squares of t(pos, n) = F[pos] + n·a over measured stage calls {(pos, layers): ms}: one per-layer
+    slope a shared by every position, one fixed term per position (each position needs two depths). Returns
+    ({pos: F}, a); F is clamped at 0 (a negative fixed cost is noise, not a saving)."""
+    by_pos: dict[str, list[tuple[int, float]]] = {}
+    for (pos, n), t in points.items():
+        by_pos.setdefault(pos, []).append((n, t))
+    if not by_pos or any(len({n for n, _ in v}) < 2 for v in by_pos.values()):
+        raise ValueError("fit_stage: every position needs stage calls of at least two depths")
+    mean = {p: (sum(n for n, _ in v) / len(v), sum(t for _, t in v) / len(v)) for p, v in by_pos.items()}
+    num = sum((n - mean[p][0]) * (t - mean[p][1]) for p, v in by_pos.items() for n, t in v)
+    den = sum((n - mean[p][0]) ** 2 for p, v in by_pos.items() for n, _ in v)
+    a = num / den
+    return {p: max(0.0, tb - a * nb) for p, (nb, tb) in mean.items()}, a
 
 
 def group_costs(job: ServingJob, entries: Mapping[str, float], source: str = "given table") -> GroupCosts:
-    """A table's entries as GroupCosts (every entry `wanted(job)` lists must be there)."""
+    """A table's entries as GroupCosts (every entry `wanted(job)` lists must be there). With stage entries
+    (tables measured by this release), per (phase, micro-batch): `fit_stage` gives each position's fixed term,
+    and a layer at b bits costs its layer entry less the middle position's fixed term (at least 1% of the entry)."""
     s, ctx = job.serving, decode_context(job)
     ms = sizes(job)
+    length = {"prefill": s.prompt_len, "decode": ctx}
+    layer = {(ph, b, m): entries[entry_key("layer", ph, m, length[ph], b)]
+             for ph in ("prefill", "decode") for b in s.bits for m in ms}
+    fixed = None
+    if all(stage_key(p, n, ph, m, length[ph]) in entries
+           for p in POSITIONS for n in STAGE_DEPTHS for ph in length for m in ms):
+        fixed = {}
+        for ph in length:
+            for m in ms:
+                f, _ = fit_stage({(p, n): entries[stage_key(p, n, ph, m, length[ph])]
+                                  for p in POSITIONS for n in STAGE_DEPTHS})
+                f["only"] = max(0.0, f["first"] + f["last"] - f["mid"])
+                fixed.update({(p, ph, m): v for p, v in f.items()})
+                for b in s.bits:
+                    layer[(ph, b, m)] = max(0.01 * layer[(ph, b, m)], layer[(ph, b, m)] - f["mid"])
     return GroupCosts(
-        prefill={(b, m): entries[entry_key("layer", "prefill", m, s.prompt_len, b)] for b in s.bits for m in ms},
-        decode={(b, m): entries[entry_key("layer", "decode", m, ctx, b)] for b in s.bits for m in ms},
+        prefill={(b, m): layer[("prefill", b, m)] for b in s.bits for m in ms},
+        decode={(b, m): layer[("decode", b, m)] for b in s.bits for m in ms},
         head={**{("prefill", m): entries[entry_key("head", "prefill", m, s.prompt_len)] for m in ms},
               **{("decode", m): entries[entry_key("head", "decode", m, ctx)] for m in ms}},
         source=source,
+        fixed=fixed,
     )
 
 
@@ -355,22 +443,28 @@ def profile_job(job: ServingJob, *, path: "str | Path | None" = None, groups: li
     need = wanted(job)
     with entry_lock(path, on_wait=lambda: log(f"waiting: another process is profiling into {path}")):
         prof = load(path)
-        done = set()
+        jobs: dict[str, tuple[object, list[str]]] = {}  # table key -> (group, missing entries)
         for g in todo:
             key = table_key(job, g)
-            if key in done:  # two groups on the same device, env and threads: one table
-                continue
-            done.add(key)
+            if key in jobs or key in {table_key(job, h) for h in todo[:todo.index(g)]}:
+                continue  # two groups on the same device, env and threads: one table
             missing = [k for k in need if k not in prof.entries(key)]
             if not missing:
                 log(f"{g.name}: all {len(need)} entries cached ({key})")
                 continue
             log(f"profiling {g.name} (device {g.device_spec.name}, env {g.env or '{}'}, threads "
                 f"{group_threads(g)}): {len(missing)} entries")
-            req = request(job, g, missing)
-            got = runner(req)
+            jobs[key] = (g, missing)
+        # the groups are measured at the same time, one process each, as the pipeline's stages run; a caller's
+        # own runner (a test's, in this process) measures them one after another
+        workers = max(1, len(jobs)) if runner is run_subprocess else 1
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = {key: pool.submit(runner, request(job, g, missing)) for key, (g, missing) in jobs.items()}
+            got = {key: f.result() for key, f in futures.items()}
+        for key, (g, missing) in jobs.items():
             table = prof.tables.setdefault(key, {"shape": layer_config(job), "entries": {}})
-            table["entries"].update({k: float(got[k]) for k in missing})
+            table["entries"].update({k: float(got[key][k]) for k in missing})
+        if jobs:
             prof.save(path)
         if runner is run_subprocess or measure_link is not None:
             profile_link(job, path, log, measure_link)
@@ -428,6 +522,13 @@ def cli_profile(job: ServingJob, output: "str | None", groups: list[str] | None,
         for r in rows(job, g, prof.entries(table_key(job, g))):
             t.add_row(str(r[0]), str(r[1]), *(("-" if v is None else f"{v:.4g}") for v in r[2:]))
         console.print(t)
+        entries = prof.entries(table_key(job, g))
+        if all(k in entries for k in wanted(job)):
+            fit = group_costs(job, entries).fixed
+            for ph in ("prefill", "decode"):
+                console.print(f"{g.name} {ph}: a stage call's fixed ms (fit), per micro-batch size: " + "; ".join(
+                    f"m={m}: " + " ".join(f"{p} {fit[(p, ph, m)]:.3g}" for p in POSITIONS) for m in sizes(job)),
+                    highlight=False)
     s = job.serving
     console.print(f"prefill: {s.prompt_len} tokens per prompt; decode: one token at context {decode_context(job)}; "
                   f"head: embedding + LM head per micro-batch; profile {path}", highlight=False)

@@ -1,5 +1,6 @@
 """The serving profiler's measuring process: `python -m qsync_opt.serving.profile_measure DIR` times what
-DIR/request.json asks (one decoder layer's prefill and decode, the embedding and head) and writes
+DIR/request.json asks (one decoder layer's prefill and decode, the embedding and head, and whole stage calls
+of 1 and 2 layers at each pipeline position, as `lm.Stage` runs inside the pipeline) and writes
 DIR/result.json. It runs in a fresh process carrying the group's env (oneDNN reads its ISA cap once); the
 planner-side profile (`serving/profile.py`) starts it and caches what it returns.
 """
@@ -25,20 +26,33 @@ STABLE = 0.02
 LOOKBACK = 3
 BUDGET_MS = float(os.environ.get("QSYNC_OPT_SERVING_PROFILE_BUDGET_MS", 400))
 """Timed milliseconds at most per entry (after FLOOR calls): a slow entry's median settles in few calls."""
-PROFILE_LAYERS = 3
-"""Layers of the model built to profile: the middle one is timed (neither embeds nor holds the head)."""
+IDLE_S = float(os.environ.get("QSYNC_OPT_SERVING_PROFILE_IDLE_MS", 1.0)) / 1e3
+"""Idle seconds before each timed call: a pipeline stage waits for its input between calls, and a call after a
+wait runs on colder caches than one in a tight loop; the profile times calls as they come in the pipeline."""
+PROFILE_LAYERS = 4
+"""Layers of the model built to profile: layer 1 alone is a layer entry (neither embeds nor holds the head);
+stage entries take 1 or 2 layers from the start (embedding), the middle (from layer 1) or the end (LM head)."""
+
+
+def stage_range(pos: str, n: int) -> tuple[int, int]:
+    """[first, last) layers of the profiled model that a stage entry of `n` layers at `pos` runs."""
+    return {"first": (0, n), "mid": (1, 1 + n), "last": (PROFILE_LAYERS - n, PROFILE_LAYERS)}[pos]
 
 
 def stable_median_ms(fn: Callable[[], object], *, clock: Callable[[], float] = time.perf_counter,
-                     floor: int | None = None, cap: int | None = None, budget_ms: float | None = None) -> float:
+                     floor: int | None = None, cap: int | None = None, budget_ms: float | None = None,
+                     idle_s: float = 0.0) -> float:
     """Median ms of calls of `fn` after two warm-up calls: at least `floor` calls, then until the median moves
-    by at most STABLE over the last LOOKBACK calls, `cap` calls or `budget_ms` of timed calls."""
+    by at most STABLE over the last LOOKBACK calls, `cap` calls or `budget_ms` of timed calls; `idle_s` of sleep
+    (untimed) before each timed call."""
     floor, cap = floor or FLOOR, cap or CAP
     budget_ms = BUDGET_MS if budget_ms is None else budget_ms
     fn()
     fn()
     times, medians = [], []
     while len(times) < cap:
+        if idle_s:
+            time.sleep(idle_s)
         t = clock()
         fn()
         times.append((clock() - t) * 1e3)
@@ -63,7 +77,7 @@ def measure(req: dict, timer: Callable[[str, Callable[[], object]], float] | Non
 
     from qsync_opt.serving import lm  # import cost: torch (the runtime's model)
 
-    timer = timer or (lambda key, fn: stable_median_ms(fn))
+    timer = timer or (lambda key, fn: stable_median_ms(fn, idle_s=IDLE_S))
     if req["threads"] != "default":
         torch.set_num_threads(int(req["threads"]))
     dev = torch.device(req["device"])
@@ -73,6 +87,13 @@ def measure(req: dict, timer: Callable[[str, Callable[[], object]], float] | Non
     n = PROFILE_LAYERS
     layers: dict[int, lm.Stage] = {}
     ends: dict[str, lm.Stage] = {}
+    stages: dict[tuple[str, int], lm.Stage] = {}
+
+    def stage(pos: str, k: int) -> lm.Stage:  # a whole pipeline stage of k 16-bit layers at position pos
+        if (pos, k) not in stages:
+            a, b = stage_range(pos, k)
+            stages[(pos, k)] = lm.Stage(model, a, b, [16] * k, dtype=dtype, group=req["group_size"]).to(dev)
+        return stages[(pos, k)]
 
     def layer(bits: int) -> lm.Stage:
         if bits not in layers:
@@ -94,19 +115,24 @@ def measure(req: dict, timer: Callable[[str, Callable[[], object]], float] | Non
             f = dict(x.split("=", 1) for x in fields.split("|") if "=" in x)
             m, phase = int(f["m"]), ("prefill" if "|prefill" in key else "decode")
             length = int(f.get("s") or f.get("ctx") or 0)
-            if part == "layer":
-                st = layer(int(f["bits"]))
+            if part in ("layer", "stage"):
+                st = layer(int(f["bits"])) if part == "layer" else stage(f["pos"], int(f["n"]))
                 t = length if phase == "prefill" else 1
                 pos = 0 if phase == "prefill" else length
                 cache = st.new_cache(m, pos + t, dev)
                 if phase == "decode":  # the cache holds `length` past positions
                     for kv in cache.k + cache.v:
                         kv.copy_(torch.randn(kv.shape, generator=gen).to(kv.dtype))
-                x = torch.randn((m, t, hidden), generator=gen).to(device=dev, dtype=dtype)
+                if st.embed:  # the first stage takes token ids, as in the pipeline
+                    x = torch.randint(0, vocab, (m, t), generator=gen).to(dev)
+                else:
+                    x = torch.randn((m, t, hidden), generator=gen).to(device=dev, dtype=dtype)
                 rows = slice(0, m)
 
                 def fn(st=st, x=x, cache=cache, rows=rows, pos=pos):
-                    st(x, cache, rows, pos)
+                    y = st(x, cache, rows, pos)
+                    if st.head:  # the last stage picks the greedy token, as in the pipeline
+                        y.argmax(-1)
                     sync()
             else:
                 first, last = end("first"), end("last")

@@ -3,14 +3,19 @@
 Given per-layer costs on each stage's device for fixed micro-batch sizes and a fixed device
 order (both enumerated outside, see `serving_planner`), the plan's predicted time is
 
-    prefill = Σ_j P_j + comm_p + (m_p − 1)·max(max_j P_j, c_p)
-    decode  = rounds · max(m_d·max(max_j D_j, c_d), Σ_j D_j + S·c_d)
+    prefill = Σ_j P_j + comm_p + (m_p − 1)·max(max_j (P_j + h_pj), c_p)
+    decode  = rounds · max(m_d·max(max_j (D_j + h_dj), c_d), Σ_j D_j + S·c_d)
+
+or, when micro-batches cannot overlap (`ServingInstance.serial`: a local pipeline whose stage threads
+fill the machine's cores), prefill = m_p·(Σ_j P_j + comm_p) and the ring term is m_d·(Σ_j D_j + S·c_d)
     minimise prefill + decode + θ·Σ_i ω_i(b_i)
 
-with P_j, D_j a stage's prefill / decode time for one micro-batch (its layers' times plus the
-embedding and LM head on stage 0), m_p, m_d the micro-batch counts and `rounds` the decode
-steps. A decode round ends when the bottleneck stage has served all m_d micro-batches, or
-when one micro-batch has gone round the whole ring, whichever is later. Each max is an
+with P_j, D_j a stage's prefill / decode time for one micro-batch (its layers' times plus its
+fixed terms: the embedding and LM head, or a measured stage call's fixed cost), m_p, m_d the
+micro-batch counts, `rounds` the decode steps and h_pj, h_dj the time stage j's own thread spends
+on one micro-batch's messages (zero where a hop is a wire; on a pipeline of processes sharing this
+machine's CPU, the hop's cost at both its ends: `StageData.msg_*_ms`). A decode round ends when
+the bottleneck stage has served all m_d micro-batches, or when one micro-batch has gone round the whole ring, whichever is later. Each max is an
 epigraph variable; memory per device and the quality bound Σω ≤ budget are rows.
 
 Two exact forms of the same program:
@@ -59,6 +64,13 @@ class StageData:
     fixed_mem_bytes: float = 0.0
     """Activations, and on stage 0 the embeddings and LM head."""
     capacity_bytes: float = float("inf")
+    msg_pre_ms: float = 0.0
+    msg_dec_ms: float = 0.0
+    """Time the stage's own thread spends per micro-batch on its messages (receiving its input, sending its
+    output), which its compute cannot overlap: on a pipeline of processes sharing this machine's CPU a hop is
+    work (and a wake-up) of both the sender and the receiver, not a wire. Counted in the bottleneck (a stage
+    serves m micro-batches of compute plus messages), not again in the ring (whose hops are comm_*_ms).
+    Zero where hops are a wire (the roofline's interconnect)."""
     cost_source: str = "roofline"
     """'roofline' or 'measured': where pre_ms, dec_ms and the fixed times come from."""
 
@@ -82,6 +94,11 @@ class ServingInstance:
     """Fix the number of layers per stage (baselines)."""
     quality_only: bool = False
     """Minimise Σω alone (time breaks ties): the AdaBits-style baseline."""
+    serial: bool = False
+    """Micro-batches do not overlap: each goes through every stage alone, so prefill = m_p·(Σ_j P_j + comm_p)
+    and a decode round is at least m_d·(Σ_j D_j + S·c_d). So it is on a pipeline of local processes whose stage
+    threads fill this machine's cores: a message that arrives while its receiver computes waits for a core to
+    run the receiving thread, and the other micro-batches' compute no longer hides it."""
     meta: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -159,9 +176,15 @@ def evaluate(inst: ServingInstance, a: Assignment) -> Evaluation:
     if inst.max_indicator is not None and quality > inst.max_indicator * (1 + MEM_TOL) + 1e-12:
         bad.append(f"quality Σω {quality:.6g} over the bound {inst.max_indicator:.6g}")
     cp, cd = stage_transfers_ms(inst)
-    prefill = sum(pre) + cp + (inst.m_pre - 1) * max(max(pre), inst.comm_pre_ms)
-    ring = sum(dec) + cd
-    decode = inst.decode_rounds * max(inst.m_dec * max(max(dec), inst.comm_dec_ms), ring)
+    busy_pre = max(p + st.msg_pre_ms for p, st in zip(pre, inst.stages))
+    busy_dec = max(d + st.msg_dec_ms for d, st in zip(dec, inst.stages))
+    if inst.serial:
+        prefill = inst.m_pre * (sum(pre) + cp)
+        ring = inst.m_dec * (sum(dec) + cd)
+    else:
+        prefill = sum(pre) + cp + (inst.m_pre - 1) * max(busy_pre, inst.comm_pre_ms)
+        ring = sum(dec) + cd
+    decode = inst.decode_rounds * max(inst.m_dec * max(busy_dec, inst.comm_dec_ms), ring)
     objective = quality if inst.quality_only else prefill + decode + inst.theta * quality
     return Evaluation(prefill, decode, tuple(pre), tuple(dec), tuple(mem), quality, objective, tuple(bad))
 
@@ -240,33 +263,38 @@ def compile_serving(inst: ServingInstance, aggregate: bool | None = None) -> Pro
             obj[v] = obj.get(v, 0.0) + scale * c
 
     time_scale = 1e-6 if inst.quality_only else 1.0  # quality-only: time only breaks ties
+    pre_scale = inst.m_pre if inst.serial else 1  # serial: every prefill micro-batch passes every stage alone
     for j, st in enumerate(inst.stages):
-        add(stage_expr(j, st.pre_ms), time_scale)
-    if inst.m_pre > 1:
+        add(stage_expr(j, st.pre_ms), pre_scale * time_scale)
+    if inst.m_pre > 1 and not inst.serial:
         t = p.add_var("t_pre_max", "continuous", inst.comm_pre_ms, float("inf"))  # slowest stage's prefill
         for j, st in enumerate(inst.stages):
-            p.add_constraint(f"pre_max_s{j}", {t: 1.0, **stage_expr(j, st.pre_ms, -1.0)}, ">=", st.fixed_pre_ms)
+            p.add_constraint(f"pre_max_s{j}", {t: 1.0, **stage_expr(j, st.pre_ms, -1.0)}, ">=",
+                             st.fixed_pre_ms + st.msg_pre_ms)
         add({t: 1.0}, (inst.m_pre - 1) * time_scale)
     if inst.decode_rounds > 0:
         r = p.add_var("t_round", "continuous", inst.m_dec * inst.comm_dec_ms, float("inf"))  # one decode round
         for j, st in enumerate(inst.stages):
             row = {r: 1.0, **stage_expr(j, st.dec_ms, -float(inst.m_dec))}
-            p.add_constraint(f"round_bottleneck_s{j}", row, ">=", inst.m_dec * st.fixed_dec_ms)
+            p.add_constraint(f"round_bottleneck_s{j}", row, ">=", inst.m_dec * (st.fixed_dec_ms + st.msg_dec_ms))
+        k = float(inst.m_dec) if inst.serial else 1.0  # serial: every micro-batch goes round the ring alone
         ring = {r: 1.0}
         for j, st in enumerate(inst.stages):
-            for v, c in stage_expr(j, st.dec_ms, -1.0).items():
+            for v, c in stage_expr(j, st.dec_ms, -k).items():
                 ring[v] = ring.get(v, 0.0) + c
-        p.add_constraint("round_ring", ring, ">=", sum(st.fixed_dec_ms for st in inst.stages) + cd)
+        p.add_constraint("round_ring", ring, ">=", k * (sum(st.fixed_dec_ms for st in inst.stages) + cd))
         add({r: 1.0}, inst.decode_rounds * time_scale)
     add(qual, 1.0 if inst.quality_only else inst.theta)
     p.objective = {v: c for v, c in obj.items() if c != 0}
-    p.objective_constant = time_scale * (sum(st.fixed_pre_ms for st in inst.stages) + cp)
+    p.objective_constant = time_scale * pre_scale * (sum(st.fixed_pre_ms for st in inst.stages) + cp)
     return p
 
 
 def _same_device(a: StageData, b: StageData) -> bool:
-    return (a.device, a.pre_ms, a.dec_ms, a.mem_bytes, a.fixed_pre_ms, a.fixed_dec_ms, a.fixed_mem_bytes, a.capacity_bytes) == (
-        b.device, b.pre_ms, b.dec_ms, b.mem_bytes, b.fixed_pre_ms, b.fixed_dec_ms, b.fixed_mem_bytes, b.capacity_bytes)
+    return (a.device, a.pre_ms, a.dec_ms, a.mem_bytes, a.fixed_pre_ms, a.fixed_dec_ms, a.fixed_mem_bytes, a.capacity_bytes,
+            a.msg_pre_ms, a.msg_dec_ms) == (
+        b.device, b.pre_ms, b.dec_ms, b.mem_bytes, b.fixed_pre_ms, b.fixed_dec_ms, b.fixed_mem_bytes, b.capacity_bytes,
+        b.msg_pre_ms, b.msg_dec_ms)
 
 
 def decode_values(inst: ServingInstance, problem: Problem, values: dict[str, float]) -> Assignment:

@@ -30,6 +30,26 @@ from qsync_opt.serving.weights import ModelSource, build, family_config, require
 
 START_TIMEOUT_FLOOR_S = 10.0
 
+PREDICTION_TOLERANCE = 0.15
+"""Measured tokens/s within this fraction of the prediction confirm the plan's prediction; beyond it the run
+says the plan's choice (made on predictions this far off) is not confirmed."""
+
+
+def prediction_check(predicted: float, measured: float, tolerance: float = PREDICTION_TOLERANCE) -> dict:
+    """Measured against predicted tokens/s as a fact: their ratio, whether it is within `tolerance`, and the
+    sentence serve.json and report.md print (e.g. 'measured 0.70x the prediction (more than 15% below it): the
+    plan's choice is not confirmed by this run')."""
+    ratio = measured / predicted if predicted > 0 else float("inf")
+    ok = abs(ratio - 1.0) <= tolerance + 1e-12  # the bound itself is within (0.85 - 1 is not exactly -0.15)
+    tol = f"{100 * tolerance:.0f}%"
+    if ok:
+        text = f"measured {ratio:.2f}x the prediction (within {tol}): the prediction is confirmed by this run"
+    else:
+        side = "below" if ratio < 1 else "above"
+        text = (f"measured {ratio:.2f}x the prediction (more than {tol} {side} it): the cost model is off by more "
+                "than the margins between the plans it compares, so the plan's choice is not confirmed by this run")
+    return {"measured_over_predicted": ratio, "tolerance": tolerance, "prediction_confirmed": ok, "verdict": text}
+
 
 def model_source(job: ServingJob) -> ModelSource:
     """What every stage process builds; exit 2 here (naming the field) when transformers is missing or the
@@ -195,21 +215,27 @@ def measure(job: ServingJob, plan: ServingPlan, served: dict) -> dict:
     per_stage = []
     for st, ps in zip(served["stages"], plan.stages):
         busy = sum(e[4] - e[3] for e in st["events"])
+        # of the bubble: waiting for the call's input (the previous stage's activations, or stage 0's tokens back
+        # from the last), the rest is the stage's own loop between calls (sends, bookkeeping)
+        waited = sum(e[3] - e[6] for e in st["events"] if len(e) > 6)
         pre = [1e3 * (e[4] - e[3]) for e in st["events"] if e[0] == "prefill"]
         dec = [1e3 * (e[4] - e[3]) for e in st["events"] if e[0] == "decode"]
         per_stage.append({
             "stage": st["rank"], "device": ps.device, "layers": st["layers"], "bits": st["bits"],
             "busy_s": busy, "bubble_s": span - busy, "busy_frac": busy / span if span else 0.0,
+            "input_wait_s": waited,
             "prefill_ms_p50": statistics.median(pre) if pre else None,
             "decode_ms_p50": statistics.median(dec) if dec else None,
             "predicted_prefill_ms": ps.prefill_ms, "predicted_decode_ms": ps.decode_ms,
             "weight_mb": st["weight_bytes"] / 2**20, "kv_cache_mb": st["kv_bytes"] / 2**20,
             "peak_mb": st["peak_bytes"] / 2**20, "peak_kind": st["peak_kind"], "threads": st["threads"],
         })
+    tps = n * gen / span if span else 0.0
     return {
         "requests": n, "batches": rounds, "gen_tokens": gen, "span_s": span,
-        "tokens_per_s": n * gen / span if span else 0.0,
+        "tokens_per_s": tps,
         "predicted_tokens_per_s": plan.prediction.tokens_per_s,
+        **prediction_check(plan.prediction.tokens_per_s, tps),
         "ttft_ms_p50": statistics.median(ttft), "ttft_ms_p99": pct(ttft, 99),
         "tpot_ms_p50": statistics.median(tpot) if tpot else None, "tpot_ms_p99": pct(tpot, 99) if tpot else None,
         "predicted_e2e_ms": plan.prediction.e2e_ms, "measured_e2e_ms_per_batch": 1e3 * span / rounds,
@@ -255,22 +281,24 @@ def requests_csv(m: dict) -> str:
 
 
 def report_md(job: ServingJob, plan_text: str, m: dict) -> str:
-    rows = ["| stage | device | layers | bits | busy | bubble | prefill ms (pred / meas) | decode ms (pred / meas) "
+    rows = ["| stage | device | layers | bits | busy | bubble (of it waiting for input) | prefill ms (pred / meas) | decode ms (pred / meas) "
             "| weights MB | KV MB | peak MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for st in m["stages"]:
         bits = "/".join(str(b) for b in sorted(set(st["bits"]), reverse=True))
         rows.append(f"| {st['stage']} | {st['device']} | {st['layers'][0]}-{st['layers'][1] - 1} | {bits} "
-                    f"| {st['busy_s']:.2f} s | {st['bubble_s']:.2f} s "
+                    f"| {st['busy_s']:.2f} s | {st['bubble_s']:.2f} s ({st.get('input_wait_s', 0.0):.2f} s) "
                     f"| {st['predicted_prefill_ms']:.2f} / {st['prefill_ms_p50']:.2f} "
                     f"| {st['predicted_decode_ms']:.3f} / {st['decode_ms_p50']:.3f} "
                     f"| {st['weight_mb']:.2f} | {st['kv_cache_mb']:.2f} | {st['peak_mb']:.0f} ({st['peak_kind']}) |")
     tp = "" if m["tpot_ms_p50"] is None else f"{m['tpot_ms_p50']:.2f} / {m['tpot_ms_p99']:.2f}"
     return (f"# {job.name}: served\n\n```\n{plan_text}\n```\n\n## Measured\n\n"
             f"| figure | predicted | measured |\n|---|---|---|\n"
-            f"| tokens/s | {m['predicted_tokens_per_s']:.1f} | {m['tokens_per_s']:.1f} |\n"
+            f"| tokens/s | {m['predicted_tokens_per_s']:.1f} | {m['tokens_per_s']:.1f} "
+            f"({m['measured_over_predicted']:.2f}x) |\n"
             f"| one batch end to end | {m['predicted_e2e_ms']:.1f} ms | {m['measured_e2e_ms_per_batch']:.1f} ms |\n"
             f"| time to first token p50 / p99 | | {m['ttft_ms_p50']:.2f} / {m['ttft_ms_p99']:.2f} ms |\n"
             f"| time per output token p50 / p99 | | {tp} ms |\n\n"
+            f"**{'Confirmed' if m['prediction_confirmed'] else 'Not confirmed'}: {m['verdict']}.**\n\n"
             f"{m['requests']} requests in {m['batches']} batch(es), {m['gen_tokens']} tokens each, greedy.\n\n"
             + "\n".join(rows) + "\n\n![timeline](timeline.png)\n" + quality_md(m.get("quality")))
 

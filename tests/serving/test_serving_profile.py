@@ -54,10 +54,11 @@ def test_each_distinct_key_is_measured_once_and_depth_is_not_part_of_the_key(tmp
     j = job(groups)
     run = Counting()
     P.profile_job(j, path=path, runner=run, log=lambda m: None)
-    # 2 sizes x (2 bits x 2 phases + the head's 2 phases) = 12 keys, for two tables (a and b share device,
-    # env and threads: one table), each key timed exactly once
+    # 2 sizes x 2 phases x (2 bits + the head + 5 stage calls: first and last at 1 and 2 layers, the middle
+    # at 2; the 1-layer middle stage is the 16-bit layer entry) = 32 keys, for two tables (a and b share
+    # device, env and threads: one table), each key timed exactly once
     want = set(P.wanted(j))
-    assert len(want) == 12
+    assert len(want) == 32
     assert len(run.requests) == 2
     assert all(Counter(r["keys"]) == Counter(want) for r in run.requests)
     assert run.timed == Counter({k: 2 for k in want})
@@ -81,7 +82,12 @@ def test_a_second_call_is_a_cache_hit_and_the_figures_are_the_cached_ones(tmp_pa
 
     second, _ = P.measured_costs(j, path=path, runner=refuse)
     assert second == first
-    assert set(second["cpu"].prefill.values()) == {2.5}
+    # every entry cached at 2.5 ms: every stage call, whatever its depth, takes 2.5 ms, so the fit gives each
+    # position a fixed 2.5 ms and a layer (almost) nothing
+    assert set(second["cpu"].fixed.values()) == {2.5}
+    assert all(v == pytest.approx(0.025) for v in second["cpu"].prefill.values())
+    raw_entries = next(iter(json.loads(path.read_text())["tables"].values()))["entries"]
+    assert set(raw_entries.values()) == {2.5}
     raw = json.loads(path.read_text())
     assert raw["format"] == P.FORMAT and len(raw["tables"]) == 1
     key = next(iter(raw["tables"]))
