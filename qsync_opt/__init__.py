@@ -11,8 +11,7 @@ The names below are looked up when first used, and a spec imports only its own k
 or loading job does not import torch (a cluster scheduler need not carry it); training does.
 """
 
-import importlib
-
+from qsync_opt import lazy
 from qsync_opt.errors import InfeasibleError, QSyncError, SpecError
 
 __version__ = "0.1.0"
@@ -26,14 +25,4 @@ _LAZY = {
 __all__ = ["solve", "run", "load_spec", "load_plan", "KINDS", "JobSpec", "ServingJob", "Plan", "ServingPlan",
            "RolloutPlan", "QSyncError", "SpecError", "InfeasibleError", "__version__"]
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'qsync_opt' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy.names(__name__, _LAZY)

@@ -6,23 +6,13 @@ module that needs only a torch-free part (`models.spec`, `models.graph`) does no
 
 from __future__ import annotations
 
-import importlib
+from qsync_opt import lazy
 
-_LAZY = {
-    "SELECTABLE_KINDS": "graph", "OpGraph": "graph", "OpNode": "graph", "trace": "tracing",
-    "ZOO": "zoo", "ModelEntry": "zoo", "build_model": "zoo", "get_entry": "zoo", "list_models": "zoo",
-    "load_factory": "zoo",
-}
+_LAZY = {name: f"qsync_opt.models.{module}" for module, names in {
+    "graph": ("SELECTABLE_KINDS", "OpGraph", "OpNode"),
+    "tracing": ("trace",),
+    "zoo": ("ZOO", "ModelEntry", "build_model", "get_entry", "list_models", "load_factory"),
+}.items() for name in names}
 __all__ = list(_LAZY)
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"qsync_opt.models.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'qsync_opt.models' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy.names(__name__, _LAZY)

@@ -10,24 +10,13 @@ torch-free part (runtime.spawn, process_exit) does not import torch with the pac
 
 from __future__ import annotations
 
-import importlib
+from qsync_opt import lazy
 
-_LAZY = {
-    "Change": "apply", "apply_plan": "apply", "current_precisions": "apply", "selectable_modules": "apply",
-    "strip": "apply", "SWAPPABLE": "qmodules", "QConv1d": "qmodules", "QConv2d": "qmodules",
-    "QEmbedding": "qmodules", "QLinear": "qmodules", "QMatMul": "qmodules", "QuantizedModule": "qmodules",
-    "Recipe": "recipe",
-}
+_LAZY = {name: f"qsync_opt.runtime.{module}" for module, names in {
+    "apply": ("Change", "apply_plan", "current_precisions", "selectable_modules", "strip"),
+    "qmodules": ("SWAPPABLE", "QConv1d", "QConv2d", "QEmbedding", "QLinear", "QMatMul", "QuantizedModule"),
+    "recipe": ("Recipe",),
+}.items() for name in names}
 __all__ = list(_LAZY)
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"qsync_opt.runtime.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'qsync_opt.runtime' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy.names(__name__, _LAZY)
