@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from qsync_opt.io import atomic_write_text
     from qsync_opt.serving import profile as P
+    from qsync_opt.serving import profile_report as R
     from qsync_opt.serving.planner import plan_serving
     from qsync_opt.serving.spec import load_serving_spec
     from qsync_opt.solver.budget import Budget
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     for g in measured.cluster.groups:
         if not P.present(g.device_spec):
             continue
-        for bits, m, mp, rp, md, rd in P.rows(measured, g, prof.entries(P.table_key(measured, g))):
+        for bits, m, mp, rp, md, rd in R.rows(measured, g, prof.entries(P.table_key(measured, g))):
             for phase, meas, roof in (("prefill", mp, rp), ("decode", md, rd)):
                 rows.append({"group": g.name, "device": g.device_spec.name,
                              "env": " ".join(f"{k}={v}" for k, v in sorted(g.env.items())), "bits": bits,

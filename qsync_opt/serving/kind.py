@@ -17,7 +17,7 @@ from qsync_opt.kind import Kind, RunRequest
 from qsync_opt.serving.plan import ServingPlan
 from qsync_opt.serving.planner import plan_serving
 from qsync_opt.serving import serve
-from qsync_opt.serving.profile import cli_profile
+from qsync_opt.serving.profile_report import cli_profile
 from qsync_opt.serving.report import print_serving_plan
 from qsync_opt.serving.spec import ServingJob
 
