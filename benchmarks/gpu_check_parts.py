@@ -72,6 +72,23 @@ def reference64(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.conv2d(x.double(), w, b, module.stride, module.padding, module.dilation, module.groups)
 
 
+def measure_module(m: nn.Module, x: torch.Tensor, ref: torch.Tensor, device: torch.device, repeats: int,
+                   row: dict) -> float:
+    """Put `m`'s output error against the float64 `ref` (rel_err_vs_fp64) and its forward + backward time
+    (fwd_bwd_ms, returned) on input `x` into `row`."""
+    xg = x.clone().requires_grad_(True)
+
+    def step():
+        y = m(xg)
+        y.backward(torch.ones_like(y))
+
+    with torch.no_grad():
+        y = m(x)
+    row["rel_err_vs_fp64"] = float((y.detach().double() - ref).norm() / ref.norm())
+    row["fwd_bwd_ms"] = time_ms(step, device, repeats)
+    return row["fwd_bwd_ms"]
+
+
 def shapes(big: bool) -> list[tuple[str, nn.Module, tuple[int, ...]]]:
     """(label, fp32 module, input shape): large linear and conv shapes on a GPU, tiny ones on CPU."""
     torch.manual_seed(0)
@@ -94,17 +111,7 @@ def ratios(device: torch.device, big: bool, repeats: int) -> list[dict]:
         for p in PRECISIONS:
             row = {"shape": label, "precision": p, "implementation": gemm_impl(target, p).label}
             try:
-                m = quantized(base, p, device)
-                xg = x.clone().requires_grad_(True)
-
-                def step():
-                    y = m(xg)
-                    y.backward(torch.ones_like(y))
-
-                with torch.no_grad():
-                    y = m(x)
-                row["rel_err_vs_fp64"] = float((y.detach().double() - ref).norm() / ref.norm())
-                times[p] = row["fwd_bwd_ms"] = time_ms(step, device, repeats)
+                times[p] = measure_module(quantized(base, p, device), x, ref, device, repeats, row)
             except Exception as e:  # one format's failure must not hide the others' figures
                 row["error"] = f"{type(e).__name__}: {e}"[:300]
             rows.append(row)
@@ -164,17 +171,7 @@ def library_linears(device: torch.device, big: bool, repeats: int, compile_: boo
                 if compiled:
                     m = torch.compile(m)
                 dtype = torch.bfloat16 if precision == "bf16" or impl.startswith("torchao") else torch.float32
-                xi = x.to(dtype)
-                xg = xi.clone().requires_grad_(True)
-
-                def step():
-                    y = m(xg)
-                    y.backward(torch.ones_like(y))
-
-                with torch.no_grad():
-                    y = m(xi)
-                row["rel_err_vs_fp64"] = float((y.detach().double() - ref).norm() / ref.norm())
-                times[(impl, compiled)] = row["fwd_bwd_ms"] = time_ms(step, device, repeats)
+                times[(impl, compiled)] = measure_module(m, x.to(dtype), ref, device, repeats, row)
             except Exception as e:  # one implementation's failure must not hide the others' figures
                 row["error"] = f"{type(e).__name__}: {e}"[:300]
             rows.append(row)
