@@ -6,6 +6,7 @@ from pathlib import Path
 
 from qsync_opt.kind import Kind, RunRequest
 from qsync_opt.training.plan import Plan
+from qsync_opt.training.predictor.profile import default_profile_path
 from qsync_opt.training.spec import JobSpec
 
 #: training.run.STAGES' names, in order (tests/training/test_training_kind.py holds them equal): the record is read
@@ -38,11 +39,10 @@ def profile(job: JobSpec, output: "str | None", groups: list[str] | None, consol
     every group here (training.predictor.profiler), then print its sections and all-reduce fits."""
     from rich.table import Table  # import cost: rich's table, only for this verb
 
-    from qsync_opt.training.predictor import profiler  # import cost: the profiler's kernels
-    from qsync_opt.training.predictor.profile import default_profile_path  # import cost: as above
+    from qsync_opt.training.predictor import profile_run  # import cost: the profile's stack (no torch: its processes)
 
     path = Path(output) if output else default_profile_path()
-    prof = profiler.profile_spec(job, path, groups=groups, progress=progress,
+    prof = profile_run.profile_spec(job, path, groups=groups, progress=progress,
                                  log=lambda s: console.print(s, highlight=False))
     t = Table(title=f"profile {path}", title_justify="left")
     for col in ("section", "ops", "casts", "optimizer"):

@@ -65,13 +65,13 @@ def test_indicate_writes_omega(tmp_path, monkeypatch, capsys):
 
 def test_profile_prints_the_all_reduce_fit_and_the_ddp_step(tmp_path, monkeypatch, capsys):
     """The profile's all-reduce map holds α–β fits and measured DDP steps; both are printed."""
-    from qsync_opt.training.predictor import profiler
+    from qsync_opt.training.predictor import profile_run
     from qsync_opt.training.predictor.profile import Profile
 
     prof = Profile.new()
     prof.allreduce["gloo/2"] = {"alpha_ms": 0.25, "beta_ms_per_byte": 2e-6}
     prof.allreduce["ddp/2|abc"] = {"fp32_ms": 141.5}
-    monkeypatch.setattr(profiler, "profile_spec", lambda *a, **k: prof)
+    monkeypatch.setattr(profile_run, "profile_spec", lambda *a, **k: prof)
     spec = tmp_path / "job.yaml"
     spec.write_text(SPEC)
     assert main(["profile", str(spec), "-o", str(tmp_path / "p.json"), "--quiet"]) == 0

@@ -3,20 +3,35 @@
 Roofline costs and casts (costs, casts), memory (memory), gradient all-reduce (comm), the
 sensitivity indicators (indicator, gvar), the replayer that judges a plan on a timeline, and
 the builder that turns a spec into the solver's TrainingInstance.
+
+Its names are imported when first used (qsync_opt.lazy): importing one of its modules (the profile file, the
+measuring helpers) does not import torch through this package.
 """
 
-from qsync_opt.training.predictor.casts import cast_ms, edge_cast_ms, resolve_backward_precision
-from qsync_opt.training.predictor.comm import allreduce_ms, ddp_buckets
-from qsync_opt.training.predictor.context import Context, GroupContext
-from qsync_opt.training.predictor.costs import OpCost, op_costs, optimizer_ms
-from qsync_opt.training.predictor.indicator import Sensitivity, gvar_indicator, weight_indicator
-from qsync_opt.training.predictor.instance_builder import baseline, build_instance
-from qsync_opt.training.predictor.memory import MemoryModel, memory_model
-from qsync_opt.training.predictor.replayer import GroupTimeline, Timeline, replay, verify
+from qsync_opt import lazy
 
-__all__ = [
-    "Context", "GroupContext", "GroupTimeline", "MemoryModel", "OpCost", "Sensitivity", "Timeline",
-    "allreduce_ms", "baseline", "build_instance", "cast_ms", "ddp_buckets", "edge_cast_ms",
-    "gvar_indicator", "memory_model", "op_costs", "optimizer_ms", "replay",
-    "resolve_backward_precision", "verify", "weight_indicator",
-]
+_WHERE = {
+    "cast_ms": "qsync_opt.training.predictor.casts",
+    "edge_cast_ms": "qsync_opt.training.predictor.casts",
+    "resolve_backward_precision": "qsync_opt.training.predictor.casts",
+    "allreduce_ms": "qsync_opt.training.predictor.comm",
+    "ddp_buckets": "qsync_opt.training.predictor.comm",
+    "Context": "qsync_opt.training.predictor.context",
+    "GroupContext": "qsync_opt.training.predictor.context",
+    "OpCost": "qsync_opt.training.predictor.costs",
+    "op_costs": "qsync_opt.training.predictor.costs",
+    "optimizer_ms": "qsync_opt.training.predictor.costs",
+    "Sensitivity": "qsync_opt.training.predictor.indicator",
+    "gvar_indicator": "qsync_opt.training.predictor.indicator",
+    "weight_indicator": "qsync_opt.training.predictor.indicator",
+    "baseline": "qsync_opt.training.predictor.instance_builder",
+    "build_instance": "qsync_opt.training.predictor.instance_builder",
+    "MemoryModel": "qsync_opt.training.predictor.memory",
+    "memory_model": "qsync_opt.training.predictor.memory",
+    "GroupTimeline": "qsync_opt.training.predictor.replayer",
+    "Timeline": "qsync_opt.training.predictor.replayer",
+    "replay": "qsync_opt.training.predictor.replayer",
+    "verify": "qsync_opt.training.predictor.replayer",
+}
+__getattr__, __dir__ = lazy.names(__name__, _WHERE)
+__all__ = list(_WHERE)

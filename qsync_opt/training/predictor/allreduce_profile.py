@@ -25,12 +25,11 @@ profiling: there it came out a few percent low (benchmarks/ddp_step_readings.py)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
-
 import torch
 
-from qsync_opt.training.predictor.measuring import ddp_key, fit_line as _fit_line, group_threads, robust_ms  # noqa: F401 (ddp_key re-exported)
-from qsync_opt.training.predictor.step_profile import STEP_WARMUP, adaptive_step_times_ms, lockstep_median_ms, loop_step
+from qsync_opt.training.predictor.collective_results import Collectives, fit, read_results  # noqa: F401 (re-exported)
+from qsync_opt.training.predictor.measuring import ddp_key, group_threads, robust_ms  # noqa: F401 (ddp_key re-exported)
+from qsync_opt.training.predictor.step_profile import STEP_WARMUP, adaptive_step_times_ms, loop_step
 from qsync_opt.runtime import process_exit
 from qsync_opt.training.runtime.launch import free_port
 from qsync_opt.training.runtime.trainer import build_rank_model, make_optimizer
@@ -49,11 +48,6 @@ def allreduce_times() -> dict[int, float]:
         out[nbytes] = robust_ms(lambda: dist.all_reduce(x), before=dist.barrier, blocks=3, repeats=3,
                                 adaptive=False)  # every rank the same calls
     return out
-
-
-def fit(times: dict[int, float]) -> dict[str, float]:
-    a, b = _fit_line(list(times), list(times.values()))
-    return {"alpha_ms": b, "beta_ms_per_byte": a}
 
 
 def ddp_step_times_ms(spec, rank: int) -> list[float]:
@@ -98,27 +92,6 @@ def collectives(spec, rank: int, world: int, init_method: str, out_dir: Path, *,
         dist.barrier()
     finally:
         dist.destroy_process_group()
-
-
-class Collectives(NamedTuple):
-    """What `collectives` measured, None where it was not measured."""
-
-    allreduce_fit: dict | None
-    """α (ms) and β (ms per byte) of the gloo all-reduce."""
-    ddp_step_ms: float | None
-    """The slowest rank's fp32 DDP step (ms), median over steps."""
-
-
-def read_results(out_dir: Path, world: int) -> Collectives:
-    """What `collectives` wrote to `out_dir`; the DDP step is read as `train` reads its iterations:
-    per step the slowest rank, then the median over steps."""
-    import json
-
-    ar = out_dir / "allreduce.json"
-    fitted = fit({int(k): v for k, v in json.loads(ar.read_text()).items()}) if ar.exists() else None
-    steps = [out_dir / f"ddp.{r}" for r in range(world)]
-    ddp = lockstep_median_ms([json.loads(f.read_text()) for f in steps]) if all(f.exists() for f in steps) else None
-    return Collectives(fitted, ddp)
 
 
 def _worker(rank: int, world: int, port: int, spec_file: str | None, out_dir: str, ar: bool, ddp: bool) -> None:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from qsync_opt.training.predictor.profile import Profile, ProfileError, load_profile
-from qsync_opt.training.predictor.allreduce_profile import Collectives, read_results
+from qsync_opt.training.predictor.collective_results import Collectives, read_results
 from qsync_opt.training.predictor.measuring import group_threads
 
 #: A companion stops after this long even if a profiler never reports (e.g. it was killed).
@@ -105,7 +105,7 @@ def merge_parts(path: Path, parts: list[tuple[Path, str]]) -> None:
         part.unlink(missing_ok=True)
 
 
-def wait_all(procs: list[tuple[str, subprocess.Popen]], poll_s: float = 0.2) -> list[tuple[str, int]]:
+def wait_all(procs: list[tuple[str, subprocess.Popen]], poll_s: float = 0.05) -> list[tuple[str, int]]:
     """Wait for every process; once one fails, stop the others (they would keep busy waiting
     for its 'done' mark) and return [(name, exit code)] of the failed ones. When this process is
     stopped while it waits (a `Stopped` or KeyboardInterrupt), the processes are ended first."""

@@ -1,14 +1,17 @@
 """Measuring helpers every profiler module shares: the timing estimator's settings, the cast
-sizes, a rank's thread count and a clamped least-squares line and a progress bar."""
+sizes, a rank's thread count and a clamped least-squares line and a progress bar.
+
+Imports no torch (the `qsync-opt profile` parent starts its measuring processes without it);
+`is_local` imports it only to ask about a GPU device."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import statistics
 
-import torch
-
+from qsync_opt.hardware.machine import cuda_possible
 from qsync_opt.training.predictor import estimator as est
 
 CAST_PAIRS = (("fp32", "bf16"), ("bf16", "fp32"), ("fp32", "fp16"), ("fp16", "fp32"), ("fp32", "int8"), ("int8", "fp32"))
@@ -32,6 +35,12 @@ def group_threads(group, world_size: int) -> int:
     if v:
         return int(v)
     return max(1, (os.cpu_count() or 1) // world_size) if group.device_spec.kind == "cpu" else 1
+
+
+def lockstep_median_ms(per_rank: list[list[float]]) -> float:
+    """Median over steps of the slowest rank's time: how `train` reads a DDP iteration
+    (run_stages.measured_iteration_ms), rather than the slowest rank's median."""
+    return statistics.median(max(ts) for ts in zip(*per_rank, strict=True))
 
 
 def fit_line(xs, ys) -> tuple[float, float]:
@@ -85,6 +94,10 @@ def is_local(device) -> bool:
     """Whether `device` is this machine's own kind of device, so its profile can be measured here."""
     if device.kind == "cpu":
         return True
+    if not cuda_possible():
+        return False
+    import torch  # import cost: torch, only to ask which GPU this is
+
     if not torch.cuda.is_available():
         return False
     here = torch.cuda.get_device_name(0).lower().replace(" ", "")

@@ -18,6 +18,10 @@ of ranks busy on the machine at once (colocate.py; `ranks=N` in its key when N >
 Signatures depend only on an OpNode's shapes and FLOPs, so models that share shapes share
 entries. A file that is not valid JSON, misses a field, has another format/version, or was
 measured on another machine raises ProfileError naming the file: it is never used silently.
+
+Imports no torch: `qsync-opt profile`'s parent process reads, merges and writes profiles while its
+measuring processes run, and asks torch about a GPU only where one can be present
+(hardware.machine.cuda_possible).
 """
 
 from __future__ import annotations
@@ -28,10 +32,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from qsync_opt.errors import SpecError
-from qsync_opt.hardware.machine import cpu_description, profile_dir
+from qsync_opt.hardware.machine import cpu_description, cuda_possible, profile_dir
 from qsync_opt.io import atomic_write_text
 from qsync_opt.models.graph import OpGraph, OpNode
 
@@ -48,6 +50,10 @@ class ProfileError(SpecError):
 def machine_description() -> dict:
     """What identifies this machine's kernels: CPU model + ISA flags (and the GPU when present)."""
     desc = {"kind": "cpu", **cpu_description()}
+    if not cuda_possible():  # no GPU driver here: torch would say no CUDA too, after a second of importing
+        return desc
+    import torch  # import cost: torch, only where a GPU may be present
+
     if torch.cuda.is_available():
         desc.update(kind="cuda", gpu=torch.cuda.get_device_name(0),
                     capability=".".join(map(str, torch.cuda.get_device_capability(0))))
@@ -55,9 +61,16 @@ def machine_description() -> dict:
 
 
 def library_versions() -> dict:
+    import sys
     from importlib.metadata import PackageNotFoundError, version
 
-    out = {"torch": torch.__version__}
+    torch = sys.modules.get("torch")
+    try:  # the installed distribution's version is torch.__version__; read without importing torch
+        out = {"torch": str(torch.__version__) if torch is not None else version("torch")}
+    except PackageNotFoundError:
+        import torch
+
+        out = {"torch": str(torch.__version__)}
     try:
         out["qsync-opt"] = version("qsync-opt")
     except PackageNotFoundError:

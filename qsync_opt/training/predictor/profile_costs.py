@@ -46,6 +46,7 @@ from qsync_opt.training.predictor.costs import OpCost
 from qsync_opt.training.predictor.profile import Profile, ProfileError, Section, default_profile_path, load_profile, op_signature, step_key
 from qsync_opt.training.predictor.measuring import ddp_key, group_threads, is_local, local_ranks
 from qsync_opt.training.predictor.replayer import replay
+from qsync_opt.training.predictor import profile_run
 
 
 @dataclass(frozen=True)
@@ -170,9 +171,7 @@ def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
             return None, f"roofline ({why}; run `qsync-opt profile SPEC`)"
         log = log or (lambda s: print(s, file=sys.stderr))
         log(f"note: {why}; profiling this machine now (first use; `qsync-opt profile SPEC` does it ahead)")
-        from qsync_opt.training.predictor.profiler import profile_spec  # import cost: the profiler stack (trainer, DDP)
-
-        profile_spec(spec, path, groups=[group.name], allreduce=spec.cluster.world_size > 1, progress=False, log=log)
+        profile_run.profile_spec(spec, path, groups=[group.name], allreduce=spec.cluster.world_size > 1, progress=False, log=log)
     return None, "roofline"
 
 

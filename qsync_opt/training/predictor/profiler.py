@@ -24,13 +24,9 @@ where it stopped, less that much.
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-
-import importlib
 
 import torch
 import torch.fx as fx
@@ -42,13 +38,13 @@ from qsync_opt.models.graph import OpGraph
 from qsync_opt.training.spec import JobSpec, load_spec
 from qsync_opt.training.predictor.measuring import (  # noqa: F401
     CAST_PAIRS, CAST_SIZES, ProgressBar, ddp_key, fit_line, group_threads, is_local, local_ranks, robust_ms)
-from qsync_opt.training.predictor.profile import Profile, ProfileError, Section, load_profile, op_signature, section_key, step_key
-from qsync_opt.io import entry_lock
+from qsync_opt.training.predictor.profile import Profile, ProfileError, Section, load_profile, op_signature, step_key
 from qsync_opt.models.from_spec import build_from_spec, input_maker
 from qsync_opt.runtime.qmodules import SWAPPABLE
 from qsync_opt.runtime.recipe import Recipe
-from qsync_opt.training.predictor.allreduce_profile import collectives, measure_allreduce
-from qsync_opt.training.predictor.colocate import keep_busy, rank_jobs, run_colocated
+from qsync_opt.training.predictor.allreduce_profile import collectives
+from qsync_opt.training.predictor.colocate import keep_busy
+from qsync_opt.training.predictor.profile_run import profile_spec  # noqa: F401 (this module's entry, kept)
 from qsync_opt.training.predictor.step_profile import (
     MIN_STEPS, PROFILE_STEP_WARMUP, fp32_step, measure_casts, measure_step, measure_steps, steps_key)
 
@@ -295,88 +291,6 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
 
 
 # --------------------------------------------------------------------------- whole spec
-def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None = None,
-                 allreduce: bool = True, progress: bool = True, log=print) -> Profile:
-    """Profile every group of the spec whose device runs here, each in a subprocess with its env.
-
-    One profiling run per profile file at a time (io.entry_lock): two at once would each time
-    the other's load into its own figures, and the later save would drop the earlier's sections.
-    A run that waited resumes what the first one measured instead of measuring it again."""
-
-    with entry_lock(path, on_wait=lambda: log(f"waiting: another process is profiling into {path}")):
-        return _profile_spec(spec_or_path, path, groups=groups, allreduce=allreduce, progress=progress, log=log)
-
-
-def _profile_spec(spec_or_path, path, *, groups, allreduce, progress, log) -> Profile:
-    spec = load_spec(spec_or_path)
-    src = spec_or_path if isinstance(spec_or_path, (str, Path)) else None
-    local = [g for g in spec.cluster.groups if is_local(g.device_spec) and (groups is None or g.name in groups)]
-    if not local:
-        raise SpecError("profile: no group of cluster.groups runs on this machine's device; nothing to measure")
-    seen, profile = set(), []
-    for g in local:
-        key = (tuple(sorted(g.env.items())), group_threads(g, spec.cluster.world_size), spec.local_batches()[g.name])
-        if key not in seen:
-            seen.add(key)
-            profile.append(g)
-    here = [g for g in spec.cluster.groups if is_local(g.device_spec)]
-    world = spec.cluster.world_size
-
-    before = load_profile(path) if Path(path).exists() else None
-    every_rank_here = world > 1 and local_ranks(spec) == world
-    want_ar = allreduce and world > 1 and (before is None or f"gloo/{world}" not in before.allreduce)
-    want_ddp = allreduce and every_rank_here and (before is None or ddp_key(spec) not in before.allreduce)
-    ar_fit = ddp_ms = None
-    if local_ranks(spec) > 1:  # ranks train at once here: time them so (colocate.py)
-
-        for g in profile:
-            log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
-        jobs = rank_jobs(here, profile)
-        log(f"co-located: {len(jobs)} processes at once, one per local rank"
-            + ("; first, in them, one fp32 DDP step over every rank, fresh as train starts them" if want_ddp else "")
-            + ("; then, in them, the gloo all-reduce" if want_ar and every_rank_here else ""))
-        ar_fit, ddp_ms = run_colocated(spec, jobs, Path(path), progress,
-                                       lambda g: section_key(g.env, group_threads(g, world), local_ranks(spec)),
-                                       allreduce=want_ar and every_rank_here, ddp=want_ddp)
-    else:
-        for g in profile:
-            log(f"profiling group {g.name} (device {g.device_spec.name}, env {g.env or '{}'})")
-            _run_group_subprocess(spec, src, g, path, progress)
-    prof = load_profile(path)
-    if want_ar:
-        if ar_fit is None:
-            log(f"profiling gloo all-reduce over {world} local processes")
-            ar_fit = measure_allreduce(world)
-        prof.allreduce[f"gloo/{world}"] = ar_fit
-    if want_ddp:  # every rank here, so the co-located processes took it (colocate.run_colocated)
-        if ddp_ms is None:
-            raise ProfileError("profiler: the co-located ranks wrote no fp32 DDP step; see the messages above")
-        prof.allreduce[ddp_key(spec)] = {"fp32_ms": ddp_ms}
-    prof.save(path)
-    return prof
-
-
-def _run_group_subprocess(spec: JobSpec, src, g, path, progress: bool) -> None:
-    import json
-    import tempfile
-
-    env = {**os.environ, "OMP_NUM_THREADS": str(group_threads(g, spec.cluster.world_size)), **g.env}
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(spec.model_dump(mode="json", by_alias=True), f)
-        spec_file = f.name
-    try:
-        argv = [sys.executable, "-m", "qsync_opt.training.predictor.profiler", spec_file, g.name, str(path)]
-        if not progress:
-            argv.append("--quiet")
-        r = subprocess.run(argv, env=env)
-    finally:
-        os.unlink(spec_file)
-    if r.returncode != 0:
-        raise ProfileError(f"profiler: group {g.name!r} failed (exit {r.returncode}); see the messages above")
-
-
 def main(argv: list[str] | None = None) -> int:
     """Subprocess entry: `python -m qsync_opt.training.predictor.profiler SPEC.json GROUP PROFILE [--quiet]
     [--busy DIR --peers N [--busy-only] [--rank R --world W [--ddp] [--allreduce]]]` (colocate.py:

@@ -32,6 +32,7 @@ from qsync_opt.training.predictor.measuring import (
     CAST_SIZES,
     fit_line as _fit_line,
     group_threads,
+    lockstep_median_ms,  # noqa: F401 (re-exported: the DDP step's and the benchmarks' reading)
     robust_ms,
 )
 from qsync_opt.training.runtime.trainer import forward_backward, loss_weight, make_optimizer, rank_batches, shard
@@ -179,14 +180,6 @@ def adaptive_step_times_ms(step, *, warmup: int = PROFILE_STEP_WARMUP, least: in
         if len(seen) >= least and median_settled(seen, tol):
             break
     return own
-
-
-def lockstep_median_ms(per_rank: list[list[float]]) -> float:
-    """Median over steps of the slowest rank's time: how `train` reads a DDP iteration
-    (run_stages.measured_iteration_ms), rather than the slowest rank's median."""
-    import statistics
-
-    return statistics.median(max(ts) for ts in zip(*per_rank, strict=True))
 
 
 def measure_steps(spec, module: nn.Module, group: str, gg: OpGraph, precisions, *, on_step=None) -> dict[str, float]:
