@@ -5,26 +5,41 @@ from __future__ import annotations
 
 import math
 
+from typing import TYPE_CHECKING
+
 from qsync_opt.errors import SpecError
 from qsync_opt.kind import Kind, RunRequest
-from qsync_opt.rollout.admission import planned_job
-from qsync_opt.rollout.plan import RolloutPlan, solve
-from qsync_opt.rollout.report import print_plan
-from qsync_opt.rollout.run_report import run_report, write_measured
 from qsync_opt.rollout.spec import RolloutJob
+
+if TYPE_CHECKING:
+    from qsync_opt.rollout.plan import RolloutPlan
 
 
 def plan(job: RolloutJob, budget, export_problem=None) -> RolloutPlan:
+    from qsync_opt.rollout.plan import solve  # import cost: the simulator and the bounds, only to plan
+
     return solve(job, budget)
 
 
 def report(plan: RolloutPlan, console, verbose: bool = False) -> None:
+    from qsync_opt.rollout.report import print_plan  # import cost: the report, only when one is printed
+
     print_plan(plan, console)
+
+
+def load_plan(path) -> RolloutPlan:
+    from qsync_opt.rollout.plan import RolloutPlan  # import cost: the plan's model and the simulator's records
+
+    return RolloutPlan.load(path)
 
 
 def run(job: RolloutJob, request: RunRequest) -> dict[str, str]:
     """The plan (every policy simulated), its timeline and KV-utilisation PNGs and report.md in request.out; with
     `real`, every policy also runs here on Ray actors for `rounds` interleaved rounds (measured.csv)."""
+    from qsync_opt.rollout.admission import planned_job  # import cost: the simulator, only to run
+    from qsync_opt.rollout.report import print_plan  # import cost: as above
+    from qsync_opt.rollout.run_report import run_report, write_measured  # import cost: as above
+
     if request.steps is not None and request.steps < 1:
         raise SpecError(f"--steps {request.steps}: simulated trainer steps must be at least 1")
     if request.rounds < 1:
@@ -60,7 +75,7 @@ KIND = Kind(
     example="examples/rollout_cpu_tiny.yaml",
     plan=plan,
     report=report,
-    load_plan=RolloutPlan.load,
+    load_plan=load_plan,
     run=run,
     stages=("simulate", "draw", "report"),
     run_options=frozenset({"real", "rounds"}),

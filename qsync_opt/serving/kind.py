@@ -12,28 +12,46 @@ import json
 
 from rich.console import Console
 
+from typing import TYPE_CHECKING
+
 from qsync_opt.io import atomic_write_text
 from qsync_opt.kind import Kind, RunRequest
-from qsync_opt.serving.plan import ServingPlan
-from qsync_opt.serving.planner import plan_serving
-from qsync_opt.serving import serve
-from qsync_opt.serving.profile_report import cli_profile
-from qsync_opt.serving.report import print_serving_plan
 from qsync_opt.serving.spec import ServingJob
+
+if TYPE_CHECKING:
+    from qsync_opt.serving.plan import ServingPlan
 
 
 def plan(job: ServingJob, budget, export_problem=None) -> ServingPlan:
+    from qsync_opt.serving.planner import plan_serving  # import cost: the planner and its solvers, only to plan
+
     return plan_serving(job, budget)
 
 
 def report(plan: ServingPlan, console, verbose: bool = False) -> None:
+    from qsync_opt.serving.report import print_serving_plan  # import cost: the report, only when one is printed
+
     print_serving_plan(plan, console)
+
+
+def load_plan(path) -> ServingPlan:
+    from qsync_opt.serving.plan import ServingPlan  # import cost: the plan's model, only when one is read
+
+    return ServingPlan.load(path)
+
+
+def profile(job: ServingJob, output, groups, console, progress: bool = True) -> None:
+    from qsync_opt.serving.profile_report import cli_profile  # import cost: the profiler, only for this verb
+
+    cli_profile(job, output, groups, console, progress=progress)
 
 
 def run(job: ServingJob, request: RunRequest) -> dict[str, str]:
     """solve -> serve -> report: OUT/plan.json, then the pipeline served for real (OUT/pipeline/), OUT/serve.json,
     OUT/requests.csv, OUT/timeline.png and OUT/report.md (the plan as `qsync-opt solve` prints it, then predicted
     beside measured)."""
+    from qsync_opt.serving import serve  # import cost: the served pipeline's stack, only to serve
+
     out = request.out
     out.mkdir(parents=True, exist_ok=True)
     log = request.console.print if request.console is not None else (lambda *a, **k: None)
@@ -74,8 +92,8 @@ KIND = Kind(
     example="examples/serving_opt30b_t4_v100.yaml",
     plan=plan,
     report=report,
-    load_plan=ServingPlan.load,
+    load_plan=load_plan,
     run=run,
     stages=("solve", "serve", "report"),
-    profile=cli_profile,
+    profile=profile,
 )
