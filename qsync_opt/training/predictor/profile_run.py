@@ -36,9 +36,17 @@ def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None =
 def _profile_spec(spec_or_path, path, *, groups, allreduce, progress, log) -> Profile:
     spec = load_spec(spec_or_path)
     src = spec_or_path if isinstance(spec_or_path, (str, Path)) else None
+    names = [g.name for g in spec.cluster.groups]
+    unknown = [n for n in groups or () if n not in names]
+    if unknown:
+        raise SpecError(f"profile --groups: {unknown[0]!r} is not in cluster.groups ({', '.join(names)})")
     local = [g for g in spec.cluster.groups if is_local(g.device_spec) and (groups is None or g.name in groups)]
     if not local:
-        raise SpecError("profile: no group of cluster.groups runs on this machine's device; nothing to measure")
+        asked = [g for g in spec.cluster.groups if groups is None or g.name in groups]
+        raise SpecError("profile: no group asked for runs on this machine's device ("
+                        + ", ".join(f"{g.name}: {g.device_spec.name}" for g in asked)
+                        + "); nothing to measure here: profile on a machine with that device and give the group its "
+                          "file (cluster.groups[].profile)")
     seen, profile = set(), []
     for g in local:
         key = (tuple(sorted(g.env.items())), group_threads(g, spec.cluster.world_size), spec.local_batches()[g.name])

@@ -76,3 +76,29 @@ def test_cuda_is_possible_exactly_where_a_driver_file_exists(tmp_path):
     assert cuda_possible((str(present),)) is True
     assert cuda_possible((str(tmp_path / "absent"), str(present))) is True
     assert cuda_possible((str(tmp_path / "absent"),)) is False
+
+
+def test_an_unknown_group_is_named_with_the_spec_s_groups(tmp_path, capsys):
+    from qsync_opt.cli.commands import main
+
+    rc = main(["profile", str(ROOT / "examples/cpu_tiny.yaml"), "--groups", "native,nope", "-o", str(tmp_path / "p.json")])
+    assert rc == 2
+    assert "profile --groups: 'nope' is not in cluster.groups (native, sse41)" in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_groups_whose_device_is_not_here_are_named_with_their_device(tmp_path):
+    from qsync_opt.errors import SpecError
+    from qsync_opt.training.predictor.profile_run import profile_spec
+    from qsync_opt.training.spec import load_spec
+
+    from qsync_opt.training.predictor.measuring import is_local
+
+    spec = load_spec(ROOT / "examples/hybrid_v100_t4_resnet50.yaml")
+    if any(is_local(g.device_spec) for g in spec.cluster.groups):
+        pytest.skip("a V100 or T4 is this machine's device")
+    with pytest.raises(SpecError) as e:
+        profile_spec(spec, tmp_path / "p.json", progress=False, log=lambda s: None)
+    names = [g.name for g in spec.cluster.groups]
+    assert all(n in str(e.value) for n in names) and "cluster.groups[].profile" in str(e.value)
+    assert not (tmp_path / "p.json").exists()
