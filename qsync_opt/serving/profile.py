@@ -282,6 +282,9 @@ def load(path: "str | Path") -> ServingProfile:
     path = Path(path)
     if not path.exists():
         return ServingProfile(machine_description())
+    if path.is_dir():
+        raise SpecError(f"serving profile {path}: a folder, not a profile file; give a file in it, e.g. "
+                        f"{path / 'serving-profile.json'}")
     fix = f"delete {path} and run `qsync-opt profile SPEC` again"
     try:
         raw = json.loads(path.read_text())

@@ -150,6 +150,13 @@ def test_a_corrupt_cache_is_an_error_naming_the_file(tmp_path):
         P.measured_costs(job(), path=path)
 
 
+def test_a_folder_given_as_the_profile_file_is_named_as_a_folder_not_to_be_deleted(tmp_path):
+    with pytest.raises(SpecError) as e:
+        P.load(tmp_path)
+    assert f"{tmp_path}: a folder, not a profile file; give a file in it" in str(e.value)
+    assert "delete" not in str(e.value)
+
+
 def test_the_measuring_subprocess_times_real_calls_under_the_groups_env(monkeypatch):
     monkeypatch.setenv("QSYNC_OPT_SERVING_PROFILE_CAP", "8")
     g = job([{"name": "c", "device": "cpu-sse41", "env": {"ONEDNN_MAX_CPU_ISA": "SSE41", "OMP_NUM_THREADS": "1"}}])

@@ -173,6 +173,8 @@ def _numbers(d: dict, where: str, path) -> None:
 def load_profile(path: "str | Path", *, check_machine: bool = True) -> Profile:
     """Read and validate a profile; ProfileError naming the file when it cannot be trusted."""
     path = Path(path)
+    if path.is_dir():
+        raise ProfileError(f"profile {path}: a folder, not a profile file; give a file in it, e.g. {path / 'profile.json'}")
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:

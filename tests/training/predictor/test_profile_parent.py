@@ -102,3 +102,12 @@ def test_groups_whose_device_is_not_here_are_named_with_their_device(tmp_path):
     names = [g.name for g in spec.cluster.groups]
     assert all(n in str(e.value) for n in names) and "cluster.groups[].profile" in str(e.value)
     assert not (tmp_path / "p.json").exists()
+
+
+def test_a_folder_given_as_the_profile_file_is_named_as_a_folder(tmp_path, capsys):
+    from qsync_opt.cli.commands import main
+
+    assert main(["profile", str(ROOT / "examples/cpu_tiny.yaml"), "-o", str(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"profile {tmp_path}: a folder, not a profile file; give a file in it, e.g. {tmp_path / 'profile.json'}" in err
+    assert "delete" not in err and list(tmp_path.iterdir()) == []
