@@ -41,34 +41,31 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
+from dataclasses import dataclass
 from pathlib import Path
 
 from qsync_opt.errors import SpecError
-from qsync_opt.hardware.machine import cpu_description, profile_dir
-from qsync_opt.io import atomic_write_text, entry_lock
+from qsync_opt.hardware.machine import cuda_possible
+from qsync_opt.io import entry_lock
 from qsync_opt.llm import costs as C
 from qsync_opt.serving import link
 from qsync_opt.serving.instance import micro_batch_sizes
 from qsync_opt.serving.spec import ServingJob
+from qsync_opt.serving.profile_file import (  # noqa: F401 (re-exported: the file's names, as before)
+    FORMAT, VERSION, ServingProfile, cache_dir, default_path, load, machine_description, torch_version)
 from qsync_opt.serving.profile_measure import IDLE_S, PROFILE_LAYERS, measure, stable_median_ms  # noqa: F401 (re-exported)
+from qsync_opt.serving.weights import family_config, require_transformers
+from qsync_opt.spec.yaml_loader import loads_code
 
 POSITIONS = ("first", "mid", "last")
 """Pipeline positions a stage call is measured at: with the embedding, neither, with the LM head."""
 STAGE_DEPTHS = (1, 2)
 """Layers per measured stage call (the fit's points per position)."""
-from qsync_opt.serving.weights import family_config, require_transformers
-from qsync_opt.spec.yaml_loader import loads_code
-
-FORMAT = "qsync-opt-serving-profile"
-VERSION = 1
 
 
 # --------------------------------------------------------------------------------------- where, which keys
@@ -79,8 +76,8 @@ def present(device) -> bool:
     it), a GPU when a CUDA device whose name contains the device's family name (e.g. 'T4', 'H200') is here."""
     if device.kind == "cpu":
         return True
-    if not (Path("/proc/driver/nvidia").exists() or Path("/dev/nvidia0").exists()):
-        return False  # no NVIDIA driver: no CUDA device, and planning need not import torch to learn it
+    if not cuda_possible():
+        return False  # no GPU driver: no CUDA device, and planning need not import torch to learn it
     import torch  # import cost: torch (only for a spec with a GPU group and costs other than roofline)
 
     if not torch.cuda.is_available():
@@ -92,29 +89,6 @@ def group_threads(group) -> str:
     """The torch thread count a group's stage runs with: its env's OMP_NUM_THREADS, else 'default' (what a
     fresh process of this machine has)."""
     return group.env.get("OMP_NUM_THREADS", "default")
-
-
-def machine_description() -> dict:
-    """CPU model and the ISA flags that select kernels (a GPU table also names its GPU in its key)."""
-    return cpu_description()
-
-
-def cache_dir() -> Path:
-    """The training profiler's folder (hardware.machine.profile_dir)."""
-    return profile_dir()
-
-
-def default_path() -> Path:
-    """This machine's serving profile file, named by a digest of its description."""
-    digest = hashlib.sha256(json.dumps(machine_description(), sort_keys=True).encode()).hexdigest()[:12]
-    return cache_dir() / f"serving-profile-{digest}.json"
-
-
-def torch_version() -> str:
-    try:
-        return version("torch")
-    except PackageNotFoundError:
-        return "none"
 
 
 def sizes(job: ServingJob) -> list[int]:
@@ -257,52 +231,6 @@ def profile_link(job: ServingJob, path: "str | Path", log: Callable[[str], None]
     got = (measure_link or link.measure)(missing)
     prof.tables.setdefault(link_key(), {"shape": {}, "entries": {}})["entries"].update(got)
     prof.save(path)
-
-
-# --------------------------------------------------------------------------------------- the file
-
-
-@dataclass
-class ServingProfile:
-    """The file: {format, version, machine, tables: {table key: {shape, entries: {entry key: ms}}}}."""
-
-    machine: dict
-    tables: dict[str, dict] = field(default_factory=dict)
-
-    def entries(self, key: str) -> dict[str, float]:
-        return self.tables.get(key, {}).get("entries", {})
-
-    def save(self, path: "str | Path") -> Path:
-        data = {"format": FORMAT, "version": VERSION, "machine": self.machine, "tables": self.tables}
-        return atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
-
-
-def load(path: "str | Path") -> ServingProfile:
-    """The profile at `path` (empty when there is none); SpecError naming the file when it cannot be trusted."""
-    path = Path(path)
-    if not path.exists():
-        return ServingProfile(machine_description())
-    if path.is_dir():
-        raise SpecError(f"serving profile {path}: a folder, not a profile file; give a file in it, e.g. "
-                        f"{path / 'serving-profile.json'}")
-    fix = f"delete {path} and run `qsync-opt profile SPEC` again"
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SpecError(f"serving profile {path}: not readable JSON ({e}); {fix}") from None
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT or raw.get("version") != VERSION:
-        got = (raw.get("format"), raw.get("version")) if isinstance(raw, dict) else None
-        raise SpecError(f"serving profile {path}: format/version {got}, this release reads ({FORMAT!r}, {VERSION}); {fix}")
-    tables = raw.get("tables")
-    ok = isinstance(tables, dict) and all(
-        isinstance(t, dict) and isinstance(t.get("entries"), dict)
-        and all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in t["entries"].values())
-        for t in tables.values())
-    if not ok:
-        raise SpecError(f"serving profile {path}: 'tables' is not {{key: {{entries: {{name: ms ≥ 0}}}}}}; {fix}")
-    if raw.get("machine") != machine_description():
-        raise SpecError(f"serving profile {path}: measured on another machine ({raw.get('machine')}); {fix}")
-    return ServingProfile(raw["machine"], tables)
 
 
 # --------------------------------------------------------------------------------------- what the planner reads
