@@ -372,6 +372,8 @@ def profile_job(job: ServingJob, *, path: "str | Path | None" = None, groups: li
     fits_to_profile(job, todo)
     runner = runner or run_subprocess
     need = wanted(job)
+    if Path(path).is_dir():
+        load(path)  # refuses it, naming the folder: before the lock, which would sit beside the folder
     with entry_lock(path, on_wait=lambda: log(f"waiting: another process is profiling into {path}")):
         prof = load(path)
         jobs: dict[str, tuple[object, list[str]]] = {}  # table key -> (group, missing entries)

@@ -155,6 +155,9 @@ def test_a_folder_given_as_the_profile_file_is_named_as_a_folder_not_to_be_delet
         P.load(tmp_path)
     assert f"{tmp_path}: a folder, not a profile file; give a file in it" in str(e.value)
     assert "delete" not in str(e.value)
+    with pytest.raises(SpecError, match="a folder, not a profile file"):
+        P.profile_job(job(), path=tmp_path, runner=lambda req: {}, measure_link=lambda sizes: {})
+    assert not tmp_path.with_name(tmp_path.name + ".lock").exists()  # refused before the lock beside it
 
 
 def test_the_measuring_subprocess_times_real_calls_under_the_groups_env(monkeypatch):

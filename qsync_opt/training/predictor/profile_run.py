@@ -29,16 +29,10 @@ def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None =
     the other's load into its own figures, and the later save would drop the earlier's sections.
     A run that waited resumes what the first one measured instead of measuring it again."""
 
-    with entry_lock(path, on_wait=lambda: log(f"waiting: another process is profiling into {path}")):
-        return _profile_spec(spec_or_path, path, groups=groups, allreduce=allreduce, progress=progress, log=log)
-
-
-def _profile_spec(spec_or_path, path, *, groups, allreduce, progress, log) -> Profile:
     spec = load_spec(spec_or_path)
-    src = spec_or_path if isinstance(spec_or_path, (str, Path)) else None
     names = [g.name for g in spec.cluster.groups]
     unknown = [n for n in groups or () if n not in names]
-    if unknown:
+    if unknown:  # before the lock: a wrong name leaves nothing beside the profile
         raise SpecError(f"profile --groups: {unknown[0]!r} is not in cluster.groups ({', '.join(names)})")
     local = [g for g in spec.cluster.groups if is_local(g.device_spec) and (groups is None or g.name in groups)]
     if not local:
@@ -47,6 +41,14 @@ def _profile_spec(spec_or_path, path, *, groups, allreduce, progress, log) -> Pr
                         + ", ".join(f"{g.name}: {g.device_spec.name}" for g in asked)
                         + "); nothing to measure here: profile on a machine with that device and give the group its "
                           "file (cluster.groups[].profile)")
+    if Path(path).is_dir():
+        load_profile(path)  # refuses it, naming the folder: before the lock, which would sit beside the folder
+    src = spec_or_path if isinstance(spec_or_path, (str, Path)) else None
+    with entry_lock(path, on_wait=lambda: log(f"waiting: another process is profiling into {path}")):
+        return _profile_spec(spec, src, local, path, allreduce=allreduce, progress=progress, log=log)
+
+
+def _profile_spec(spec: JobSpec, src, local: list, path, *, allreduce, progress, log) -> Profile:
     seen, profile = set(), []
     for g in local:
         key = (tuple(sorted(g.env.items())), group_threads(g, spec.cluster.world_size), spec.local_batches()[g.name])

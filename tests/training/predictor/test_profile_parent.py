@@ -84,7 +84,7 @@ def test_an_unknown_group_is_named_with_the_spec_s_groups(tmp_path, capsys):
     rc = main(["profile", str(ROOT / "examples/cpu_tiny.yaml"), "--groups", "native,nope", "-o", str(tmp_path / "p.json")])
     assert rc == 2
     assert "profile --groups: 'nope' is not in cluster.groups (native, sse41)" in capsys.readouterr().err
-    assert not (tmp_path / "p.json").exists()
+    assert list(tmp_path.iterdir()) == []  # neither the profile nor its lock
 
 
 def test_groups_whose_device_is_not_here_are_named_with_their_device(tmp_path):
@@ -101,7 +101,7 @@ def test_groups_whose_device_is_not_here_are_named_with_their_device(tmp_path):
         profile_spec(spec, tmp_path / "p.json", progress=False, log=lambda s: None)
     names = [g.name for g in spec.cluster.groups]
     assert all(n in str(e.value) for n in names) and "cluster.groups[].profile" in str(e.value)
-    assert not (tmp_path / "p.json").exists()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_folder_given_as_the_profile_file_is_named_as_a_folder(tmp_path, capsys):
@@ -111,3 +111,4 @@ def test_a_folder_given_as_the_profile_file_is_named_as_a_folder(tmp_path, capsy
     err = capsys.readouterr().err
     assert f"profile {tmp_path}: a folder, not a profile file; give a file in it, e.g. {tmp_path / 'profile.json'}" in err
     assert "delete" not in err and list(tmp_path.iterdir()) == []
+    assert not tmp_path.with_name(tmp_path.name + ".lock").exists()
