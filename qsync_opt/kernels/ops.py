@@ -11,6 +11,7 @@ the value and the fix.
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 from typing import Literal
@@ -323,3 +324,60 @@ def fp8_linear(xq: Tensor, sx: Tensor, wq: Tensor, sw: Tensor, bias: Tensor | No
         if mod is not None:
             return cuda_ops.fp8_gemm(mod, xq, sx, wq, sw, bias)
     return reference.epilogue(xq.float() @ wq.float().t(), sx, sw, bias, torch.float32)
+
+
+# ---- int8 convolution on CPU: oneDNN's, where it is exact here ------------------------------------------------
+
+
+def _onednn_conv_acc(xq: Tensor, wq: Tensor, stride, padding, dilation, groups: int) -> Tensor:
+    """float(conv2d(xq, wq)) of int8 codes through oneDNN's int8 convolution (u8 activations: the codes' bit pattern
+    xor 0x80 is codes + 128, given with zero point 128; unit scales, so the fp32 output is the int32 accumulator
+    converted once)."""
+    oc = wq.shape[0]
+    ones = torch.ones(oc, dtype=torch.float32)
+    xu = xq.view(torch.uint8).bitwise_xor(128)
+    st, pd, dl = list(stride), list(padding), list(dilation)
+    packed = torch.ops.onednn.qconv_prepack(wq, ones, 1.0, 128, st, pd, dl, groups, list(xq.shape))
+    return torch.ops.onednn.qconv2d_pointwise(xu, 1.0, 128, packed, ones, torch.zeros(oc, dtype=torch.int64), None,
+                                              st, pd, dl, groups, 1.0, 0, torch.float32, "none", [], None)
+
+
+@functools.lru_cache(maxsize=1)
+def onednn_conv_exact() -> bool:
+    """Whether oneDNN's int8 convolution returns the exact integer accumulator in this process: it must where the
+    CPU has VNNI; without it (AVX2, or oneDNN capped by ONEDNN_MAX_CPU_ISA) its u8 x s8 pair products saturate at
+    int16 and it does not. Probed once per process on all-extreme codes (255 x ±127 twice overflows int16, so every pair saturates where any does) and
+    on random ones, against the float64 convolution of the same codes (exact: |sums| < 2**53)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qconv2d_pointwise")):
+        return False
+    g = torch.Generator().manual_seed(0)
+    cases = [(torch.full((2, 64, 6, 6), 127, dtype=torch.int8), torch.full((16, 64, 3, 3), 127, dtype=torch.int8)),
+             (torch.full((2, 64, 6, 6), 127, dtype=torch.int8), torch.full((16, 64, 3, 3), -127, dtype=torch.int8)),
+             (torch.randint(-128, 128, (2, 64, 6, 6), dtype=torch.int8, generator=g),
+              torch.randint(-127, 128, (16, 64, 3, 3), dtype=torch.int8, generator=g))]
+    try:
+        for x, w in cases:
+            exact = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
+            if not torch.equal(_onednn_conv_acc(x, w, (1, 1), (1, 1), (1, 1), 1).double(), exact):
+                return False
+    except RuntimeError:  # a build whose oneDNN lacks the op for this ISA
+        return False
+    return True
+
+
+def int8_conv2d(xq: Tensor, sx: Tensor, wq: Tensor, sw: Tensor, bias: Tensor | None, stride, padding, dilation,
+                groups: int, *, impl: Impl = "auto") -> Tensor | None:
+    """y = conv2d(xq, wq) * sx * sw (+ bias), fp32 NCHW: int8 codes (N, C, H, W) and (O, C/groups, kh, kw), sx a
+    per-tensor scale, sw per output channel (O,) or one; zero padding. Through oneDNN's int8 convolution, the int32
+    accumulator exact (onednn_conv_exact) and the epilogue int8_linear's, float(acc) * (sx * sw) then + bias in fp32:
+    bit-equal to im2col and the int8 GEMM. None where that does not run here (a CUDA or non-int8 tensor, a CPU
+    whose oneDNN is not exact, impl='templated'): the caller's im2col and int8_linear path runs instead."""
+    if impl == "templated" or xq.device.type != "cpu" or xq.dtype != torch.int8 or xq.dim() != 4 \
+            or not onednn_conv_exact():
+        return None
+    acc = _onednn_conv_acc(xq.contiguous(), wq.contiguous(), stride, padding, dilation, groups)
+    s = (sx.float().reshape(()) * sw.float().reshape(-1)).view(1, -1, 1, 1)
+    y = acc * s
+    if bias is not None:
+        y.add_(bias.float().view(1, -1, 1, 1))
+    return y.contiguous()

@@ -69,8 +69,10 @@ class LinearOp:
 class ConvOp:
     """N-d convolution (N = 1 or 2) with zero padding; other padding modes are applied before.
 
-    The quantized forward is im2col (unfold of the int8 or fp8 codes, exact as fp32 values)
-    followed by the GEMM, one per group: bit-exact integer arithmetic, no layout tricks.
+    The quantized forward of int8/int4 codes on a CPU runs oneDNN's int8 convolution where it is exact there
+    (kernels.ops.int8_conv2d: VNNI; not under kernels='templated'); otherwise, and for fp8, im2col (unfold of
+    the codes, exact as fp32 values) followed by the GEMM, one per group. Both are bit-exact integer arithmetic
+    with the same epilogue, so they give the same output bit for bit.
     """
 
     per_channel = True
@@ -85,12 +87,17 @@ class ConvOp:
         conv = F.conv1d if self.ndim == 1 else F.conv2d
         return conv(x, w, bias, self.stride, self.padding, self.dilation, self.groups)
 
-    def int_forward(self, xq: Quantized, wq: Quantized, bias, gemm, kernel_size):
+    def int_forward(self, xq: Quantized, wq: Quantized, bias, gemm, kernel_size, impl: str = "auto"):
         codes = xq.codes
         k, s, p, d = tuple(kernel_size), self.stride, self.padding, self.dilation
         if self.ndim == 1:
             codes = codes.unsqueeze(2)
             k, s, p, d = (1, *k), (1, *s), (0, *p), (1, *d)
+        with scope("onednn_conv"):  # int8/int4 codes on a CPU whose oneDNN is exact; bit-equal to the path below
+            y = kops.int8_conv2d(codes, xq.scale, wq.codes.reshape(wq.codes.shape[0], -1, *k), wq.scale, bias, s, p, d,
+                                 self.groups, impl=impl)
+        if y is not None:
+            return y.squeeze(2) if self.ndim == 1 else y
         n, c, h, wd = codes.shape
         with scope("im2col"):
             cols = F.unfold(codes.to(torch.float32), k, d, p, s)  # (n, c*kh*kw, L), small integers: exact
@@ -187,7 +194,7 @@ class QuantizedGemm(torch.autograd.Function):
         gemm = quantized_gemm(recipe, x)
         if gemm is not None:
             with scope(f"gemm[{recipe.precision}]"):
-                extra = (kernel_size,) if isinstance(op, ConvOp) else ()
+                extra = (kernel_size, recipe.kernels) if isinstance(op, ConvOp) else ()
                 y = op.int_forward(xq, wq, b32, gemm, *extra)
         else:  # fp8 emulated: exact fp8 values, fp32 GEMM
             with scope(f"gemm[{recipe.precision}]"):

@@ -44,6 +44,7 @@ WRITES = {
     "balance_scale.py": ["balance_scale.csv"],
     "calibration_heldout.py": ["heldout.json", "plan_datasheet.json"],
     "concurrency.py": ["concurrency.csv"],
+    "cpu_int8_conv.py": ["cpu_int8_conv.csv"],
     "ddp_step_readings.py": ["ddp_step_readings.csv"],
     "emulated_hybrid.py": ["emulated_hybrid.csv"],
     "fit_calibration.py": ["calibration.yaml"],
