@@ -377,7 +377,8 @@ def int8_conv2d(xq: Tensor, sx: Tensor, wq: Tensor, sw: Tensor, bias: Tensor | N
         return None
     acc = _onednn_conv_acc(xq.contiguous(), wq.contiguous(), stride, padding, dilation, groups)
     s = (sx.float().reshape(()) * sw.float().reshape(-1)).view(1, -1, 1, 1)
-    y = acc * s
+    y = torch.empty(acc.shape, dtype=torch.float32)  # NCHW, as im2col's: the product writes it from oneDNN's NHWC
+    torch.mul(acc, s, out=y)
     if bias is not None:
         y.add_(bias.float().view(1, -1, 1, 1))
-    return y.contiguous()
+    return y

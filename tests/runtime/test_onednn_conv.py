@@ -47,7 +47,7 @@ def test_onednn_convolution_equals_the_im2col_path_bit_for_bit(case, precision, 
     monkeypatch.setattr(kops, "int8_conv2d", lambda *a, **k: None)  # im2col and the int8 GEMM
     with torch.no_grad():
         slow = mod(x)
-    assert fast.dtype == slow.dtype == torch.float32 and fast.shape == slow.shape
+    assert fast.dtype == slow.dtype == torch.float32 and fast.shape == slow.shape and fast.is_contiguous()
     assert torch.equal(fast, slow)
 
 
