@@ -1,12 +1,15 @@
-"""The kernel ops the runtime calls: quantize, dequantize, absmax, int8/int4/fp8 linear, fp8 round trip.
+"""The kernel ops the runtime calls: quantize, dequantize, absmax, int8/int4/fp8 linear, fp8 round trip, and the
+CPU's int8 convolution (oneDNN's, where it is exact: int8_conv2d).
 
 impl="templated" runs the rendered kernels (C++ on CPU tensors, CUDA on CUDA tensors; built once
 and cached) and raises KernelBuildError if they do not build; impl="torch" is the PyTorch path
 (reference.py, which uses torch._int_mm / torch._scaled_mm where they exist); impl="auto" takes
 what kernels/dispatch.py chooses for the tensor's device, falling back to torch when a templated
 build fails. Which GEMM runs where is decided only in dispatch.gemm_impl, the function the
-planner's implementation table is built from. Bad arguments raise SpecError naming the argument,
-the value and the fix.
+planner's implementation table is built from; whether a CPU's int8 convolution runs oneDNN's convolution or im2col
+and that GEMM is decided by int8_conv2d's exactness probe on the machine itself (a measured profile prices the one
+that ran; the roofline prices both at the int8 rate). Bad arguments raise SpecError naming the argument, the value
+and the fix.
 """
 
 from __future__ import annotations
