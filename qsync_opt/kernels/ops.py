@@ -226,6 +226,11 @@ def int8_linear(xq: Tensor, sx: Tensor, wq: Tensor, sw: Tensor, bias: Tensor | N
     ok = xq.device.type == "cpu" and out_dtype in (torch.float32, torch.bfloat16) and xq.shape[0] > 0
     mod = _templated_or_none(impl, ok, f"needs CPU tensors, M > 0 and out_dtype fp32/bf16, got {xq.device}, "
                                        f"M={xq.shape[0]}, {out_dtype}")
+    if mod is not None and not reference.cpu_int_mm_exact():  # its oneDNN GEMM saturates here: the exact path runs
+        if impl == "templated":
+            raise SpecError("impl='templated': the CPU int8 GEMM is not exact on this CPU (oneDNN without VNNI "
+                            "saturates pairs of products at int16); use impl='auto' or 'torch', which are exact")
+        mod = None
     if _covers(mod, impl, "out_dtype", out_dtype, "out_dtypes"):
         return mod.ops.int8_linear(xq, sx, wq, sw, bias, out_dtype)
     return reference.int8_linear(xq, sx, wq, sw, bias, out_dtype)
@@ -368,20 +373,74 @@ def onednn_conv_exact() -> bool:
     return True
 
 
-def int8_conv2d(xq: Tensor, sx: Tensor, wq: Tensor, sw: Tensor, bias: Tensor | None, stride, padding, dilation,
-                groups: int, *, impl: Impl = "auto") -> Tensor | None:
-    """y = conv2d(xq, wq) * sx * sw (+ bias), fp32 NCHW: int8 codes (N, C, H, W) and (O, C/groups, kh, kw), sx a
-    per-tensor scale, sw per output channel (O,) or one; zero padding. Through oneDNN's int8 convolution, the int32
-    accumulator exact (onednn_conv_exact) and the epilogue int8_linear's, float(acc) * (sx * sw) then + bias in fp32:
-    bit-equal to im2col and the int8 GEMM. None where that does not run here (a CUDA or non-int8 tensor, a CPU
-    whose oneDNN is not exact, impl='templated'): the caller's im2col and int8_linear path runs instead."""
-    if impl == "templated" or xq.device.type != "cpu" or xq.dtype != torch.int8 or xq.dim() != 4 \
-            or not onednn_conv_exact():
+FP32_EXACT = reference.FP32_EXACT
+
+
+def _fp32_conv_acc(xq: Tensor, wq: Tensor, stride, padding, dilation, groups: int, qmax: int) -> Tensor | None:
+    """conv2d(xq, wq) of integer codes (|codes| ≤ qmax) through oneDNN's fp32 direct convolution on their values:
+    exact when no partial sum can pass 2**24, i.e. (input channels per call) × kh × kw × qmax² ≤ 2**24; with one
+    group the input channels are split into calls that size, their exact results summed in int32. The fp32 result
+    (one call) or int32 (several); None where a group's channels cannot be split (groups > 1 and too many)."""
+    per_channel = wq.shape[2] * wq.shape[3] * qmax * qmax
+    chunk, cin = FP32_EXACT // per_channel, wq.shape[1]
+    if chunk < 1 or (groups > 1 and cin > chunk):
         return None
-    acc = _onednn_conv_acc(xq.contiguous(), wq.contiguous(), stride, padding, dilation, groups)
+    st, pd, dl = list(stride), list(padding), list(dilation)
+    if cin <= chunk:
+        return torch.ops.aten.mkldnn_convolution(xq.float(), wq.float(), None, pd, st, dl, groups)
+    acc = None
+    for c0 in range(0, cin, chunk):
+        part = torch.ops.aten.mkldnn_convolution(xq[:, c0:c0 + chunk].float(), wq[:, c0:c0 + chunk].float(), None,
+                                                 pd, st, dl, 1).to(torch.int32)
+        acc = part if acc is None else acc.add_(part)
+    return acc
+
+
+@functools.lru_cache(maxsize=1)
+def fp32_conv_exact() -> bool:
+    """Whether oneDNN's fp32 convolution sums integer products exactly in this process (it does unless its fp32 math
+    is lowered, e.g. to bf16): probed once at the bound, 115 channels × 3 × 3 × 127² < 2**24, on all-extreme and on
+    random codes, against the float64 convolution."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.aten, "mkldnn_convolution")):
+        return False
+    g = torch.Generator().manual_seed(0)
+    c = FP32_EXACT // (9 * 127 * 127)
+    cases = [(torch.full((1, c, 5, 5), 127, dtype=torch.int8), torch.full((4, c, 3, 3), 127, dtype=torch.int8)),
+             (torch.randint(-127, 128, (2, c, 5, 5), dtype=torch.int8, generator=g),
+              torch.randint(-127, 128, (4, c, 3, 3), dtype=torch.int8, generator=g))]
+    try:
+        for x, w in cases:
+            got = _fp32_conv_acc(x, w, (1, 1), (1, 1), (1, 1), 1, 127)
+            if got is None or not torch.equal(got.double(), torch.nn.functional.conv2d(x.double(), w.double(), padding=1)):
+                return False
+    except RuntimeError:
+        return False
+    return True
+
+
+def int8_conv2d(xq: Tensor, sx: Tensor, wq: Tensor, sw: Tensor, bias: Tensor | None, stride, padding, dilation,
+                groups: int, *, qmax: int = 127, impl: Impl = "auto") -> Tensor | None:
+    """y = conv2d(xq, wq) * sx * sw (+ bias), fp32 NCHW: int8 codes (N, C, H, W) and (O, C/groups, kh, kw) with
+    |codes| ≤ qmax (127 int8, 7 int4), sx a per-tensor scale, sw per output channel (O,) or one; zero padding. The
+    exact integer accumulator from oneDNN's int8 convolution where it is exact here (onednn_conv_exact: VNNI), else
+    from its fp32 convolution on the codes' values where no partial sum can pass 2**24 (fp32_conv_exact); then the
+    epilogue int8_linear's, float(acc) * (sx * sw) then + bias in fp32: bit-equal to im2col and the int8 GEMM. None
+    where neither runs here (a CUDA or non-int8 tensor, too many channels per group for fp32, impl='templated'):
+    the caller's im2col and int8_linear path runs instead."""
+    if impl == "templated" or xq.device.type != "cpu" or xq.dtype != torch.int8 or xq.dim() != 4:
+        return None
+    xq, wq = xq.contiguous(), wq.contiguous()
+    if onednn_conv_exact():
+        acc = _onednn_conv_acc(xq, wq, stride, padding, dilation, groups)
+    elif fp32_conv_exact():
+        acc = _fp32_conv_acc(xq, wq, stride, padding, dilation, groups, qmax)
+    else:
+        acc = None
+    if acc is None:
+        return None
     s = (sx.float().reshape(()) * sw.float().reshape(-1)).view(1, -1, 1, 1)
-    y = torch.empty(acc.shape, dtype=torch.float32)  # NCHW, as im2col's: the product writes it from oneDNN's NHWC
-    torch.mul(acc, s, out=y)
+    y = torch.empty(acc.shape, dtype=torch.float32)  # NCHW, as im2col's (oneDNN's int8 accumulator is NHWC)
+    torch.mul(acc, s, out=y)  # an int32 accumulator is promoted inside the product: float(acc) * s, as int8_linear
     if bias is not None:
         y.add_(bias.float().view(1, -1, 1, 1))
     return y

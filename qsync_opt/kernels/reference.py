@@ -7,6 +7,7 @@ quantize is clamp(round_half_even(x.float() / scale)); the epilogue is
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -63,12 +64,46 @@ def _pad_to(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, cols - t.shape[1], 0, rows - t.shape[0]))
 
 
+#: Every integer up to this magnitude is an fp32 value, so fp32 sums of integer products below it are exact.
+FP32_EXACT = 1 << 24
+#: int8 x int8 products per fp32 GEMM call that cannot pass FP32_EXACT (128² each).
+FP32_EXACT_K = FP32_EXACT // (128 * 128)
+
+
+def fp32_int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(M, K) int8 @ (N, K)^T int8 -> (M, N) int32, exact, through fp32 GEMMs on the codes' values: K is split into
+    calls of at most FP32_EXACT_K, whose every partial sum is an integer below 2**24 (exact in fp32 whatever the
+    order or blocking), and their results are summed in int32."""
+    acc = None
+    for k0 in range(0, max(a.shape[1], 1), FP32_EXACT_K):
+        part = (a[:, k0:k0 + FP32_EXACT_K].float() @ b[:, k0:k0 + FP32_EXACT_K].float().t()).to(torch.int32)
+        acc = part if acc is None else acc.add_(part)
+    return acc
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_int_mm_exact() -> bool:
+    """Whether torch._int_mm (oneDNN's s8 x s8 GEMM) is exact on this CPU in this process: it is with VNNI; without
+    it (AVX2, or oneDNN capped by ONEDNN_MAX_CPU_ISA) pairs of u8 x s8 products saturate at int16. Probed once on
+    all-extreme codes (where any pair saturates, these do) and on random ones, against float64."""
+    g = torch.Generator().manual_seed(0)
+    cases = [(torch.full((8, 256), 127, dtype=torch.int8), torch.full((8, 256), 127, dtype=torch.int8)),
+             (torch.full((8, 256), 127, dtype=torch.int8), torch.full((8, 256), -127, dtype=torch.int8)),
+             (torch.randint(-128, 128, (16, 256), dtype=torch.int8, generator=g),
+              torch.randint(-128, 128, (16, 256), dtype=torch.int8, generator=g))]
+    try:
+        return all(torch.equal(torch._int_mm(a, b.t()).double(), a.double() @ b.double().t()) for a, b in cases)
+    except (RuntimeError, AttributeError):
+        return False
+
+
 def int_mm_exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """(M, K) int8 @ (N, K)^T int8 -> (M, N) int32, exact.
 
-    torch._int_mm on CPU accepts any shape here (oneDNN). CUDA's needs M > 16 and K, N multiples of
-    8: the operands are zero-padded (exact) and the result sliced. If _int_mm is missing or refuses,
-    a float64 matmul is used: every product and partial sum is an integer below 2**53, so it is exact.
+    torch._int_mm on CPU accepts any shape here (oneDNN), and is used where it is exact (cpu_int_mm_exact), else
+    fp32_int_mm. CUDA's needs M > 16 and K, N multiples of 8: the operands are zero-padded (exact) and the result
+    sliced. If _int_mm is missing or refuses, a float64 matmul is used: every product and partial sum is an integer
+    below 2**53, so it is exact.
     """
     m, k = a.shape
     n = b.shape[0]
@@ -76,6 +111,8 @@ def int_mm_exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         mp, kp, np_ = max(m, 17), -(-k // 8) * 8, -(-n // 8) * 8
         if (mp, kp, np_) != (m, k, n):
             return torch._int_mm(_pad_to(a, mp, kp), _pad_to(b, np_, kp).t())[:m, :n]
+    elif not cpu_int_mm_exact():
+        return fp32_int_mm(a, b)
     try:
         return torch._int_mm(a, b.t())
     except (RuntimeError, AttributeError):

@@ -26,8 +26,9 @@ import torch.nn.functional as F
 
 from qsync_opt.kernels import ops as kops
 from qsync_opt.kernels.dispatch import Target, gemm_impl
+from qsync_opt.kernels.reference import qmax_of
 from qsync_opt.runtime.casts import Quantized, cast, quantize, scope, tf32_enabled
-from qsync_opt.runtime.recipe import Recipe
+from qsync_opt.runtime.recipe import INT_BITS, Recipe
 
 #: The runtime.boundary this runtime implements: every quantized operator returns fp32.
 BOUNDARY = "fp32"
@@ -69,10 +70,11 @@ class LinearOp:
 class ConvOp:
     """N-d convolution (N = 1 or 2) with zero padding; other padding modes are applied before.
 
-    The quantized forward of int8/int4 codes on a CPU runs oneDNN's int8 convolution where it is exact there
-    (kernels.ops.int8_conv2d: VNNI; not under kernels='templated'); otherwise, and for fp8, im2col (unfold of
-    the codes, exact as fp32 values) followed by the GEMM, one per group. Both are bit-exact integer arithmetic
-    with the same epilogue, so they give the same output bit for bit.
+    The quantized forward of int8/int4 codes on a CPU runs a oneDNN convolution whose integer sums are exact there
+    (kernels.ops.int8_conv2d: its int8 convolution with VNNI, else its fp32 one on the codes' values while no partial
+    sum can pass 2**24; not under kernels='templated'); otherwise, and for fp8, im2col (unfold of the codes, exact
+    as fp32 values) followed by the GEMM, one per group. All are exact integer arithmetic with the same epilogue,
+    so they give the same output bit for bit.
     """
 
     per_channel = True
@@ -87,15 +89,15 @@ class ConvOp:
         conv = F.conv1d if self.ndim == 1 else F.conv2d
         return conv(x, w, bias, self.stride, self.padding, self.dilation, self.groups)
 
-    def int_forward(self, xq: Quantized, wq: Quantized, bias, gemm, kernel_size, impl: str = "auto"):
+    def int_forward(self, xq: Quantized, wq: Quantized, bias, gemm, kernel_size, impl: str = "auto", qmax: int = 127):
         codes = xq.codes
         k, s, p, d = tuple(kernel_size), self.stride, self.padding, self.dilation
         if self.ndim == 1:
             codes = codes.unsqueeze(2)
             k, s, p, d = (1, *k), (1, *s), (0, *p), (1, *d)
-        with scope("onednn_conv"):  # int8/int4 codes on a CPU whose oneDNN is exact; bit-equal to the path below
+        with scope("onednn_conv"):  # int8/int4 codes on a CPU, exact integer sums; bit-equal to the path below
             y = kops.int8_conv2d(codes, xq.scale, wq.codes.reshape(wq.codes.shape[0], -1, *k), wq.scale, bias, s, p, d,
-                                 self.groups, impl=impl)
+                                 self.groups, qmax=qmax, impl=impl)
         if y is not None:
             return y.squeeze(2) if self.ndim == 1 else y
         n, c, h, wd = codes.shape
@@ -194,7 +196,8 @@ class QuantizedGemm(torch.autograd.Function):
         gemm = quantized_gemm(recipe, x)
         if gemm is not None:
             with scope(f"gemm[{recipe.precision}]"):
-                extra = (kernel_size, recipe.kernels) if isinstance(op, ConvOp) else ()
+                qmax = qmax_of(INT_BITS.get(recipe.precision, 8))  # fp8 codes never take the integer convolution
+                extra = (kernel_size, recipe.kernels, qmax) if isinstance(op, ConvOp) else ()
                 y = op.int_forward(xq, wq, b32, gemm, *extra)
         else:  # fp8 emulated: exact fp8 values, fp32 GEMM
             with scope(f"gemm[{recipe.precision}]"):

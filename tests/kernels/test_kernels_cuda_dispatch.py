@@ -136,6 +136,10 @@ def test_fp8_linear_paths_agree(monkeypatch, standin):
 
 
 def test_int4_linear_on_cpu_is_the_int8_path(impl):
+    from qsync_opt.kernels import reference
+
+    if impl == "templated" and not reference.cpu_int_mm_exact():
+        pytest.skip("oneDNN's int8 GEMM is not exact on this CPU: impl='templated' refuses it")
     xq = torch.randint(-7, 8, (9, 48), dtype=torch.int8)
     wq = torch.randint(-7, 8, (6, 48), dtype=torch.int8)
     sx, sw = torch.tensor(0.3), torch.rand(6) + 0.1

@@ -1,6 +1,7 @@
-"""int8/int4 convolutions on a CPU run oneDNN's int8 convolution where it is exact there, and give what the im2col
-path gives, bit for bit (random scales and bias: the epilogue's rounding is compared too). Where oneDNN is not exact
-(no VNNI, or capped by ONEDNN_MAX_CPU_ISA), the probe says so and the im2col path runs."""
+"""int8/int4 convolutions on a CPU run oneDNN's int8 convolution where it is exact there (VNNI), else its fp32
+convolution on the codes' values where no partial sum can pass 2**24, and give what the im2col path gives, bit for
+bit (random scales and bias: the epilogue's rounding is compared too). Below VNNI (AVX2, or oneDNN capped by
+ONEDNN_MAX_CPU_ISA) the int8 probe says no and the fp32 convolution runs, also exact."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from qsync_opt.kernels import ops as kops
 from qsync_opt.runtime.qmodules import SWAPPABLE
 from qsync_opt.runtime.recipe import Recipe
 
-EXACT = kops.onednn_conv_exact()
+EXACT = kops.onednn_conv_exact() or kops.fp32_conv_exact()
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 
 CASES = {
@@ -29,7 +30,7 @@ CASES = {
 }
 
 
-@pytest.mark.skipif(not EXACT, reason="oneDNN's int8 convolution is not exact on this CPU: the im2col path runs")
+@pytest.mark.skipif(not EXACT, reason="neither oneDNN convolution is exact on this CPU: the im2col path runs")
 @pytest.mark.parametrize("gran", ["per_tensor", "per_channel"])
 @pytest.mark.parametrize("precision", ["int8", "int4"])
 @pytest.mark.parametrize("case", list(CASES))
@@ -43,7 +44,7 @@ def test_onednn_convolution_equals_the_im2col_path_bit_for_bit(case, precision, 
     monkeypatch.setattr(kops, "int8_conv2d", lambda *a, **k: called.append(1) or real(*a, **k))
     with torch.no_grad():
         fast = mod(x)
-    assert called, "the oneDNN path was not taken"
+    assert called, "the integer convolution was not asked"
     monkeypatch.setattr(kops, "int8_conv2d", lambda *a, **k: None)  # im2col and the int8 GEMM
     with torch.no_grad():
         slow = mod(x)
@@ -61,11 +62,32 @@ def test_the_path_is_taken_exactly_where_the_probe_proves_it_exact():
 
 
 @pytest.mark.skipif(not X86, reason="ONEDNN_MAX_CPU_ISA=SSE41 names an x86 ISA")
-def test_the_probe_refuses_onednn_capped_below_vnni():
+def test_below_vnni_the_int8_probe_refuses_and_the_fp32_convolution_is_exact():
     """Capped at SSE4.1 (as examples/cpu_tiny.yaml's second group is), oneDNN's u8 x s8 products saturate at int16
-    and its int8 convolution is not exact: the probe must say so, so that group keeps the exact path."""
-    probe = "from qsync_opt.kernels import ops; print(ops.onednn_conv_exact())"
+    and its int8 convolution is not exact: the probe must say so. The fp32 convolution on the codes then runs, and the
+    module's output is the exact integer convolution times the scales (powers of two: exact in fp32), including a
+    layer whose input channels are split (256 x 3 x 3 x 127² > 2**24)."""
+    probe = """
+import torch, torch.nn.functional as F
+from torch import nn
+from qsync_opt.kernels import ops
+from qsync_opt.runtime.qmodules import SWAPPABLE
+from qsync_opt.runtime.recipe import Recipe
+print(ops.onednn_conv_exact(), ops.fp32_conv_exact())
+g = torch.Generator().manual_seed(0)
+for cin in (8, 256):
+    conv = nn.Conv2d(cin, 6, 3, padding=1, bias=False)
+    xi = torch.randint(-127, 128, (2, cin, 7, 7), generator=g).float(); xi.view(-1)[0] = 127
+    wi = torch.randint(-127, 128, (6, cin, 3, 3), generator=g).float(); wi.view(6, -1)[:, 0] = 127
+    with torch.no_grad():
+        conv.weight.copy_(wi * 2.0**-6)
+    mod = SWAPPABLE[type(conv)].from_float(conv, Recipe("int8", "fp32", granularity="per_channel"))
+    with torch.no_grad():
+        y = mod(xi * 2.0**-5)
+    want = F.conv2d(xi.double(), wi.double(), padding=1) * 2.0**-11
+    print(cin, torch.equal(y.double(), want))
+"""
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "ONEDNN_MAX_CPU_ISA": "SSE41"})
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip() == "False"
+    assert r.stdout.split() == ["False", "True", "8", "True", "256", "True"]

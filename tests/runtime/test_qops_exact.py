@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qsync_opt.kernels import ops
+from qsync_opt.kernels import ops, reference
 from qsync_opt.models.layers import MatMul
 from qsync_opt.runtime import apply_plan
 
 QMAX = {"int8": 127, "int4": 7}
-IMPLS = ["torch"] + (["templated"] if ops.available("templated") else [])
+IMPLS = ["torch"] + (["templated"] if ops.available("templated") and reference.cpu_int_mm_exact() else [])
 
 
 def _ints(shape, qmax, gen, rows=False):
