@@ -7,10 +7,11 @@ group can be planned with its own numbers; `measure_local_env` does it under a g
 (in a subprocess, since oneDNN reads its ISA cap once, at its first kernel), and
 `python -m qsync_opt.hardware.local [--env K=V ...] [--threads N]` prints the result as a
 catalog entry. Measured: copy bandwidth (read + write) of a 64 MiB tensor, and square-GEMM
-throughput for fp32, bf16, fp16 (torch.matmul) and int8 (torch._int_mm). A format is kept
+throughput for fp32, bf16, fp16 (torch.matmul) and int8 (the runtime's exact int8 GEMM, kernels.reference.int_mm_exact:
+torch._int_mm with VNNI, fp32 GEMMs on the codes without it). A format is kept
 when it reaches at least MIN_FRACTION_OF_FP32 of the fp32 rate (fp16 without AMX-FP16 under
-an AVX512_CORE_BF16 cap collapses to ~1%: no usable path; on an AVX2-only CPU bf16 and int8
-run at 2% of fp32, and are dropped). Medians of repeats; the CPU's own run-to-run spread
+an AVX512_CORE_BF16 cap collapses to ~1%: no usable path; on an AVX2-only CPU bf16 runs at 2% of fp32 and is
+dropped, and int8 runs as fp32 GEMMs on its codes, at about the fp32 rate). Medians of repeats; the CPU's own run-to-run spread
 (±20-40% for 2-thread int8) is not hidden by this.
 """
 
@@ -21,6 +22,7 @@ import time
 import torch
 
 from qsync_opt.hardware.device import DeviceSpec
+from qsync_opt.kernels.reference import int_mm_exact
 
 #: Square-GEMM peaks are optimistic for training shapes (smaller, transposed in backward).
 MEASURED_EFFICIENCY = 0.7
@@ -51,7 +53,7 @@ def measure_gemm_tflops(dtype: torch.dtype, n: int = 1024, repeats: int = 3) -> 
         if dtype == torch.int8:
             a = torch.randint(-8, 8, (n, n), dtype=torch.int8)
             b = torch.randint(-8, 8, (n, n), dtype=torch.int8)
-            fn = lambda: torch._int_mm(a, b)  # noqa: E731
+            fn = lambda: int_mm_exact(a, b)  # noqa: E731  (what the runtime runs: _int_mm where exact, else fp32 slices)
         else:
             a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
             fn = lambda: torch.matmul(a, b)  # noqa: E731
