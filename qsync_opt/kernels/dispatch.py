@@ -184,6 +184,29 @@ def gemm_impl(target: Target, precision: str, kernels: str = "auto") -> Impl:
     raise SpecError(f"precision: unknown {precision!r}")
 
 
+def kernel_choices(target: Target, precision: str, kernels: str = "auto") -> tuple[str, ...]:
+    """The `kernels` settings that run different code for `precision` on `target`: what a profile on that device
+    times against each other (training/predictor/measured_dispatch.py) before the runtime is told the faster.
+
+    Under kernels='auto' on the CPU, int8 and int4: 'templated' (the rendered int8 GEMM with its fused epilogue;
+    convolutions as im2col and that GEMM; the templated quantize) and 'torch' (torch._int_mm or its exact fp32
+    slices, oneDNN's int8 or fp32-on-codes convolution, torch's elementwise ops). On CUDA: the templated GEMM of
+    that format where tiles.yaml has one for the device, and the library op. A pinned setting ('templated' or
+    'torch') is the user's choice and is not raced; float formats have one implementation."""
+    _check_kernels(kernels)
+    if kernels != "auto":
+        return (kernels,)
+    if precision in ("int8", "int4"):
+        if target.kind == "cpu" or "int8" in cuda_gemm_kinds(target.sm):
+            return ("templated", "torch")
+        return ("torch",)
+    if precision in ("fp8_e4m3", "fp8_e5m2"):
+        fast = target.kind == "cuda" and (target.sm or 0) >= FP8_SM
+        if fast and "fp8" in cuda_gemm_kinds(target.sm) and precision.split("_")[1] in SCALED_MM_FORMATS:
+            return ("templated", "torch")
+    return ("auto",)
+
+
 def elementwise_impl(target: Target, kernels: str = "auto") -> Impl:
     """quantize / dequantize / absmax: the templated kernels (CPU; CUDA sm_75+), else torch ops."""
     _check_kernels(kernels)

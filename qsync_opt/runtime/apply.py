@@ -220,6 +220,7 @@ def apply_plan(
     strict: bool = False,
     force: bool = False,
     device=None,
+    op_kernels: Mapping[str, str] | None = None,
 ):
     """Swap the modules named by the plan, in place; return the module (the new one if the root itself was swapped).
 
@@ -227,9 +228,16 @@ def apply_plan(
     Modules absent from the plan are left as they are (unless strict=True, which is an error).
     A Plan whose graph fingerprint differs from the module's is refused unless force=True.
     With `device` (a DeviceSpec), a precision that device's runtime cannot run is refused too.
+    `op_kernels`: FQN -> kernels setting for the modules whose implementation a profile measured faster
+    (a plan's GroupPlan.kernels, training/predictor/measured_dispatch.py); the others run `kernels`.
     """
     _check_options(kernels=kernels, weight_granularity=weight_granularity,
                    backward_precision=backward_precision, rounding=rounding)
+    op_kernels = dict(op_kernels or {})
+    for fqn, k in op_kernels.items():
+        if k not in _OPTIONS["kernels"]:
+            raise RuntimeSetupError(f"op_kernels[{fqn!r}]={k!r} is not accepted; use one of "
+                                    f"{', '.join(_OPTIONS['kernels'])}")
     if is_plan(plan_or_mapping):
         check_boundary(plan_or_mapping)
     mapping = resolve_mapping(plan_or_mapping, group)
@@ -252,7 +260,7 @@ def apply_plan(
             new_cls = plain_cls
         else:
             new_cls = SWAPPABLE[plain_cls]
-            recipe = Recipe(prec, backward_precision, weight_granularity, rounding, kernels)
+            recipe = Recipe(prec, backward_precision, weight_granularity, rounding, op_kernels.get(fqn, kernels))
         note = "tf32 runs as plain fp32 on CPU tensors" if prec == "tf32" and not on_cuda else ""
         changes.append(Change(fqn, type(old).__name__, precision_of(old), prec, new_cls.__name__, note))
         swaps.append((fqn, old, None if prec == "fp32" else recipe))

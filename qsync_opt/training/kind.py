@@ -50,6 +50,15 @@ def profile(job: JobSpec, output: "str | None", groups: list[str] | None, consol
     for key, sec in prof.sections.items():
         t.add_row(key, str(len(sec.ops)), str(len(sec.casts)), str(len(sec.optimizer)))
     console.print(t)
+    raced = [(key, cls, e) for key, sec in prof.sections.items() for cls, e in sec.dispatch.items()]
+    if raced:  # training/predictor/measured_dispatch.py: which implementation won, per shape class
+        d = Table(title="measured dispatch (runtime.kernels: auto): fwd+bwd ms per implementation; "
+                        "the winner runs and is priced", title_justify="left")
+        for col in ("section", "shape class", "runs", "candidates"):
+            d.add_column(col)
+        for key, cls, e in raced:
+            d.add_row(key, cls, e["impl"], ", ".join(f"{k} {_raced_ms(c)}" for k, c in e["candidates"].items()))
+        console.print(d)
     for key, fit in prof.allreduce.items():
         if "alpha_ms" in fit:
             console.print(f"all-reduce {key}: {fit['alpha_ms']:.3f} ms + {fit['beta_ms_per_byte'] * 1e6:.3f} ms/MB")
@@ -57,6 +66,15 @@ def profile(job: JobSpec, output: "str | None", groups: list[str] | None, consol
             console.print(f"{key}: fp32 DDP step {fit['fp32_ms']:.2f} ms")
     console.print(f"machine: {prof.machine.get('cpu')} ({', '.join(prof.machine.get('isa', []))}); "
                   f"torch {prof.versions.get('torch')}")
+
+
+def _raced_ms(c: dict) -> str:
+    """One candidate of a race as the profile recorded it: its fwd+bwd, or why it was not timed in full."""
+    if "fwd_ms" in c:
+        return f"{c['fwd_ms'] + c['bwd_ms']:.3f}"
+    if "screen_fwd_ms" in c:
+        return f"(fwd {c['screen_fwd_ms']:.3f}: screened out)"
+    return f"(cannot run: {c.get('error', '?').split(';')[0]})"
 
 
 KIND = Kind(

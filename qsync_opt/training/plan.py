@@ -35,6 +35,10 @@ class GroupPlan(BaseModel):
     local_batch: int
     precisions: dict[str, PrecisionName]
     """Operator FQN -> precision, in graph order."""
+    kernels: dict[str, Literal["auto", "templated", "torch"]] = {}
+    """Operator FQN -> the implementation its group's profile measured faster at its precision (under
+    runtime.kernels: auto; training/predictor/measured_dispatch.py), which the trainer runs and the plan's
+    times price; operators not named run runtime.kernels."""
     compute_ms: float
     """Forward + backward + casts + optimizer, per iteration."""
     comm_exposed_ms: float

@@ -53,6 +53,9 @@ class GroupContext:
     time_bound_ms: float | None = None
     boundary: Literal["edge", "fp32"] = "edge"
     """Where casts happen: on edges (QSync) or around every op (this runtime); followers.py."""
+    kernels: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Selectable op -> precision -> the kernels setting its measured profile found faster there
+    (measured_dispatch.py); empty where nothing was raced (roofline costs, float formats)."""
     cost_source: str = "roofline"
     """'measured (<profile file>)' when the costs come from a profile; else 'roofline, calibrated: ...'
     (naming the calibration's ops, precisions and results files) or 'roofline, datasheet only',

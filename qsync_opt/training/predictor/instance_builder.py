@@ -105,7 +105,7 @@ def _group_context(spec: JobSpec, g, graph: OpGraph, local_batch: int, boundary:
     if measured is None:
         return replace(gc, cost_source=roofline_source(dev, gg, offer, why))
     return replace(gc, costs=measured.costs, other_costs=measured.other_costs,
-                   optimizer_ms=measured.optimizer_ms, cost_source=measured.source)
+                   optimizer_ms=measured.optimizer_ms, cost_source=measured.source, kernels=measured.kernels)
 
 
 def roofline_source(dev, graph: OpGraph, offer: tuple[str, ...], why: str) -> str:

@@ -11,6 +11,9 @@ of ranks busy on the machine at once (colocate.py; `ranks=N` in its key when N >
   optimizer: "adamw|<params digest>" -> ms       (one optimizer.step() + the loss)
   steps:     same key -> {precision: ms}          (one whole training step, every selectable
                                                    op at that precision; step_profile.py)
+  dispatch:  shape class -> {impl, at, candidates} (the implementation that won the race at that
+                                                   class's first op, and what each candidate
+                                                   measured; measured_dispatch.py)
   allreduce: "gloo/<ranks>" -> {alpha_ms, beta_ms_per_byte}
              "ddp/<ranks>|<digest>" -> {fp32_ms}   (one whole fp32 DDP step, every rank at once;
                                                    allreduce_profile.ddp_key)
@@ -35,12 +38,15 @@ from pathlib import Path
 from qsync_opt.errors import SpecError
 from qsync_opt.hardware.machine import cpu_description, cuda_possible, profile_dir
 from qsync_opt.io import atomic_write_text
+from qsync_opt.kernels.dispatch import KERNELS
 from qsync_opt.models.graph import OpGraph, OpNode
 
 FORMAT = "qsync-opt-profile"
-VERSION = 2
+VERSION = 3
 #: What each older version lacks, for the message that refuses it.
-_OLD = {1: "written before whole training steps were measured (the 'steps' the cost model needs)"}
+_OLD = {1: "written before whole training steps were measured (the 'steps' the cost model needs)",
+        2: "written before implementations were raced (its int8/int4 times are of the ruled dispatch, not the "
+           "measured one the runtime now runs)"}
 
 
 class ProfileError(SpecError):
@@ -110,6 +116,7 @@ class Section:
     casts: dict[str, dict[str, float]] = field(default_factory=dict)
     optimizer: dict[str, float] = field(default_factory=dict)
     steps: dict[str, dict[str, float]] = field(default_factory=dict)
+    dispatch: dict[str, dict] = field(default_factory=dict)
 
 
 @dataclass
@@ -139,7 +146,8 @@ class Profile:
             "format": FORMAT, "version": VERSION, "machine": self.machine, "versions": self.versions,
             "created": self.created, "updated": _now(),
             "sections": {k: {"env": s.env, "threads": s.threads, "ops": s.ops, "casts": s.casts,
-                             "optimizer": s.optimizer, "steps": s.steps} for k, s in self.sections.items()},
+                             "optimizer": s.optimizer, "steps": s.steps, "dispatch": s.dispatch}
+                         for k, s in self.sections.items()},
             "allreduce": self.allreduce,
         }
 
@@ -170,6 +178,17 @@ def _numbers(d: dict, where: str, path) -> None:
                                "the file is corrupt — delete it and run `qsync-opt profile` again")
 
 
+def _dispatch(d, where: str, path) -> dict:
+    """The section's measured dispatch (measured_dispatch.py), each entry naming a kernels setting that exists."""
+    ok = isinstance(d, dict) and all(isinstance(e, dict) and e.get("impl") in KERNELS and isinstance(e.get("at"), str)
+                                     and isinstance(e.get("candidates"), dict) for e in d.values())
+    if not ok:
+        raise ProfileError(f"profile {path}: {where} is not a map of shape class -> {{impl (one of "
+                           f"{', '.join(KERNELS)}), at, candidates}}; the file is corrupt — delete it and run "
+                           "`qsync-opt profile` again")
+    return d
+
+
 def load_profile(path: "str | Path", *, check_machine: bool = True) -> Profile:
     """Read and validate a profile; ProfileError naming the file when it cannot be trusted."""
     path = Path(path)
@@ -198,6 +217,7 @@ def load_profile(path: "str | Path", *, check_machine: bool = True) -> Profile:
                       _need(s, "optimizer", dict, where, path), _need(s, "steps", dict, where, path))
         for name in ("ops", "casts", "optimizer", "steps"):
             _numbers(getattr(sec, name), where + name, path)
+        sec.dispatch = _dispatch(_need(s, "dispatch", dict, where, path), where + "dispatch", path)
         sections[key] = sec
     allreduce = _need(raw, "allreduce", dict, "", path)
     _numbers(allreduce, "allreduce", path)

@@ -37,7 +37,7 @@ and every op is scaled by the measured ratio. Other plans follow from that calib
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from qsync_opt.errors import SpecError
@@ -45,6 +45,7 @@ from qsync_opt.models.graph import OpGraph
 from qsync_opt.training.predictor.costs import OpCost
 from qsync_opt.training.predictor.profile import Profile, ProfileError, Section, default_profile_path, load_profile, op_signature, step_key
 from qsync_opt.training.predictor.measuring import ddp_key, group_threads, is_local, local_ranks
+from qsync_opt.training.predictor.measured_dispatch import winners
 from qsync_opt.training.predictor.replayer import replay
 from qsync_opt.training.predictor import profile_run
 
@@ -58,6 +59,8 @@ class MeasuredCosts:
     """'measured (<profile file>, <section>)'."""
     step_gap_ms: dict[str, float]
     """precision -> measured whole step − the sum of its isolated ops (ms); see `step_terms`."""
+    kernels: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Selectable op -> precision -> the implementation the profile measured faster (measured_dispatch.winners)."""
 
 
 @dataclass(frozen=True)
@@ -157,7 +160,8 @@ def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
 
                 t = section_costs(sec, gg, offer, spec.training.optimizer, steps_key(spec, gg, group.name))
                 first = "; profiled on first use" if attempt else ""
-                return MeasuredCosts(t.costs, t.other_costs, t.optimizer_ms, f"measured ({path}{first})", t.step_gap_ms), ""
+                return MeasuredCosts(t.costs, t.other_costs, t.optimizer_ms, f"measured ({path}{first})", t.step_gap_ms,
+                                     winners(sec.dispatch, gg, offer)), ""
             except Incomplete as e:
                 why = f"profile {path} lacks {len(e.missing)} of this model's entries (e.g. {e.missing[0]!r})"
         can_measure = group.profile is None and (profile_on_first_use or spec.costs == "measured")

@@ -43,7 +43,9 @@ from qsync_opt.models.from_spec import build_from_spec, input_maker
 from qsync_opt.runtime.qmodules import SWAPPABLE
 from qsync_opt.runtime.recipe import Recipe
 from qsync_opt.training.predictor.allreduce_profile import collectives
+from qsync_opt.kernels.dispatch import Target, kernel_choices
 from qsync_opt.training.predictor.colocate import keep_busy
+from qsync_opt.training.predictor.measured_dispatch import SCREEN_CALLS, race, shape_class, winners
 from qsync_opt.training.predictor.profile_run import profile_spec  # noqa: F401 (this module's entry, kept)
 from qsync_opt.training.predictor.step_profile import (
     MIN_STEPS, PROFILE_STEP_WARMUP, fp32_step, measure_casts, measure_step, measure_steps, steps_key)
@@ -122,6 +124,20 @@ def _op_callable(gm, n: fx.Node, vals: _Values, module_for: Callable[[nn.Module]
 def _outputs(r) -> list[torch.Tensor]:
     rs = r if isinstance(r, (tuple, list)) else [r]
     return [t for t in rs if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def screen_fwd_ms(call) -> float:
+    """The quickest of SCREEN_CALLS forwards of `call` after one untimed (measured_dispatch's screen)."""
+    import time
+
+    with torch.enable_grad():
+        call()
+        best = float("inf")
+        for _ in range(SCREEN_CALLS):
+            t = time.perf_counter()
+            call()
+            best = min(best, (time.perf_counter() - t) * 1e3)
+    return best
 
 
 def time_op(call, leaves, inplace: bool, clone_ms: float) -> tuple[float, float]:
@@ -253,24 +269,39 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
     eta = _Eta(ProgressBar(progress, f"profiling {group} ({spec.model.name or 'model'}, batch {lb})",
                            len(todo) + len(step_ps)), len(todo))
     saved = eta.clock()
+    target = Target.of_device_spec(g.device_spec)
     for node, p in todo:
         n = names.get(node.name)
         if n is None:
             raise ProfileError(f"profiler: op {node.name!r} of the graph has no fx node; cannot time it")
 
-        def module_for(m, p=p, node=node):
-            if p == "fp32" or not node.selectable or type(m) not in SWAPPABLE:
-                return m
-            return SWAPPABLE[type(m)].from_float(copy.deepcopy(m), Recipe(p, rt.backward_precision,
-                                                 rt.weight_granularity, rt.rounding, rt.kernels))
+        def op_at(kernels: str, p=p, node=node, n=n):
+            def module_for(m):
+                if p == "fp32" or not node.selectable or type(m) not in SWAPPABLE:
+                    return m
+                return SWAPPABLE[type(m)].from_float(copy.deepcopy(m), Recipe(p, rt.backward_precision,
+                                                     rt.weight_granularity, rt.rounding, kernels))
 
-        call, leaves, inplace = _op_callable(vals.module, n, vals, module_for)
-        clone_ms = 0.0
-        if inplace:
-            x = vals.out[n.all_input_nodes[0].name]
-            key = "x".join(map(str, x.shape))
-            clone_ms = clone_cache.setdefault(key, robust_ms(lambda: x.clone()))
-        fwd, bwd = time_op(call, leaves, inplace, clone_ms)
+            call, leaves, inplace = _op_callable(vals.module, n, vals, module_for)
+            clone_ms = 0.0
+            if inplace:
+                x = vals.out[n.all_input_nodes[0].name]
+                key = "x".join(map(str, x.shape))
+                clone_ms = clone_cache.setdefault(key, robust_ms(lambda: x.clone()))
+            return call, leaves, inplace, clone_ms
+
+        cls = shape_class(node, p)
+        swapped = node.selectable and p != "fp32" and n.op == "call_module" \
+            and type(vals.module.get_submodule(n.target)) in SWAPPABLE
+        choices = kernel_choices(target, p, rt.kernels) if swapped else (rt.kernels,)
+        if cls in sec.dispatch:  # raced at an earlier op of its class: run the winner
+            choices = (sec.dispatch[cls]["impl"],)
+        if len(choices) > 1:
+            winner, (fwd, bwd), record = race(choices, lambda k: screen_fwd_ms(op_at(k)[0]),
+                                              lambda k: time_op(*op_at(k)))
+            sec.dispatch[cls] = {"impl": winner, "at": op_signature(node, p), "candidates": record}
+        else:
+            fwd, bwd = time_op(*op_at(choices[0]))
         sec.ops[op_signature(node, p)] = {"fwd_ms": fwd, "bwd_ms": bwd}
         if eta.clock() - saved >= SAVE_EVERY_S:  # an interrupted run loses at most that much
             prof.save(path)
@@ -284,7 +315,8 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
         sec.optimizer[key] = measure_step(spec, module, inputs)
     if step_ps:
         eta.steps_begin(steps_estimate_s(sec, gg, step_ps))
-        sec.steps[skey] = measure_steps(spec, module, group, gg, step_ps, on_step=lambda p, ms: eta.step_done(ms))
+        sec.steps[skey] = measure_steps(spec, module, group, gg, step_ps, on_step=lambda p, ms: eta.step_done(ms),
+                                        kernels_of=winners(sec.dispatch, gg, step_ps))
     prof.save(path)
     eta.close()
     return sec

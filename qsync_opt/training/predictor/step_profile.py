@@ -80,9 +80,10 @@ def loop_step(spec, rank: int, model: nn.Module, opt, *, all_reduce_loss: bool =
     return step
 
 
-def make_step(spec, module: nn.Module, rank: int, gg: OpGraph | None, p: str):
+def make_step(spec, module: nn.Module, rank: int, gg: OpGraph | None, p: str, op_kernels=None):
     """A zero-argument whole training step of `module` with every selectable op of `gg` at `p`
-    (`gg` may be None for fp32): what the trainer's loop runs for `rank`."""
+    (`gg` may be None for fp32): what the trainer's loop runs for `rank`. `op_kernels`: FQN -> the
+    kernels setting the profile measured faster for it (measured_dispatch.winners, at `p`)."""
 
     rt = spec.runtime
     torch.manual_seed(spec.training.seed)
@@ -90,7 +91,7 @@ def make_step(spec, module: nn.Module, rank: int, gg: OpGraph | None, p: str):
     if p != "fp32":
         model = apply_plan(model, {n.name: p for n in gg.selectable}, kernels=rt.kernels,
                            weight_granularity=rt.weight_granularity,
-                           backward_precision=rt.backward_precision, rounding=rt.rounding)
+                           backward_precision=rt.backward_precision, rounding=rt.rounding, op_kernels=op_kernels)
     opt = make_optimizer(spec.training, [q for q in model.parameters() if q.requires_grad])
     return loop_step(spec, rank, model, opt)
 
@@ -182,12 +183,14 @@ def adaptive_step_times_ms(step, *, warmup: int = PROFILE_STEP_WARMUP, least: in
     return own
 
 
-def measure_steps(spec, module: nn.Module, group: str, gg: OpGraph, precisions, *, on_step=None) -> dict[str, float]:
+def measure_steps(spec, module: nn.Module, group: str, gg: OpGraph, precisions, *, on_step=None,
+                  kernels_of: dict[str, dict[str, str]] | None = None) -> dict[str, float]:
     """precision -> ms of one whole training step of `group`'s first rank with every selectable op
     at that precision: the median of consecutive steps, as `train` reads its iterations
     (step_median_ms), as many as make it stable (adaptive_step_times_ms; the block-minimum
     estimator would time a whole step too few times per block). `on_step(precision, ms)` is told
-    each timed step.
+    each timed step. `kernels_of`: op -> precision -> the measured winner (measured_dispatch.winners): the
+    steps run what the trainer will.
 
     One whole step per precision, because that is what the cost model needs (profile_costs.
     step_terms): the gap between a uniform-p step and the sum of its isolated ops is per precision
@@ -198,7 +201,8 @@ def measure_steps(spec, module: nn.Module, group: str, gg: OpGraph, precisions, 
     out = {}
     for p in precisions:
         tell = (lambda ms, p=p: on_step(p, ms)) if on_step else None
-        out[p] = statistics.median(adaptive_step_times_ms(make_step(spec, module, rank, gg, p), on_step=tell))
+        ks = {op: by_p[p] for op, by_p in (kernels_of or {}).items() if p in by_p}
+        out[p] = statistics.median(adaptive_step_times_ms(make_step(spec, module, rank, gg, p, ks), on_step=tell))
     return out
 
 

@@ -157,7 +157,7 @@ def validate(spec: JobSpec, plan: Plan | None, nproc: int | None = None, *, forc
                     f"plan group {g.name!r} asks for precisions its device {g.device_spec.name} cannot run:\n  - "
                     + "\n  - ".join(refused[:10]) + ("\n  - ..." if len(refused) > 10 else "")
                     + f"\nre-solve the plan for this spec (the solver only offers {list(g.allowed_precisions)})")
-            apply_plan(model, plan, g.name, dry_run=True, force=force)
+            apply_plan(model, plan, g.name, dry_run=True, force=force, op_kernels=plan.groups[g.name].kernels)
 
     check_data(spec)  # the data loads and fits the model: a bad data section exits 2 before any rank starts
     return batches

@@ -64,6 +64,7 @@ def build_rank_model(spec: JobSpec, plan: Plan | None, group: str, force: bool =
         model = applicable_model(model, spec, plan)  # functional GEMMs the plan names get their modules
         model = apply_plan(model, plan, group, kernels=rt.kernels, weight_granularity=rt.weight_granularity,
                            backward_precision=rt.backward_precision, rounding=rt.rounding, force=force,
+                           op_kernels=plan.groups[group].kernels if group in plan.groups else None,
                            device=next(g for g in spec.cluster.groups if g.name == group).device_spec)
     return model
 

@@ -257,3 +257,14 @@ def test_the_measured_ddp_step_calibrates_the_replay(tmp_path, monkeypatch, extr
         assert abs(replay(ctx, fp32).iteration_ms - (parts + extra_ms)) <= comm
         f = (parts + extra_ms) / parts
         assert any(n.startswith(f"DDP contention factor {f:.3f} on every op") for n in ctx.notes), ctx.notes
+
+
+def test_a_version_2_profile_is_refused_it_priced_the_ruled_dispatch(tmp_path):
+    path = tmp_path / "p.json"
+    _profile(mlp_graph()).save(path)
+    raw = json.loads(path.read_text())
+    for s in raw["sections"].values():
+        del s["dispatch"]
+    path.write_text(json.dumps({**raw, "version": 2}))
+    with pytest.raises(ProfileError, match="version 2 .*raced.*profile SPEC"):
+        load_profile(path)

@@ -32,6 +32,11 @@ def fast(monkeypatch):
     return calls
 
 
+def raced_extra(sec) -> int:
+    """time_op calls beyond one per signature: the losers measured_dispatch.race timed in full."""
+    return sum(sum("fwd_ms" in c for c in e["candidates"].values()) - 1 for e in sec.dispatch.values())
+
+
 def _graph(spec):
     import torch
 
@@ -50,7 +55,7 @@ def test_every_op_at_every_precision_and_resume(tmp_path, fast):
     assert step_key("sgd", gg) in sec.optimizer
     assert {"fp32->bf16", "fp32->int8", "int8->fp32"} <= set(sec.casts)
     first = len(fast)
-    assert first == len(want)
+    assert first == len(want) + raced_extra(sec)
     # an interrupted run: drop two entries, run again -> only those two are measured
     prof = load_profile(path)
     s = prof.find_section({"OMP_NUM_THREADS": "1"}, 1)
@@ -92,5 +97,6 @@ def test_a_twelve_block_model_measures_each_distinct_op_once(tmp_path, monkeypat
     monkeypatch.setattr(profiler, "time_op", lambda *a: timed.append(1) or real(*a))
     sec = profiler.profile_group(spec, "here", tmp_path / "p.json", graph=_graph(spec), progress=False)
     assert set(want) <= set(sec.ops)  # every op of every block has its entry, from an empty profile ...
-    assert len(timed) == len(set(want))  # ... so each distinct signature was timed exactly once ...
+    assert len(timed) == len(set(want)) + raced_extra(sec)  # ... so each distinct signature was timed once (its
+    # class's first also by the implementations it was raced against: measured_dispatch.py) ...
     assert len(want) > 6 * len(set(want))  # ... where one per op would have timed six times as many
