@@ -74,7 +74,7 @@ def _raced_ms(c: dict) -> str:
         return f"{c['fwd_ms'] + c['bwd_ms']:.3f}"
     if "screen_fwd_ms" in c:
         return f"(fwd {c['screen_fwd_ms']:.3f}: screened out)"
-    return f"(cannot run: {c.get('error', '?').split(';')[0]})"
+    return f"(cannot run: {c.get('error', '?').split(';')[0].split(' (')[0]})"
 
 
 KIND = Kind(
