@@ -2,16 +2,15 @@
 
 Under `runtime.kernels: auto`, a format can have more than one implementation on a device (kernels.dispatch.
 kernel_choices: on the CPU, int8 and int4 through the templated GEMM and quantize kernels or through torch's ops and
-oneDNN's int8 convolution). Which is faster depends on the device and the shape: on one CPU here the templated GEMM
-won large linears and lost small ones, and im2col lost every convolution to oneDNN's by about 4x
-(docs/predictor.md). So the profiler races them, per shape class (`shape_class`: op kind, precision and forward
+oneDNN's int8 convolution). Which is faster depends on the device and the shape (docs/predictor.md has a CPU's
+table), so the profiler races them, per shape class (`shape_class`: op kind, precision and forward
 FLOPs within a factor FLOPS_CLASS), at the first op of each class it meets on that device:
 
 - screen: each candidate runs one untimed and SCREEN_CALLS timed forwards; one that errors (a templated build that
   fails, an inexact GEMM it refuses) or is more than SCREEN_RATIO x the quickest forward drops out;
 - race: the rest are timed forward and backward by the profiler's estimator; the least fwd + bwd wins.
 
-The profile stores the winner per class (`Section.dispatch`: class -> {impl, ms per candidate, the op it was raced
+The profile stores the winner per class (`Section.dispatch`: class -> {impl, candidates: what each measured, at: the op raced
 at}); every op of the class is then timed with the winner alone, the whole steps run the winners, the planner prices
 them and writes them into the plan (`GroupPlan.kernels`), and the trainer applies them (runtime.apply_plan's
 `op_kernels`). A pinned `kernels` setting is not raced: it is the user's choice.
