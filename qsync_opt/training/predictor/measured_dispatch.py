@@ -10,10 +10,10 @@ FLOPs within a factor FLOPS_CLASS), at the first op of each class it meets on th
   fails, an inexact GEMM it refuses) or is more than SCREEN_RATIO x the quickest forward drops out;
 - race: the rest are timed forward and backward by the profiler's estimator; the least fwd + bwd wins.
 
-The profile stores the winner per class (`Section.dispatch`: class -> {impl, candidates: what each measured, at: the op raced
-at}); every op of the class is then timed with the winner alone, the whole steps run the winners, the planner prices
-them and writes them into the plan (`GroupPlan.kernels`), and the trainer applies them (runtime.apply_plan's
-`op_kernels`). A pinned `kernels` setting is not raced: it is the user's choice.
+The profile stores the winner per class (`Section.dispatch`: class -> {impl, candidates: what each measured,
+at: the op raced at}); every op of the class is then timed with the winner alone, the whole steps run the
+winners, the planner prices them and writes them into the plan (`GroupPlan.kernels`), and the trainer applies
+them (runtime.apply_plan's `op_kernels`). A pinned `kernels` setting is not raced: it is the user's choice.
 """
 
 from __future__ import annotations
