@@ -104,8 +104,7 @@ def _group_context(spec: JobSpec, g, graph: OpGraph, local_batch: int, boundary:
     # --- cost source: a measured profile replaces the roofline figures (profile_costs.py)
     if measured is None:
         return replace(gc, cost_source=roofline_source(dev, gg, offer, why))
-    allowed = {op: tuple(p for p in ps if p not in measured.unoffered) for op, ps in gc.allowed.items()}
-    return replace(gc, costs=measured.costs, other_costs=measured.other_costs, allowed=allowed,
+    return replace(gc, costs=measured.costs, other_costs=measured.other_costs,
                    optimizer_ms=measured.optimizer_ms, cost_source=measured.source, kernels=measured.kernels)
 
 

@@ -22,7 +22,6 @@ import math
 from collections.abc import Callable
 
 from qsync_opt.errors import KernelBuildError, SpecError
-from qsync_opt.training.predictor.profile import op_signature
 
 #: Forward FLOPs within this factor share a class (and its measured winner).
 FLOPS_CLASS = 4
@@ -78,22 +77,3 @@ def winners(dispatch: dict[str, dict], graph, precisions) -> dict[str, dict[str,
             if e is not None:
                 out.setdefault(node.name, {})[p] = e["impl"]
     return out
-
-
-def slower_everywhere(ops: dict[str, dict[str, float]], graph, precisions) -> list[str]:
-    """The precisions after the first (the group's highest) that are slower than it at every selectable op of `graph`,
-    in the profile's isolated times (`ops`: signature -> {fwd_ms, bwd_ms}): forward no quicker and forward + backward
-    strictly slower, instance_builder.drop_dominated's test without the followers. The planner would drop such a
-    precision at every op, so the profiler does not time its whole step and the planner does not offer it
-    (profile_costs.section_costs; the plan's notes say so)."""
-    nodes = list(graph.selectable)
-    if not nodes or not precisions:
-        return []
-    high = precisions[0]
-
-    def slower(node, p) -> bool:
-        a, b = ops.get(op_signature(node, high)), ops.get(op_signature(node, p))
-        return a is not None and b is not None and a["fwd_ms"] <= b["fwd_ms"] \
-            and a["fwd_ms"] + a["bwd_ms"] < b["fwd_ms"] + b["bwd_ms"]
-
-    return [p for p in precisions[1:] if all(slower(n, p) for n in nodes)]

@@ -14,9 +14,6 @@ of ranks busy on the machine at once (colocate.py; `ranks=N` in its key when N >
   dispatch:  shape class -> {impl, at, candidates} (the implementation that won the race at that
                                                    class's first op, and what each candidate
                                                    measured; measured_dispatch.py)
-  unstepped: steps key -> [precision]             (slower than the group's highest at every op
-                                                   alone: no whole step timed, never offered;
-                                                   measured_dispatch.slower_everywhere)
   allreduce: "gloo/<ranks>" -> {alpha_ms, beta_ms_per_byte}
              "ddp/<ranks>|<digest>" -> {fp32_ms}   (one whole fp32 DDP step, every rank at once;
                                                    allreduce_profile.ddp_key)
@@ -120,7 +117,6 @@ class Section:
     optimizer: dict[str, float] = field(default_factory=dict)
     steps: dict[str, dict[str, float]] = field(default_factory=dict)
     dispatch: dict[str, dict] = field(default_factory=dict)
-    unstepped: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -150,8 +146,7 @@ class Profile:
             "format": FORMAT, "version": VERSION, "machine": self.machine, "versions": self.versions,
             "created": self.created, "updated": _now(),
             "sections": {k: {"env": s.env, "threads": s.threads, "ops": s.ops, "casts": s.casts,
-                             "optimizer": s.optimizer, "steps": s.steps, "dispatch": s.dispatch,
-                             "unstepped": s.unstepped}
+                             "optimizer": s.optimizer, "steps": s.steps, "dispatch": s.dispatch}
                          for k, s in self.sections.items()},
             "allreduce": self.allreduce,
         }
@@ -223,10 +218,6 @@ def load_profile(path: "str | Path", *, check_machine: bool = True) -> Profile:
         for name in ("ops", "casts", "optimizer", "steps"):
             _numbers(getattr(sec, name), where + name, path)
         sec.dispatch = _dispatch(_need(s, "dispatch", dict, where, path), where + "dispatch", path)
-        sec.unstepped = _need(s, "unstepped", dict, where, path)
-        if not all(isinstance(v, list) and all(isinstance(p, str) for p in v) for v in sec.unstepped.values()):
-            raise ProfileError(f"profile {path}: {where}unstepped is not a map of steps key -> [precision]; the file "
-                               "is corrupt — delete it and run `qsync-opt profile` again")
         sections[key] = sec
     allreduce = _need(raw, "allreduce", dict, "", path)
     _numbers(allreduce, "allreduce", path)

@@ -37,7 +37,7 @@ and every op is scaled by the measured ratio. Other plans follow from that calib
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from qsync_opt.errors import SpecError
@@ -61,8 +61,6 @@ class MeasuredCosts:
     """precision -> measured whole step − the sum of its isolated ops (ms); see `step_terms`."""
     kernels: dict[str, dict[str, str]] = field(default_factory=dict)
     """Selectable op -> precision -> the implementation the profile measured faster (measured_dispatch.winners)."""
-    unoffered: tuple[str, ...] = ()
-    """Precisions not offered: slower than the group's highest at every op alone (StepTerms.unoffered)."""
 
 
 @dataclass(frozen=True)
@@ -76,8 +74,6 @@ class StepTerms:
     optimizer_ms: float
     step_gap_ms: dict[str, float]
     """precision -> measured whole step − the sum of its isolated ops (ms)."""
-    unoffered: tuple[str, ...] = ()
-    """Precisions left out: slower than the group's highest at every op (Section.unstepped)."""
 
 
 class Incomplete(Exception):
@@ -90,13 +86,8 @@ class Incomplete(Exception):
 
 def section_costs(sec: Section, gg: OpGraph, offer: tuple[str, ...], optimizer: str,
                   steps_at: str | None = None) -> StepTerms:
-    """The costs of `gg` from one section, the whole-step terms folded in (`step_terms`). A precision the profile
-    found slower than the group's highest at every op (Section.unstepped: no whole step timed) is left out of the
-    costs and named in StepTerms.unoffered: the planner does not offer it."""
+    """The costs of `gg` from one section, the whole-step terms folded in (`step_terms`)."""
     missing = []
-    skey = steps_at or step_key(optimizer, gg)  # step_profile.steps_key: the whole steps also depend on the data
-    unoffered = tuple(p for p in offer[1:] if p in sec.unstepped.get(skey, ()))
-    offer = tuple(p for p in offer if p not in unoffered)
 
     def get(node, p) -> OpCost:
         e = sec.ops.get(op_signature(node, p))
@@ -109,13 +100,14 @@ def section_costs(sec: Section, gg: OpGraph, offer: tuple[str, ...], optimizer: 
     other = {n.name: {"fp32": get(n, "fp32")} for n in gg.fixed}
     key = step_key(optimizer, gg)
     opt = sec.optimizer.get(key)
+    skey = steps_at or key  # step_profile.steps_key: the whole steps also depend on the data and slice
     steps = sec.steps.get(skey, {})
     if opt is None:
         missing.append(key)
     missing += [f"steps[{skey}][{p}]" for p in offer if p not in steps]
     if missing:
         raise Incomplete(missing)
-    return replace(step_terms(costs, other, opt, {p: steps[p] for p in offer}), unoffered=unoffered)
+    return step_terms(costs, other, opt, {p: steps[p] for p in offer})
 
 
 def step_terms(costs: dict, other: dict, opt: float, steps: dict[str, float]) -> StepTerms:
@@ -168,11 +160,8 @@ def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
 
                 t = section_costs(sec, gg, offer, spec.training.optimizer, steps_key(spec, gg, group.name))
                 first = "; profiled on first use" if attempt else ""
-                its = "its whole step was" if len(t.unoffered) == 1 else "their whole steps were"
-                slow = (f"; {', '.join(t.unoffered)} not offered: slower than {offer[0]} at every op alone, so "
-                        f"{its} not profiled") if t.unoffered else ""
-                return MeasuredCosts(t.costs, t.other_costs, t.optimizer_ms, f"measured ({path}{first}{slow})",
-                                     t.step_gap_ms, winners(sec.dispatch, gg, offer), t.unoffered), ""
+                return MeasuredCosts(t.costs, t.other_costs, t.optimizer_ms, f"measured ({path}{first})", t.step_gap_ms,
+                                     winners(sec.dispatch, gg, offer)), ""
             except Incomplete as e:
                 why = f"profile {path} lacks {len(e.missing)} of this model's entries (e.g. {e.missing[0]!r})"
         can_measure = group.profile is None and (profile_on_first_use or spec.costs == "measured")

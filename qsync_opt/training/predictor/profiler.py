@@ -45,7 +45,7 @@ from qsync_opt.runtime.recipe import Recipe
 from qsync_opt.training.predictor.allreduce_profile import collectives
 from qsync_opt.kernels.dispatch import Target, kernel_choices
 from qsync_opt.training.predictor.colocate import keep_busy
-from qsync_opt.training.predictor.measured_dispatch import SCREEN_CALLS, race, shape_class, slower_everywhere, winners
+from qsync_opt.training.predictor.measured_dispatch import SCREEN_CALLS, race, shape_class, winners
 from qsync_opt.training.predictor.profile_run import profile_spec  # noqa: F401 (this module's entry, kept)
 from qsync_opt.training.predictor.step_profile import (
     MIN_STEPS, PROFILE_STEP_WARMUP, fp32_step, measure_casts, measure_step, measure_steps, steps_key)
@@ -313,10 +313,6 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
     key = step_key(spec.training.optimizer, gg)
     if key not in sec.optimizer:
         sec.optimizer[key] = measure_step(spec, module, inputs)
-    slower = slower_everywhere(sec.ops, gg, step_ps)  # never offered: their whole steps would price nothing
-    step_ps = [p for p in step_ps if p not in slower]
-    if slower:
-        sec.unstepped[skey] = slower
     if step_ps:
         eta.steps_begin(steps_estimate_s(sec, gg, step_ps))
         sec.steps[skey] = measure_steps(spec, module, group, gg, step_ps, on_step=lambda p, ms: eta.step_done(ms),

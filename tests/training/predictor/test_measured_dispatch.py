@@ -159,32 +159,3 @@ def test_a_signature_of_a_raced_class_is_timed_with_the_winner_alone(profiled, m
     monkeypatch.setattr(profiler, "race", lambda *a, **k: pytest.fail("raced a class the profile already holds"))
     again = profiler.profile_group(spec, "here", path, progress=False)
     assert len(calls) == n_ops and again.dispatch == sec.dispatch
-
-
-def test_a_precision_slower_at_every_op_gets_no_whole_step_and_is_not_offered(tmp_path, monkeypatch):
-    """Scripted op times: int8 slower than fp32 at every op. The profile skips int8's whole step and records why;
-    the planner then offers only fp32 and says so; with one op where int8 is quicker, int8 keeps its step."""
-    from qsync_opt.training.predictor.measured_dispatch import slower_everywhere
-    from qsync_opt.training.predictor.profile import op_signature
-
-    spec = load_spec(SPEC.format(profile=tmp_path / "p.json").replace("[int8]", "[fp32, int8]"))
-    gg = _graph(spec)
-    ops = {op_signature(n, p): {"fwd_ms": 1.0 + (p == "int8"), "bwd_ms": 1.0} for n in gg.selectable for p in
-           ("fp32", "int8")}
-    assert slower_everywhere(ops, gg, ("fp32", "int8")) == ["int8"]
-    first = gg.selectable[0]
-    ops[op_signature(first, "int8")] = {"fwd_ms": 0.5, "bwd_ms": 1.0}
-    assert slower_everywhere(ops, gg, ("fp32", "int8")) == []
-
-    monkeypatch.setattr(measuring, "BLOCKS", 1)
-    monkeypatch.setattr(measuring, "REPEATS", 1)
-    monkeypatch.setattr(profiler, "slower_everywhere", lambda ops, graph, ps: [p for p in ps[1:] if p == "int8"])
-    sec = profiler.profile_group(spec, "here", tmp_path / "p.json", progress=False)
-    (skey, steps), = sec.steps.items()
-    assert set(steps) == {"fp32"} and sec.unstepped == {skey: ["int8"]}
-
-    from qsync_opt.jobs import solve
-
-    plan = solve(spec)
-    assert set(plan.groups["here"].precisions.values()) == {"fp32"}
-    assert any("int8 not offered: slower than fp32 at every op alone" in n for n in plan.solver.notes)
