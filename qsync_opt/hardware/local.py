@@ -7,11 +7,12 @@ group can be planned with its own numbers; `measure_local_env` does it under a g
 (in a subprocess, since oneDNN reads its ISA cap once, at its first kernel), and
 `python -m qsync_opt.hardware.local [--env K=V ...] [--threads N]` prints the result as a
 catalog entry. Measured: copy bandwidth (read + write) of a 64 MiB tensor, and square-GEMM
-throughput for fp32, bf16, fp16 (torch.matmul) and int8 (the runtime's exact int8 GEMM, kernels.reference.int_mm_exact:
-torch._int_mm with VNNI, fp32 GEMMs on the codes without it). A format is kept
-when it reaches at least MIN_FRACTION_OF_FP32 of the fp32 rate (fp16 without AMX-FP16 under
-an AVX512_CORE_BF16 cap collapses to ~1%: no usable path; on an AVX2-only CPU bf16 runs at 2% of fp32 and is
-dropped, and int8 runs as fp32 GEMMs on its codes, at about the fp32 rate). Medians of repeats; the CPU's own run-to-run spread
+throughput for fp32, bf16, fp16 (torch.matmul) and int8 (the runtime's exact int8 GEMM,
+kernels.reference.int_mm_exact: torch._int_mm with VNNI, fp32 GEMMs on the codes without it).
+A format is kept when it reaches at least MIN_FRACTION_OF_FP32 of the fp32 rate (fp16 without
+AMX-FP16 under an AVX512_CORE_BF16 cap collapses to ~1%: no usable path; on an AVX2-only CPU
+bf16 runs at 2% of fp32 and is dropped, and int8 runs as fp32 GEMMs on its codes, at about
+the fp32 rate). Medians of repeats; the CPU's own run-to-run spread
 (±20-40% for 2-thread int8) is not hidden by this.
 """
 
