@@ -67,10 +67,12 @@ def race(candidates: tuple[str, ...], time_fwd: Callable[[str], float],
     return winner, timed[winner], record
 
 
-def winners(dispatch: dict[str, dict], graph, precisions) -> dict[str, dict[str, str]]:
+def winners(dispatch: dict[str, dict], graph, precisions, kernels: str = "auto") -> dict[str, dict[str, str]]:
     """Selectable op -> precision -> the measured winner, for the (op, precision) pairs whose class the profile
-    raced (the others run the spec's kernels setting)."""
+    raced (the others run the spec's kernels setting); none under a pinned `kernels` (the user's choice runs)."""
     out: dict[str, dict[str, str]] = {}
+    if kernels != "auto":
+        return out
     for node in graph.selectable:
         for p in precisions:
             e = dispatch.get(shape_class(node, p))

@@ -161,7 +161,7 @@ def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
                 t = section_costs(sec, gg, offer, spec.training.optimizer, steps_key(spec, gg, group.name))
                 first = "; profiled on first use" if attempt else ""
                 return MeasuredCosts(t.costs, t.other_costs, t.optimizer_ms, f"measured ({path}{first})", t.step_gap_ms,
-                                     winners(sec.dispatch, gg, offer)), ""
+                                     winners(sec.dispatch, gg, offer, spec.runtime.kernels)), ""
             except Incomplete as e:
                 why = f"profile {path} lacks {len(e.missing)} of this model's entries (e.g. {e.missing[0]!r})"
         can_measure = group.profile is None and (profile_on_first_use or spec.costs == "measured")

@@ -294,7 +294,7 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
         swapped = node.selectable and p != "fp32" and n.op == "call_module" \
             and type(vals.module.get_submodule(n.target)) in SWAPPABLE
         choices = kernel_choices(target, p, rt.kernels) if swapped else (rt.kernels,)
-        if cls in sec.dispatch:  # raced at an earlier op of its class: run the winner
+        if swapped and rt.kernels == "auto" and cls in sec.dispatch:  # raced at an earlier op of its class
             choices = (sec.dispatch[cls]["impl"],)
         if len(choices) > 1:
             winner, (fwd, bwd), record = race(choices, lambda k: screen_fwd_ms(op_at(k)[0]),
@@ -316,7 +316,7 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
     if step_ps:
         eta.steps_begin(steps_estimate_s(sec, gg, step_ps))
         sec.steps[skey] = measure_steps(spec, module, group, gg, step_ps, on_step=lambda p, ms: eta.step_done(ms),
-                                        kernels_of=winners(sec.dispatch, gg, step_ps))
+                                        kernels_of=winners(sec.dispatch, gg, step_ps, rt.kernels))
     prof.save(path)
     eta.close()
     return sec

@@ -159,3 +159,29 @@ def test_a_signature_of_a_raced_class_is_timed_with_the_winner_alone(profiled, m
     monkeypatch.setattr(profiler, "race", lambda *a, **k: pytest.fail("raced a class the profile already holds"))
     again = profiler.profile_group(spec, "here", path, progress=False)
     assert len(calls) == n_ops and again.dispatch == sec.dispatch
+
+
+def test_a_pinned_kernels_setting_is_what_runs_whatever_the_profile_raced(profiled):
+    """A profile raced under auto, then the spec pins kernels: the profiler times the pinned setting, and the plan
+    names no winner, so the trainer runs the pin."""
+    spec, path, sec, ran = profiled
+    assert sec.dispatch  # raced under auto
+    pinned = spec.model_copy(update={"runtime": spec.runtime.model_copy(update={"kernels": "torch"})})
+    from qsync_opt.jobs import solve
+
+    assert solve(pinned).groups["here"].kernels == {}
+    seen = []
+    real_race = profiler.race
+    monkey = pytest.MonkeyPatch()
+    try:
+        monkey.setattr(profiler, "race", lambda *a, **k: seen.append(1) or real_race(*a, **k))
+        prof = load_profile(path)
+        s = prof.find_section({"OMP_NUM_THREADS": "1"}, 1)
+        s.ops.clear()
+        s.steps.clear()
+        prof.save(path)
+        ran.clear()
+        profiler.profile_group(pinned, "here", path, progress=False)
+    finally:
+        monkey.undo()
+    assert not seen and ran["int8"] == {}  # nothing raced, and the whole step ran the pin on every op
