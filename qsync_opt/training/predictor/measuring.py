@@ -90,6 +90,11 @@ def local_ranks(spec) -> int:
     return sum(g.count for g in spec.cluster.groups if is_local(g.device_spec))
 
 
+#: Why a GPU group is not profiled: the per-op profiler builds the model, its inputs and its timers on the CPU.
+CPU_ONLY = ("the training profiler times the runtime's modules on CPU tensors only (no device placement, no CUDA "
+            "synchronisation), so it would record the CPU's times as the GPU's")
+
+
 def is_local(device) -> bool:
     """Whether `device` is this machine's own kind of device, so its profile can be measured here."""
     if device.kind == "cpu":
