@@ -297,8 +297,9 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
         if swapped and rt.kernels == "auto" and cls in sec.dispatch:  # raced at an earlier op of its class
             choices = (sec.dispatch[cls]["impl"],)
         if len(choices) > 1:
-            winner, (fwd, bwd), record = race(choices, lambda k: screen_fwd_ms(op_at(k)[0]),
-                                              lambda k: time_op(*op_at(k)))
+            built: dict[str, tuple] = {}  # each candidate's module is quantized once, for its screen and its timing
+            at = lambda k: built[k] if k in built else built.setdefault(k, op_at(k))  # noqa: E731
+            winner, (fwd, bwd), record = race(choices, lambda k: screen_fwd_ms(at(k)[0]), lambda k: time_op(*at(k)))
             sec.dispatch[cls] = {"impl": winner, "at": op_signature(node, p), "candidates": record}
         else:
             fwd, bwd = time_op(*op_at(choices[0]))
