@@ -197,14 +197,18 @@ def test_a_profile_without_whole_steps_is_incomplete(tmp_path):
     assert "lacks" in ctx.group("here").cost_source and "[int8]" in ctx.group("here").cost_source
 
 
-def test_a_version_1_profile_is_refused_with_the_reason(tmp_path):
+@pytest.mark.parametrize("version, lacks, reason", [
+    (1, "steps", "whole training steps"),  # written before whole steps were measured
+    (2, "dispatch", "raced"),  # its int8/int4 times are of the ruled dispatch
+])
+def test_an_older_profile_is_refused_with_the_reason(tmp_path, version, lacks, reason):
     path = tmp_path / "p.json"
     _profile(mlp_graph()).save(path)
     raw = json.loads(path.read_text())
     for s in raw["sections"].values():
-        del s["steps"]
-    path.write_text(json.dumps({**raw, "version": 1}))
-    with pytest.raises(ProfileError, match="version 1 .*whole training steps.*profile SPEC") as e:
+        del s[lacks]
+    path.write_text(json.dumps({**raw, "version": version}))
+    with pytest.raises(ProfileError, match=f"version {version} .*{reason}.*profile SPEC") as e:
         load_profile(path)
     assert str(path) in str(e.value)
 
@@ -258,13 +262,3 @@ def test_the_measured_ddp_step_calibrates_the_replay(tmp_path, monkeypatch, extr
         f = (parts + extra_ms) / parts
         assert any(n.startswith(f"DDP contention factor {f:.3f} on every op") for n in ctx.notes), ctx.notes
 
-
-def test_a_version_2_profile_is_refused_it_priced_the_ruled_dispatch(tmp_path):
-    path = tmp_path / "p.json"
-    _profile(mlp_graph()).save(path)
-    raw = json.loads(path.read_text())
-    for s in raw["sections"].values():
-        del s["dispatch"]
-    path.write_text(json.dumps({**raw, "version": 2}))
-    with pytest.raises(ProfileError, match="version 2 .*raced.*profile SPEC"):
-        load_profile(path)
