@@ -1,8 +1,8 @@
 """The prepared GPU check: one short run that proves the CUDA path on whatever GPU is lent.
 
-    python benchmarks/gpu_check.py --out DIR [--budget-s 290] [--cpu]
+    python benchmarks/gpu_check.py --out DIR [--budget-s 330] [--cpu]
 
-On a machine with a CUDA device, within the budget (5 minutes by default), in this order:
+On a machine with a CUDA device, within the budget (5.5 minutes by default), in this order:
   1. the dispatch table for this device (what runs each precision) and the catalog's;
   2. build the templated CUDA extension (torch.utils.cpp_extension, cached);
   3. the CUDA tests: pytest -m cuda;
@@ -11,14 +11,17 @@ On a machine with a CUDA device, within the budget (5 minutes by default), in th
   5. the same linear as a user could run it instead of a plan: bf16, the runtime's fp8 module and torchao's
      float8 training (tensorwise, rowwise; the `gpu` extra), eager and under torch.compile;
      then templated kernel vs torch op for the int8/int4/fp8 GEMMs (speed ratio, agreement);
-  6. a zoo model profiled per op and precision (DIR/profile.json);
-  7. examples/cpu_tiny.yaml's model trained 20 steps on the GPU with a mixed plan.
+  6. GPT-2 small as a user runs it (examples/gpu_gpt2_small.yaml, the device detected from the catalog): `qsync-opt
+     profile` from an empty profile cache, timed; `qsync-opt run` on measured costs; its plan priced by the
+     calibrated and the datasheet roofline; predicted against measured iteration (DIR/gpt2_run/, gpt2_*.log);
+  7. a zoo model profiled per op and precision by this script's own timer (DIR/profile.json);
+  8. examples/cpu_tiny.yaml's model trained 20 steps on the GPU with a mixed plan.
 Everything goes to DIR (summary.md, results.json, ratios.csv, profile.json, pytest_cuda.txt,
 dispatch.txt). A step that fails is recorded and the next one still runs; the exit code is 1 if
 any step failed on a GPU. A step fails when it raises or when its numbers are wrong
 (gpu_check_parts.CHECKS: relative errors beyond the per-precision REL_ERR_TOLERANCE, integer
 GEMMs not bit-exact, non-finite times or losses); pytest's exit 5 (no tests ran) is a failure. Without a GPU (or with --cpu) it says so, checks that everything
-imports, runs steps 1 and 4-7 on CPU tensors at tiny sizes (so CI executes this script's code),
+imports, runs steps 1 and 4-8 on CPU tensors at tiny sizes (step 6 on the zoo's 2-layer GPT-2) (so CI executes this script's code),
 and exits 0 unless one of those fails.
 """
 
@@ -196,6 +199,13 @@ def summary(run: Run, device: torch.device, gpu: bool) -> str:
     for r in run.results.get("gemm_choices") or []:
         lines.append(f"- {r.get('gemm')}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                                          for k, v in r.items() if k != "gemm"))
+    g = run.results.get("gpt2")
+    if g:
+        lines += ["", f"GPT-2 ({g['model']}, {g['device']}, load {g['load_before']}): profiled in {g['profile_s']} s; "
+                      f"iteration predicted {g['predicted_measured_costs_ms']} ms (measured costs), "
+                      f"{g['predicted_calibrated_ms']} ms (calibrated roofline), {g['predicted_datasheet_ms']} ms "
+                      f"(datasheet); measured {g['measured_ms']} ms (median of {g['measured_steps']} steps); "
+                      f"errors {g['measured_costs_err']:.1%} / {g['calibrated_err']:.1%}; targets met: {g['meets']}"]
     t = run.results.get("train")
     if t:
         lines += ["", f"train {t['spec']}: {t['steps']} steps, precisions {t['precisions']}, loss "
@@ -206,7 +216,7 @@ def summary(run: Run, device: torch.device, gpu: bool) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="directory for the results")
-    ap.add_argument("--budget-s", type=float, default=290.0, help="wall-clock budget for all steps")
+    ap.add_argument("--budget-s", type=float, default=330.0, help="wall-clock budget for all steps")
     ap.add_argument("--cpu", action="store_true", help="run the CPU path even if a GPU is present")
     ap.add_argument("--smoke", action="store_true",
                     help="smallest end-to-end run (tests): the CPU path, as --cpu (steps 2-3 need a GPU and are skipped)")
@@ -229,11 +239,13 @@ def main(argv=None) -> int:
     run.step("dispatch", lambda: dispatch_tables(device, out))
     if gpu:
         run.step("build", lambda: build_extension(device), need_s=60)
-        run.step("cuda_tests", lambda: cuda_tests(out, min(150.0, run.left() - 60)), need_s=90)
+        run.step("cuda_tests", lambda: cuda_tests(out, min(120.0, run.left() - 200)), need_s=90)
     run.step("ratios", lambda: parts.ratios(device, gpu, reps), need_s=20 if gpu else 0)
     run.step("libraries", lambda: parts.library_linears(device, gpu, reps, compile_=gpu and run.left() > 150),
              need_s=30 if gpu else 0)  # the compiled rows only with time for three compiles and the steps after
     run.step("gemm_choices", lambda: parts.gemm_choices(device, gpu, reps), need_s=15 if gpu else 0)
+    run.step("gpt2", lambda: parts.gpt2_small(str(ROOT / "examples" / "gpu_gpt2_small.yaml"), out, device,
+                                              min(180.0, run.left()) if gpu else 300.0), need_s=100 if gpu else 0)
     run.step("profile", lambda: parts.profile_model("resnet18" if gpu else "tiny-cnn", 32 if gpu else 2, device,
                                                     reps), need_s=20 if gpu else 0)
     run.step("train", lambda: parts.train_tiny(str(ROOT / "examples" / "cpu_tiny.yaml"), 20 if gpu else 2, device),

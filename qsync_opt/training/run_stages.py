@@ -28,7 +28,7 @@ from qsync_opt.training.predictor.indicators import compute_indicator
 from qsync_opt.training.predictor.instance_builder import build_instance
 from qsync_opt.training.predictor.profile import default_profile_path, load_profile, op_signature, step_key
 from qsync_opt.training.predictor import profiler
-from qsync_opt.training.predictor.measuring import group_threads, is_local, local_ranks
+from qsync_opt.training.predictor.measuring import gpu_not_profiled, group_threads, is_local, local_ranks
 from qsync_opt.training.predictor.replayer import replay
 from qsync_opt.training.predictor.timeline_export import write_chrome_trace, write_png
 
@@ -65,6 +65,9 @@ def missing_profile(spec: JobSpec, graph) -> tuple[dict[str, str], dict[str, str
             continue
         if not is_local(g.device_spec):
             skip[g.name] = f"device {g.device_spec.name} does not run here"
+            continue
+        if (why := gpu_not_profiled(spec, g)) is not None:
+            skip[g.name] = why
             continue
         sec = prof.find_section(g.env, group_threads(g, spec.cluster.world_size), local_ranks(spec)) if prof else None
         if sec is None:

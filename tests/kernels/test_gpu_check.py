@@ -25,7 +25,7 @@ def test_gpu_check_runs_its_cpu_path(tmp_path):
     assert res["gpu"] is False
     assert [(s[0], s[1]) for s in res["steps"]] == [(n, "ok") for n in
                                                     ("imports", "dispatch", "ratios", "libraries", "gemm_choices",
-                                                     "profile", "train")]
+                                                     "gpt2", "profile", "train")]
     assert "qsync_opt.kernels.dispatch" in res["imports"]
     # every precision measured on both shapes, each with its error against float64
     rows = res["ratios"]
@@ -54,6 +54,16 @@ def test_gpu_check_runs_its_cpu_path(tmp_path):
     prof = json.loads((tmp_path / "profile.json").read_text())
     assert prof["ops"] and all(set(s["fwd_ms"]) == {"fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8",
                                                       "int4"} for s in prof["signatures"].values())
+    # GPT-2 as a user runs it: profiled by `qsync-opt profile`, planned and trained by `qsync-opt run` on measured
+    # costs, the same plan priced by the (calibrated) roofline, each prediction beside the measured iteration
+    g = res["gpt2"]
+    assert g["model"] == "tiny-gpt2" and g["device"] == "cpu-local"
+    assert set(g["costs"].values()) and all(c.startswith("measured") for c in g["costs"].values()), g["costs"]
+    assert all(c.startswith("roofline") for c in g["calibrated_costs"].values()), g["calibrated_costs"]
+    assert g["profile_s"] > 0 and g["measured_ms"] > 0 and g["measured_steps"] == 2
+    assert g["predicted_measured_costs_ms"] > 0 and g["predicted_calibrated_ms"] > 0
+    assert g["measured_costs_err"] == round(abs(g["predicted_measured_costs_ms"] / g["measured_ms"] - 1), 3)
+    assert (tmp_path / "gpt2_run" / "report.md").exists()
     assert res["train"]["finite"] and len(res["train"]["losses"]) == 2
     assert len(set(res["train"]["precisions"])) >= 4  # a mixed plan
     for f in ("summary.md", "ratios.csv", "dispatch.txt"):

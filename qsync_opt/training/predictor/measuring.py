@@ -90,9 +90,18 @@ def local_ranks(spec) -> int:
     return sum(g.count for g in spec.cluster.groups if is_local(g.device_spec))
 
 
-#: Why a GPU group is not profiled: the per-op profiler builds the model, its inputs and its timers on the CPU.
-CPU_ONLY = ("the training profiler times the runtime's modules on CPU tensors only (no device placement, no CUDA "
-            "synchronisation), so it would record the CPU's times as the GPU's")
+#: Why a GPU group is not profiled beside other ranks of its spec on this machine.
+GPU_COLOCATED = ("the co-located profiler (several ranks of the spec on this machine at once, colocate.py) runs CPU "
+                 "ranks only: a GPU rank beside others would need its own device and NCCL, which it does not set up")
+
+
+def gpu_not_profiled(spec, group) -> str | None:
+    """Why `group`, whose device runs here, cannot be profiled here, or None. A GPU group is profiled on its
+    GPU (on_device.py) when it is the only rank of the spec on this machine; beside other local ranks it
+    is not (GPU_COLOCATED)."""
+    if group.device_spec.kind == "cpu" or local_ranks(spec) <= 1:
+        return None
+    return f"{group.device_spec.name} is here beside {local_ranks(spec) - 1} other local rank(s), and {GPU_COLOCATED}"
 
 
 def is_local(device) -> bool:

@@ -44,7 +44,7 @@ from qsync_opt.errors import SpecError
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.training.predictor.costs import OpCost
 from qsync_opt.training.predictor.profile import Profile, ProfileError, Section, default_profile_path, load_profile, op_signature, step_key
-from qsync_opt.training.predictor.measuring import CPU_ONLY, ddp_key, group_threads, is_local, local_ranks
+from qsync_opt.training.predictor.measuring import ddp_key, gpu_not_profiled, group_threads, is_local, local_ranks
 from qsync_opt.training.predictor.measured_dispatch import winners
 from qsync_opt.training.predictor.replayer import replay
 from qsync_opt.training.predictor import profile_run
@@ -141,11 +141,11 @@ def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
 
     if spec.costs == "roofline":
         return None, "roofline (costs: roofline)"
-    if group.device_spec.kind != "cpu" and group.profile is None and is_local(group.device_spec):
+    if group.profile is None and is_local(group.device_spec) and (gpu_why := gpu_not_profiled(spec, group)):
         if spec.costs == "measured":
-            raise ProfileError(f"cluster.groups[{group.name}]: costs: measured, but {CPU_ONLY}; use costs: auto "
+            raise ProfileError(f"cluster.groups[{group.name}]: costs: measured, but {gpu_why}; use costs: auto "
                                "(the roofline, calibrated where the device has factors) or give a profile: file")
-        return None, f"roofline ({group.device_spec.name} is here, but {CPU_ONLY})"
+        return None, f"roofline ({gpu_why})"
     path = profile_for(group)
     if path is None:
         if spec.costs == "measured":

@@ -16,7 +16,7 @@ from pathlib import Path
 from qsync_opt.errors import SpecError
 from qsync_opt.io import entry_lock
 from qsync_opt.training.predictor.colocate import rank_jobs, run_colocated
-from qsync_opt.training.predictor.measuring import CPU_ONLY, ddp_key, group_threads, is_local, local_ranks
+from qsync_opt.training.predictor.measuring import ddp_key, gpu_not_profiled, group_threads, is_local, local_ranks
 from qsync_opt.training.predictor.profile import Profile, ProfileError, load_profile, section_key
 from qsync_opt.training.spec import JobSpec, load_spec
 
@@ -35,11 +35,11 @@ def profile_spec(spec_or_path, path: "str | Path", *, groups: list[str] | None =
     if unknown:  # before the lock: a wrong name leaves nothing beside the profile
         raise SpecError(f"profile --groups: {unknown[0]!r} is not in cluster.groups ({', '.join(names)})")
     local = [g for g in spec.cluster.groups if is_local(g.device_spec) and (groups is None or g.name in groups)]
-    gpu = [g for g in local if g.device_spec.kind != "cpu"]
-    if gpu:  # a measured status must be a measurement of that device
-        raise ProfileError(f"profile: group {gpu[0].name} runs on {gpu[0].device_spec.name}, a GPU: {CPU_ONLY}; "
-                           "profile the CPU groups alone (--groups) and price the GPU groups by the roofline "
-                           "(costs: auto does; calibrated where docs/gpu.md has factors for the device)")
+    for g in local:  # a measured status must be a measurement of that device, as that rank runs
+        if (why := gpu_not_profiled(spec, g)) is not None:
+            raise ProfileError(f"profile: group {g.name} runs on a GPU: {why}; price it by the roofline (costs: auto "
+                               "does; calibrated where docs/gpu.md has factors for the device), or profile it from "
+                               "a spec in which its rank is this machine's only one")
     if not local:
         asked = [g for g in spec.cluster.groups if groups is None or g.name in groups]
         raise SpecError("profile: no group asked for runs on this machine's device ("

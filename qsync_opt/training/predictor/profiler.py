@@ -1,6 +1,7 @@
 """Measure the runtime's own kernels on this machine: the costs the planner should believe.
 
-Per device group that runs here (CPU groups on a CPU machine), in a subprocess that carries
+Per device group that runs here (a CPU group on the CPU, a GPU group on its GPU with a CUDA-event
+clock: on_device.py), in a subprocess that carries
 the group's `env` (ONEDNN_MAX_CPU_ISA changes which oneDNN kernels run) and its thread
 count: for every distinct (op kind, shapes) of the model's graph at the group's local batch,
 forward and backward time of the op as the runtime runs it — selectable modules swapped for
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,6 +47,7 @@ from qsync_opt.runtime.recipe import Recipe
 from qsync_opt.training.predictor.allreduce_profile import collectives
 from qsync_opt.kernels.dispatch import Target, kernel_choices
 from qsync_opt.training.predictor.colocate import keep_busy
+from qsync_opt.training.predictor.on_device import device_clock, profile_device, to_device
 from qsync_opt.training.predictor.measured_dispatch import SCREEN_CALLS, race, shape_class, winners
 from qsync_opt.training.predictor.profile_run import profile_spec  # noqa: F401 (this module's entry, kept)
 from qsync_opt.training.predictor.step_profile import (
@@ -126,35 +129,34 @@ def _outputs(r) -> list[torch.Tensor]:
     return [t for t in rs if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
-def screen_fwd_ms(call) -> float:
+def screen_fwd_ms(call, clock=time.perf_counter) -> float:
     """The quickest of SCREEN_CALLS forwards of `call` after one untimed (measured_dispatch's screen)."""
-    import time
-
     with torch.enable_grad():
         call()
         best = float("inf")
         for _ in range(SCREEN_CALLS):
-            t = time.perf_counter()
+            t = clock()
             call()
-            best = min(best, (time.perf_counter() - t) * 1e3)
+            best = min(best, (clock() - t) * 1e3)
     return best
 
 
-def time_op(call, leaves, inplace: bool, clone_ms: float) -> tuple[float, float]:
-    """(fwd_ms, bwd_ms) of one op run alone; the copy fed to an in-place op is not counted."""
+def time_op(call, leaves, inplace: bool, clone_ms: float, clock=time.perf_counter) -> tuple[float, float]:
+    """(fwd_ms, bwd_ms) of one op run alone; the copy fed to an in-place op is not counted.
+    `clock`: seconds on the op's device (on_device.device_clock)."""
     def clear():
         for t in leaves:
             t.grad = None
 
     with torch.enable_grad():
-        fwd = robust_ms(call)
+        fwd = robust_ms(call, clock=clock)
         if inplace:
             fwd = max(0.0, fwd - clone_ms)
         outs = _outputs(call())
         if not outs:
             return fwd, 0.0
         grads = [torch.randn_like(o) for o in outs]
-        bwd = robust_ms(lambda: torch.autograd.backward(outs, grads, retain_graph=True), before=clear)
+        bwd = robust_ms(lambda: torch.autograd.backward(outs, grads, retain_graph=True), before=clear, clock=clock)
     return fwd, bwd
 
 
@@ -240,6 +242,8 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
         raise SpecError(f"group {group!r} is not in cluster.groups ({', '.join(x.name for x in spec.cluster.groups)})")
     threads = group_threads(g, spec.cluster.world_size)
     torch.set_num_threads(threads)
+    device = profile_device(g)
+    clock = device_clock(device)
     prof = load_profile(path) if Path(path).exists() else Profile.new()
     sec = prof.section(g.env, threads, local_ranks(spec))
     lb = spec.local_batches()[group]
@@ -257,10 +261,13 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
         raise ProfileError(f"profiler: {spec.model.name or spec.model.import_!r} cannot be profiled per operator: the "
                            "profiler replays a symbolic-fx graph op by op and fx cannot follow this model (it is "
                            f"planned from a torch.export capture); use costs: roofline for it. fx said: {e}") from None
-    names = fx_nodes(gm, tr.record_shapes(gm, inputs))
-    vals = _Values(copy.deepcopy(gm))
+    on_dev = to_device(inputs, device)
+    dgm = gm if device.type == "cpu" else copy.deepcopy(gm).to(device)  # `module` stays on the CPU: steps start there
+    names = fx_nodes(dgm, tr.record_shapes(dgm, on_dev))
+    vals = _Values(copy.deepcopy(dgm))
+    del dgm
     with torch.enable_grad():
-        vals.run(*inputs)
+        vals.run(*on_dev)
     rt = spec.runtime
     todo = distinct_todo(gg, g.allowed_precisions, sec.ops)
     skey = steps_key(spec, gg, group)
@@ -279,16 +286,17 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
             def module_for(m):
                 if p == "fp32" or not node.selectable or type(m) not in SWAPPABLE:
                     return m
-                return SWAPPABLE[type(m)].from_float(copy.deepcopy(m), Recipe(p, rt.backward_precision,
-                                                     rt.weight_granularity, rt.rounding, kernels))
+                # as the trainer: quantized on the CPU (runtime.apply_plan), then moved to the device
+                return SWAPPABLE[type(m)].from_float(copy.deepcopy(m).cpu(), Recipe(
+                    p, rt.backward_precision, rt.weight_granularity, rt.rounding, kernels)).to(device)
 
             call, leaves, inplace = _op_callable(vals.module, n, vals, module_for)
             clone_ms = 0.0
             if inplace:
                 x = vals.out[n.all_input_nodes[0].name]
                 key = "x".join(map(str, x.shape))
-                clone_ms = clone_cache.setdefault(key, robust_ms(lambda: x.clone()))
-            return call, leaves, inplace, clone_ms
+                clone_ms = clone_cache.setdefault(key, robust_ms(lambda: x.clone(), clock=clock))
+            return call, leaves, inplace, clone_ms, clock
 
         cls = shape_class(node, p)
         swapped = node.selectable and p != "fp32" and n.op == "call_module" \
@@ -299,7 +307,7 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
         if len(choices) > 1:
             built: dict[str, tuple] = {}  # each candidate's module is quantized once, for its screen and its timing
             at = lambda k: built[k] if k in built else built.setdefault(k, op_at(k))  # noqa: E731
-            winner, (fwd, bwd), record = race(choices, lambda k: screen_fwd_ms(at(k)[0]), lambda k: time_op(*at(k)))
+            winner, (fwd, bwd), record = race(choices, lambda k: screen_fwd_ms(at(k)[0], clock), lambda k: time_op(*at(k)))
             sec.dispatch[cls] = {"impl": winner, "at": op_signature(node, p), "candidates": record}
         else:
             fwd, bwd = time_op(*op_at(choices[0]))
@@ -309,15 +317,19 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
             saved = eta.clock()
         eta.op_done(steps_estimate_s(sec, gg, step_ps))
 
+    vals = None  # every op's activations: freed before the whole steps need the device's memory
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     if not sec.casts:
-        sec.casts = measure_casts(spec, robust_ms)
+        sec.casts = measure_casts(spec, lambda fn: robust_ms(fn, clock=clock), device)
     key = step_key(spec.training.optimizer, gg)
     if key not in sec.optimizer:
-        sec.optimizer[key] = measure_step(spec, module, inputs)
+        sec.optimizer[key] = measure_step(spec, module, inputs, device, clock)
     if step_ps:
         eta.steps_begin(steps_estimate_s(sec, gg, step_ps))
         sec.steps[skey] = measure_steps(spec, module, group, gg, step_ps, on_step=lambda p, ms: eta.step_done(ms),
-                                        kernels_of=winners(sec.dispatch, gg, step_ps, rt.kernels))
+                                        kernels_of=winners(sec.dispatch, gg, step_ps, rt.kernels),
+                                        device=device, clock=clock)
     prof.save(path)
     eta.close()
     return sec

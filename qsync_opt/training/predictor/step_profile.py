@@ -37,6 +37,8 @@ from qsync_opt.training.predictor.measuring import (
 )
 from qsync_opt.training.runtime.trainer import forward_backward, loss_weight, make_optimizer, rank_batches, shard
 
+CPU = torch.device("cpu")
+
 
 def rank_data(spec, rank: int):
     """(task, fetch, loss weight) of `rank` as the trainer sees them: fetch() returns the rank's
@@ -59,17 +61,20 @@ def steps_key(spec, gg: OpGraph, group: str) -> str:
     return f"{step_key(spec.training.optimizer, gg)}|data={data}@{offset}/{spec.training.global_batch}"
 
 
-def loop_step(spec, rank: int, model: nn.Module, opt, *, all_reduce_loss: bool = False):
-    """The trainer's loop body for `rank` as a zero-argument call: its data, zero_grad, forward,
-    loss, backward (DDP's all-reduce inside, when `model` is wrapped), optimizer step, and with
-    `all_reduce_loss` the one scalar all-reduce a DDP trainer makes per step (training/runtime/trainer.py;
-    its logging and checkpoints left out). Every whole step timed for the planner is this one."""
+def loop_step(spec, rank: int, model: nn.Module, opt, *, all_reduce_loss: bool = False,
+              device: torch.device = CPU):
+    """The trainer's loop body for `rank` as a zero-argument call: its data (moved to `device`, where
+    `model` is), zero_grad, forward, loss, backward (DDP's all-reduce inside, when `model` is wrapped),
+    optimizer step, and with `all_reduce_loss` the one scalar all-reduce a DDP trainer makes per step
+    (training/runtime/trainer.py; its logging and checkpoints left out). Every whole step timed for the
+    planner is this one."""
     import torch.distributed as dist
 
     task, fetch, weight = rank_data(spec, rank)
 
     def step():
         inputs, targets = fetch()
+        inputs, targets = tuple(t.to(device) for t in inputs), targets.to(device)
         with torch.enable_grad():
             opt.zero_grad(set_to_none=True)
             loss = forward_backward(model, task, inputs, targets, weight)
@@ -80,10 +85,12 @@ def loop_step(spec, rank: int, model: nn.Module, opt, *, all_reduce_loss: bool =
     return step
 
 
-def make_step(spec, module: nn.Module, rank: int, gg: OpGraph | None, p: str, op_kernels=None):
+def make_step(spec, module: nn.Module, rank: int, gg: OpGraph | None, p: str, op_kernels=None,
+              device: torch.device = CPU):
     """A zero-argument whole training step of `module` with every selectable op of `gg` at `p`
     (`gg` may be None for fp32): what the trainer's loop runs for `rank`. `op_kernels`: FQN -> the
-    kernels setting the profile measured faster for it (measured_dispatch.winners, at `p`)."""
+    kernels setting the profile measured faster for it (measured_dispatch.winners, at `p`). The
+    model is quantized on the CPU and then moved to `device`, as the trainer does."""
 
     rt = spec.runtime
     torch.manual_seed(spec.training.seed)
@@ -92,8 +99,9 @@ def make_step(spec, module: nn.Module, rank: int, gg: OpGraph | None, p: str, op
         model = apply_plan(model, {n.name: p for n in gg.selectable}, kernels=rt.kernels,
                            weight_granularity=rt.weight_granularity,
                            backward_precision=rt.backward_precision, rounding=rt.rounding, op_kernels=op_kernels)
+    model = model.to(device)
     opt = make_optimizer(spec.training, [q for q in model.parameters() if q.requires_grad])
-    return loop_step(spec, rank, model, opt)
+    return loop_step(spec, rank, model, opt, device=device)
 
 
 #: Untimed steps before a whole step is timed: the first allocates the optimizer's state and the
@@ -184,13 +192,15 @@ def adaptive_step_times_ms(step, *, warmup: int = PROFILE_STEP_WARMUP, least: in
 
 
 def measure_steps(spec, module: nn.Module, group: str, gg: OpGraph, precisions, *, on_step=None,
-                  kernels_of: dict[str, dict[str, str]] | None = None) -> dict[str, float]:
+                  kernels_of: dict[str, dict[str, str]] | None = None, device: torch.device = CPU,
+                  clock=None) -> dict[str, float]:
     """precision -> ms of one whole training step of `group`'s first rank with every selectable op
     at that precision: the median of consecutive steps, as `train` reads its iterations
     (step_median_ms), as many as make it stable (adaptive_step_times_ms; the block-minimum
     estimator would time a whole step too few times per block). `on_step(precision, ms)` is told
     each timed step. `kernels_of`: op -> precision -> the measured winner (measured_dispatch.winners): the
-    steps run what the trainer will.
+    steps run what the trainer will. `device`, `clock`: where the steps run and the clock read there
+    (on_device.py).
 
     One whole step per precision, because that is what the cost model needs (profile_costs.
     step_terms): the gap between a uniform-p step and the sum of its isolated ops is per precision
@@ -202,7 +212,8 @@ def measure_steps(spec, module: nn.Module, group: str, gg: OpGraph, precisions, 
     for p in precisions:
         tell = (lambda ms, p=p: on_step(p, ms)) if on_step else None
         ks = {op: by_p[p] for op, by_p in (kernels_of or {}).items() if p in by_p}
-        out[p] = statistics.median(adaptive_step_times_ms(make_step(spec, module, rank, gg, p, ks), on_step=tell))
+        out[p] = statistics.median(adaptive_step_times_ms(make_step(spec, module, rank, gg, p, ks, device),
+                                                          on_step=tell, clock=clock))
     return out
 
 
@@ -216,15 +227,15 @@ def fp32_step(spec, group: str):
     return make_step(spec, module, spec.cluster.first_rank(group), None, "fp32")  # fp32: no op to swap, no graph
 
 
-def measure_casts(spec, robust_ms) -> dict[str, dict[str, float]]:
-    """a·n + b per (src, dst) pair, timed through the runtime's own cast and quantize."""
+def measure_casts(spec, robust_ms, device: torch.device = CPU) -> dict[str, dict[str, float]]:
+    """a·n + b per (src, dst) pair, timed through the runtime's own cast and quantize on `device`."""
 
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     out = {}
     for src, dst in CAST_PAIRS:
         ms = []
         for n in CAST_SIZES:
-            x = torch.randn(n)
+            x = torch.randn(n, device=device)
             if src == "int8":
                 q = quantize(x, Recipe("int8", spec.runtime.backward_precision))
                 ms.append(robust_ms(lambda: q.dequantize(torch.float32)))
@@ -239,18 +250,19 @@ def measure_casts(spec, robust_ms) -> dict[str, dict[str, float]]:
     return out
 
 
-def measure_step(spec, module: nn.Module, inputs) -> float:
-    """ms of one optimizer step plus the loss's forward and backward."""
+def measure_step(spec, module: nn.Module, inputs, device: torch.device = CPU, clock=None) -> float:
+    """ms of one optimizer step plus the loss's forward and backward, on `device` (read by `clock`)."""
 
-    model = copy.deepcopy(module).train()
+    kw = {"clock": clock} if clock else {}
+    model = copy.deepcopy(module).train().to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.randn_like(p)
     opt = make_optimizer(spec.training, params)
-    step = robust_ms(opt.step)
+    step = robust_ms(opt.step, **kw)
     with torch.no_grad():
-        out = model(*inputs).detach()
+        out = model(*(t.to(device) for t in inputs)).detach()
     logits = out.reshape(-1, out.size(-1)).float().requires_grad_(True)
-    target = torch.randint(0, logits.size(-1), (logits.size(0),))
-    loss = robust_ms(lambda: nn.functional.cross_entropy(logits, target).backward())
+    target = torch.randint(0, logits.size(-1), (logits.size(0),), device=device)
+    loss = robust_ms(lambda: nn.functional.cross_entropy(logits, target).backward(), **kw)
     return step + loss

@@ -80,8 +80,8 @@ def profiled(tmp_path, monkeypatch):
     ran = {}
     real = step_profile.make_step
     monkeypatch.setattr(step_profile, "make_step",
-                        lambda spec, module, rank, gg, p, op_kernels=None:
-                        ran.setdefault(p, op_kernels) and None or real(spec, module, rank, gg, p, op_kernels))
+                        lambda spec, module, rank, gg, p, op_kernels=None, device=step_profile.CPU:
+                        ran.setdefault(p, op_kernels) and None or real(spec, module, rank, gg, p, op_kernels, device))
     path = tmp_path / "p.json"
     spec = load_spec(SPEC.format(profile=path))
     sec = profiler.profile_group(spec, "here", path, progress=False)
