@@ -1,7 +1,8 @@
 """Every script in benchmarks/ runs end to end at its smallest setting, as a user runs it.
 
 Each script is found by globbing benchmarks/*.py (so a new script is covered, or fails here until it is), run as
-`python benchmarks/X.py --smoke --out TMP` in its own process (two at a time), and must exit 0 having written the files it
+`python benchmarks/X.py --smoke --out TMP` in its own process (started beside the suite, tests/benchmarks/conftest.py), and
+must exit 0 having written the files it
 declares in WRITES under TMP (a CSV with a header and at least one row), while benchmarks/results/ and docs/img/
 (the published figures) stay exactly as they were. This keeps the command behind every published figure working;
 the figures themselves are each script's own business.
@@ -13,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -80,17 +80,8 @@ RUN_ELSEWHERE = {"gpu_check.py": "tests/kernels/test_gpu_check.py"}
 PUBLISHED_DEFAULT_OUT = {"accuracy_summary.py", "fit_calibration.py", "kernel_speed.py", "predictor.py", "predictor_cpu_tiny.py",
                          "report_pictures.py", "serving.py", "solvers.py"}
 
-#: The published figures a smoke run must never touch.
-PUBLISHED = (BENCH / "results", ROOT / "docs" / "img")
-
-
 def scripts() -> list[str]:
     return sorted(p.name for p in BENCH.glob("*.py") if p.name not in HELPERS and not p.name.startswith("_"))
-
-
-def snapshot() -> dict[str, tuple[int, int]]:
-    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for d in PUBLISHED if d.exists()
-            for p in sorted(d.rglob("*")) if p.is_file()}
 
 
 def test_every_helper_is_used_by_a_script():
@@ -105,47 +96,6 @@ def test_every_helper_is_used_by_a_script():
 def test_every_script_declares_its_smoke_outputs(script):
     assert script in WRITES, (f"benchmarks/{script}: give it a --smoke setting (smallest end-to-end run, writes only "
                               f"to --out) and list the files it writes in WRITES here")
-
-
-class SmokeRuns:
-    """The selected scripts' smoke runs, started together on first use, at most `jobs` at once (most of them are
-    single-threaded: two share this machine's cores), each in its own process and folder, longest first."""
-
-    def __init__(self, scripts: list[str], folder: Path, jobs: int):
-        self.scripts, self.folder, self.jobs = scripts, folder, jobs
-        self.published = snapshot()
-        self.futures: dict = {}
-
-    def result(self, script: str) -> tuple[subprocess.CompletedProcess, Path, float]:
-        """(the finished process, its --out folder, its wall seconds)."""
-        if not self.futures:
-            pool = ThreadPoolExecutor(self.jobs)
-            order = sorted(self.scripts, key=lambda s: (s not in SLOWEST, SLOWEST.index(s) if s in SLOWEST else 0))
-            self.futures = {s: pool.submit(self._run, s) for s in order}
-            pool.shutdown(wait=False)
-        return self.futures[script].result()
-
-    def _run(self, script: str) -> tuple[subprocess.CompletedProcess, Path, float]:
-        out = self.folder / script.removesuffix(".py")
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, str(BENCH / script), "--smoke", "--out", str(out)], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=600)
-        return p, out, time.perf_counter() - t0
-
-
-#: Started first, so that the two lanes finish together.
-SLOWEST = ["predictor.py", "predictor_cpu_tiny.py", "emulated_hybrid.py", "report_pictures.py", "ddp_step_readings.py",
-           "rollout.py", "balance.py", "accuracy.py", "hf_models.py", "concurrency.py"]
-
-
-@pytest.fixture(scope="module")
-def smoke_runs(request, tmp_path_factory):
-    selected = [item.callspec.params["script"] for item in request.session.items
-                if getattr(item, "originalname", "") == "test_script_runs_at_its_smoke_setting"
-                and item.callspec.params["script"] not in RUN_ELSEWHERE]
-    jobs = max(1, min(2, len(os.sched_getaffinity(0))))
-    return SmokeRuns(selected, tmp_path_factory.mktemp("smoke"), jobs)
 
 
 @pytest.mark.slow
@@ -165,8 +115,7 @@ def test_script_runs_at_its_smoke_setting(script, smoke_runs, record_property):
         if path.suffix == ".csv":
             rows = [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
             assert len(rows) >= 2, f"{name} has no data row:\n{path.read_text()[:2000]}"
-    now = snapshot()
-    changed = sorted(k for k in set(now) | set(smoke_runs.published) if now.get(k) != smoke_runs.published.get(k))
+    changed = smoke_runs.changed_figures()
     assert not changed, f"a smoke run changed published figures: {changed}"
 
 
