@@ -12,7 +12,8 @@ On a machine with a CUDA device, within the budget (5.5 minutes by default), in 
      float8 training (tensorwise, rowwise; the `gpu` extra), eager and under torch.compile;
      then templated kernel vs torch op for the int8/int4/fp8 GEMMs (speed ratio, agreement);
   6. GPT-2 small as a user runs it (examples/gpu_gpt2_small.yaml, the device detected from the catalog): `qsync-opt
-     profile` from an empty profile cache, timed; `qsync-opt run` on measured costs; its plan priced by the
+     profile` from an empty profile cache, timed; `qsync-opt run` on measured costs (as fast as 5% of the
+     uniform-lowest plan's indicator allows); its plan priced by the
      calibrated and the datasheet roofline; predicted against measured iteration (DIR/gpt2_run/, gpt2_*.log);
   7. a zoo model profiled per op and precision by this script's own timer (DIR/profile.json);
   8. examples/cpu_tiny.yaml's model trained 20 steps on the GPU with a mixed plan.
@@ -202,6 +203,7 @@ def summary(run: Run, device: torch.device, gpu: bool) -> str:
     g = run.results.get("gpt2")
     if g:
         lines += ["", f"GPT-2 ({g['model']}, {g['device']}, load {g['load_before']}): profiled in {g['profile_s']} s; "
+                      f"plan {g['plan']}; "
                       f"iteration predicted {g['predicted_measured_costs_ms']} ms (measured costs), "
                       f"{g['predicted_calibrated_ms']} ms (calibrated roofline), {g['predicted_datasheet_ms']} ms "
                       f"(datasheet); measured {g['measured_ms']} ms (median of {g['measured_steps']} steps); "
