@@ -7,6 +7,7 @@ Times are medians of timed repeats after warm-up (CUDA events on a GPU, perf_cou
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from pathlib import Path
@@ -368,13 +369,21 @@ def catalog_gpu(torch_name: str, memory_gb: float) -> str:
 GPT2_TARGETS = {"profile_s": 60.0, "measured_costs_err": 0.10, "calibrated_err": 0.20}
 
 
+def child_env(profiles: Path) -> dict[str, str]:
+    """The environment of the `qsync-opt` processes gpt2_small starts: this tree first on PYTHONPATH, then whatever
+    the caller put there (on a lent GPU, the folder its dependency wheels were installed to), and a profile cache of
+    their own."""
+    before = os.environ.get("PYTHONPATH")
+    return {**os.environ, "QSYNC_OPT_PROFILE_DIR": str(profiles),
+            "PYTHONPATH": str(Path(__file__).resolve().parents[1]) + (os.pathsep + before if before else "")}
+
+
 def gpt2_small(spec_path: str, out: Path, device: torch.device, timeout_s: float) -> dict:
     """GPT-2 small as a user runs it on this device, in fresh processes: `qsync-opt profile` from an empty profile
     cache (the kernel build cache kept), timed; `qsync-opt run` with costs: measured (plan, prediction, training);
     then that run's plan priced by the calibrated and the datasheet roofline. On CPU (no GPU or --cpu) the same path on
     the zoo's 2-layer GPT-2 at batch 4 x 32, the estimator at its fewest calls, and 3 steps."""
     import json
-    import os
     import subprocess
     import sys
 
@@ -384,8 +393,7 @@ def gpt2_small(spec_path: str, out: Path, device: torch.device, timeout_s: float
 
     spec = yaml.safe_load(Path(spec_path).read_text())
     gpu = device.type == "cuda"
-    env = {**os.environ, "QSYNC_OPT_PROFILE_DIR": str(out / "gpt2_profiles"),
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = child_env(out / "gpt2_profiles")
     if gpu:
         props = torch.cuda.get_device_properties(device)
         spec["cluster"]["groups"][0]["device"] = catalog_gpu(props.name, props.total_memory / 2**30)

@@ -92,3 +92,17 @@ def test_the_shape_hooks_leave_the_models_output_alone():
     with torch.no_grad():
         assert torch.equal(model(x), before)  # and the hooks are gone
     assert shapes["conv1"] == tuple(x.shape) and len(shapes) >= 10
+
+
+def test_the_gpt2_steps_processes_keep_the_callers_pythonpath(monkeypatch, tmp_path):
+    """On a lent GPU the dependencies live in a folder on PYTHONPATH (../shared/gpu/prepare-device.sh): the
+    `qsync-opt` processes of step 6 must see it after this tree, or they cannot import pydantic."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check_parts import child_env
+
+    monkeypatch.setenv("PYTHONPATH", "/tmp/site")
+    env = child_env(tmp_path / "p")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/tmp/site"]
+    assert env["QSYNC_OPT_PROFILE_DIR"] == str(tmp_path / "p")
+    monkeypatch.delenv("PYTHONPATH")
+    assert child_env(tmp_path / "p")["PYTHONPATH"] == str(ROOT)
