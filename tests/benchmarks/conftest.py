@@ -1,9 +1,9 @@
 """The benchmark scripts' smoke runs (test_smoke.py) start in one background lane as soon as the session is collected,
 and their tests run last, when a second lane joins.
 
-Most of the suite is single-threaded Python (the whole suite used 1.17 of this machine's 2 cores on average), so a
-lane of smoke scripts beside it runs on the core it leaves idle, instead of making the suite wait for them; every
-smoke still runs to completion and is checked by its own test. A session that ends early stops the lanes and the
+Most of the suite is single-threaded Python, so a lane of smoke scripts beside it runs on the core it leaves idle,
+instead of making the suite wait for them (the measurement is in the commit that made it so); every smoke still runs
+to completion and is checked by its own test. A session that ends early stops the lanes and the
 scripts they started."""
 
 from __future__ import annotations
