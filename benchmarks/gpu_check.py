@@ -20,7 +20,7 @@ On a machine with a CUDA device, within the budget (5.5 minutes by default), in 
 Everything goes to DIR (summary.md, results.json, ratios.csv, profile.json, pytest_cuda.txt,
 dispatch.txt). A step that fails is recorded and the next one still runs; the exit code is 1 if
 any step failed on a GPU. A step fails when it raises or when its numbers are wrong
-(gpu_check_parts.CHECKS: relative errors beyond the per-precision REL_ERR_TOLERANCE, integer
+(CHECKS: relative errors beyond the per-precision REL_ERR_TOLERANCE, integer
 GEMMs not bit-exact, non-finite times or losses); pytest's exit 5 (no tests ran) is a failure. Without a GPU (or with --cpu) it says so, checks that everything
 imports, runs steps 1 and 4-8 on CPU tensors at tiny sizes (step 6 on the zoo's 2-layer GPT-2) (so CI executes this script's code),
 and exits 0 unless one of those fails.
@@ -46,12 +46,17 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT)]
 
+import gpu_check_gpt2 as gpt2  # noqa: E402
 import gpu_check_parts as parts  # noqa: E402
 
 from qsync_opt.io import atomic_write_text  # noqa: E402
 from qsync_opt.kernels.dispatch import Target, format_table, gemm_impl  # noqa: E402
 from qsync_opt.hardware.device import catalog_table  # noqa: E402
 from qsync_opt.precision import PRECISIONS  # noqa: E402
+
+
+#: Step name -> the function that says why its result is wrong.
+CHECKS = {**parts.CHECKS, "gpt2": gpt2.gpt2_problems}
 
 
 class Run:
@@ -71,7 +76,7 @@ class Run:
         try:
             result = fn()
             self.results[name] = result
-            problems = parts.CHECKS[name](result) if name in parts.CHECKS else []
+            problems = CHECKS[name](result) if name in CHECKS else []
             if problems:  # it ran, but its numbers are wrong: that is a failure, not "ok"
                 (self.out / f"error_{name}.txt").write_text("\n".join(problems) + "\n")
                 self.steps.append((name, "FAILED", time.monotonic() - t,
@@ -246,7 +251,7 @@ def main(argv=None) -> int:
     run.step("libraries", lambda: parts.library_linears(device, gpu, reps, compile_=gpu and run.left() > 150),
              need_s=30 if gpu else 0)  # the compiled rows only with time for three compiles and the steps after
     run.step("gemm_choices", lambda: parts.gemm_choices(device, gpu, reps), need_s=15 if gpu else 0)
-    run.step("gpt2", lambda: parts.gpt2_small(str(ROOT / "examples" / "gpu_gpt2_small.yaml"), out, device,
+    run.step("gpt2", lambda: gpt2.gpt2_small(str(ROOT / "examples" / "gpu_gpt2_small.yaml"), out, device,
                                               min(180.0, run.left()) if gpu else 300.0), need_s=100 if gpu else 0)
     run.step("profile", lambda: parts.profile_model("resnet18" if gpu else "tiny-cnn", 32 if gpu else 2, device,
                                                     reps), need_s=20 if gpu else 0)

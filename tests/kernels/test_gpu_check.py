@@ -98,7 +98,7 @@ def test_the_gpt2_steps_processes_keep_the_callers_pythonpath(monkeypatch, tmp_p
     """On a lent GPU the dependencies live in a folder on PYTHONPATH (../shared/gpu/prepare-device.sh): the
     `qsync-opt` processes of step 6 must see it after this tree, or they cannot import pydantic."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gpu_check_parts import child_env
+    from gpu_check_gpt2 import child_env
 
     monkeypatch.setenv("PYTHONPATH", "/tmp/site")
     env = child_env(tmp_path / "p")
