@@ -262,10 +262,8 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
                            "profiler replays a symbolic-fx graph op by op and fx cannot follow this model (it is "
                            f"planned from a torch.export capture); use costs: roofline for it. fx said: {e}") from None
     on_dev = to_device(inputs, device)
-    dgm = gm if device.type == "cpu" else copy.deepcopy(gm).to(device)  # `module` stays on the CPU: steps start there
-    names = fx_nodes(dgm, tr.record_shapes(dgm, on_dev))
-    vals = _Values(copy.deepcopy(dgm))
-    del dgm
+    vals = _Values(copy.deepcopy(gm).to(device))  # `module` stays as built, on the CPU: the whole steps start from it
+    names = fx_nodes(vals.module, tr.record_shapes(vals.module, on_dev))  # eval mode, no grad: BN statistics untouched
     with torch.enable_grad():
         vals.run(*on_dev)
     rt = spec.runtime
