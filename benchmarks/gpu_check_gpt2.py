@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from calibration_heldout import counts, datasheet_only
 from gpu_check_parts import _bad_number
 
 
@@ -95,15 +96,12 @@ def gpt2_small(spec_path: str, out: Path, device: torch.device, timeout_s: float
     if measured is None:
         raise RuntimeError(f"qsync-opt run wrote no step times under {run_dir / 'train'}")
     _, ctx, calibrated = predict_plan(roofline_spec, run_dir / "plan.json")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from calibration_heldout import datasheet_only
-
     with datasheet_only():
         _, _, datasheet = predict_plan(roofline_spec, run_dir / "plan.json")
     ms = measured[0]
     plan = json.loads((run_dir / "plan.json").read_text())
     row = {"spec": spec_path, "device": spec["cluster"]["groups"][0]["device"], "model": spec["model"].get("name"),
-           "objective": spec["objective"], "plan": {n: _counts(g["precisions"]) for n, g in plan["groups"].items()},
+           "objective": spec["objective"], "plan": {n: counts(g["precisions"]) for n, g in plan["groups"].items()},
            "load_before": round(load, 2), "profile_s": round(profile_s, 1),
            "predicted_measured_costs_ms": round(predicted["iteration_ms"], 2),
            "predicted_calibrated_ms": round(calibrated.iteration_ms, 2),
@@ -116,14 +114,6 @@ def gpt2_small(spec_path: str, out: Path, device: torch.device, timeout_s: float
     row["calibrated_err"] = round(abs(row["predicted_calibrated_ms"] / row["measured_ms"] - 1), 3)
     row["meets"] = {k: row[k] <= v for k, v in GPT2_TARGETS.items()}
     return row
-
-
-def _counts(precisions: dict[str, str]) -> str:
-    """'fp32:42 fp16:33': a plan's ops per precision."""
-    n: dict[str, int] = {}
-    for p in precisions.values():
-        n[p] = n.get(p, 0) + 1
-    return " ".join(f"{p}:{k}" for p, k in sorted(n.items(), key=lambda kv: -kv[1]))
 
 
 def gpt2_problems(r: dict) -> list[str]:

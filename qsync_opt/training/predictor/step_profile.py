@@ -15,6 +15,7 @@ a per-step term and a per-op term per precision.
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 from torch import nn
@@ -35,6 +36,7 @@ from qsync_opt.training.predictor.measuring import (
     lockstep_median_ms,  # noqa: F401 (re-exported: the DDP step's and the benchmarks' reading)
     robust_ms,
 )
+from qsync_opt.training.predictor.on_device import to_device
 from qsync_opt.training.runtime.trainer import forward_backward, loss_weight, make_optimizer, rank_batches, shard
 
 CPU = torch.device("cpu")
@@ -74,7 +76,7 @@ def loop_step(spec, rank: int, model: nn.Module, opt, *, all_reduce_loss: bool =
 
     def step():
         inputs, targets = fetch()
-        inputs, targets = tuple(t.to(device) for t in inputs), targets.to(device)
+        inputs, targets = to_device(inputs, device), targets.to(device)
         with torch.enable_grad():
             opt.zero_grad(set_to_none=True)
             loss = forward_backward(model, task, inputs, targets, weight)
@@ -112,7 +114,6 @@ STEP_WARMUP = 3
 def step_times_ms(step, *, warmup: int = STEP_WARMUP, calls: int | None = None) -> list[float]:
     """ms of each of `calls` consecutive steps after `warmup` untimed ones (fixed counts, so the
     ranks of a DDP group take the same steps)."""
-    import time
 
     for _ in range(warmup):
         step()
@@ -171,7 +172,6 @@ def adaptive_step_times_ms(step, *, warmup: int = PROFILE_STEP_WARMUP, least: in
     sees (the slowest rank's, through an all-reduce outside the timed call), so that every rank
     stops after the same step; the times returned are still this rank's own. `on_step(ms)` is
     told each timed step (progress). `clock`: seconds, time.perf_counter by default (tests script it)."""
-    import time
 
     clock = clock or time.perf_counter
     for _ in range(warmup):
@@ -250,19 +250,18 @@ def measure_casts(spec, robust_ms, device: torch.device = CPU) -> dict[str, dict
     return out
 
 
-def measure_step(spec, module: nn.Module, inputs, device: torch.device = CPU, clock=None) -> float:
+def measure_step(spec, module: nn.Module, inputs, device: torch.device = CPU, clock=time.perf_counter) -> float:
     """ms of one optimizer step plus the loss's forward and backward, on `device` (read by `clock`)."""
 
-    kw = {"clock": clock} if clock else {}
     model = copy.deepcopy(module).train().to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.randn_like(p)
     opt = make_optimizer(spec.training, params)
-    step = robust_ms(opt.step, **kw)
+    step = robust_ms(opt.step, clock=clock)
     with torch.no_grad():
-        out = model(*(t.to(device) for t in inputs)).detach()
+        out = model(*to_device(inputs, device)).detach()
     logits = out.reshape(-1, out.size(-1)).float().requires_grad_(True)
     target = torch.randint(0, logits.size(-1), (logits.size(0),), device=device)
-    loss = robust_ms(lambda: nn.functional.cross_entropy(logits, target).backward(), **kw)
+    loss = robust_ms(lambda: nn.functional.cross_entropy(logits, target).backward(), clock=clock)
     return step + loss
