@@ -10,8 +10,10 @@ decode batch), beside the one without the rule
 and could admit, under the rule). The column that bears on #22's "≥ 1.3× the best other asynchronous policy": the
 ceiling over the best of one-step-off, stale, partial-rollout and trajectory-async without repack, the most any
 policy can gain over it in the long run. Each streaming policy's mean use of the rule's room is printed beside it,
-with the share of it held by finished trajectories waiting for the trainer, the trainer's busy share, the mean decode
-batch of a busy rollout and how much slower its tokens decode than the single-sequence latency the gate prices
+split by where its trajectories are (decoding, finished and waiting for their step, in training, queued), how much
+slower they decoded than the least latency the gate prices (SimResult.latency_stretch), and what the run would make
+at that least latency with its room as full (SimResult.at_least_latency_tps: a what-if, not a bound); then the
+trainer's busy share, the mean decode batch of a busy rollout and its tokens' slowdown per step
 (SimResult.decode_stretch_mean). With --choose-cap each case's batch cap is also chosen as the planner does under
 rollout.repack.choose_cap (rollout.admission.choose_cap, under repack-best-fit when it is simulated, else
 trajectory-async), then each slower kind's own cap (rollout.admission.choose_kind_caps); where either moves,
@@ -41,8 +43,12 @@ from qsync_opt.rollout.simulate import VARIANTS, simulate  # noqa: E402
 COLS = ("case", "eta", "steps", "batch_cap", "kind_caps", "policy", "trajectories_per_s", "run_ceiling_tps", "of_run_ceiling",
         "ceiling_tps", "ceiling_without_rule_tps", "ceiling_trainer_tps", "ceiling_rollout_tps", "ceiling_rule_tps",
         "ceiling_room_tps", "ceiling_gate_tps", "bound_by", "of_ceiling", "of_ceiling_without_rule", "gate_fill_mean",
-        "gate_waiting_mean",
+        "gate_waiting_mean", "room_decoding_mean", "room_training_mean", "room_queued_mean", "latency_stretch",
+        "wait_s_mean", "at_least_latency_tps",
         "trainer_idle_frac", "rollout_idle_frac", "decode_batch_mean", "decode_stretch_mean")
+ROOM = ("gate_fill_mean", "gate_waiting_mean", "room_decoding_mean", "room_training_mean", "room_queued_mean",
+        "latency_stretch", "wait_s_mean")
+"""SimResult fields of the rule's room (None for the barrier policies)."""
 
 
 def _job(name, steps, eta, caps=None):
@@ -59,8 +65,8 @@ def _job(name, steps, eta, caps=None):
 def _run(task):
     name, steps, eta, variant, cap = task
     r = simulate(_job(name, steps, eta, cap), variant)
-    return task, (r.trajectories_per_s, r.ceiling_tps, r.gate_fill_mean, r.gate_waiting_mean, r.trainer_idle_frac,
-                  r.rollout_idle_frac, r.decode_batch_mean, r.decode_stretch_mean)
+    return task, (r.trajectories_per_s, r.ceiling_tps, {k: getattr(r, k) for k in ROOM}, r.at_least_latency_tps(),
+                  r.trainer_idle_frac, r.rollout_idle_frac, r.decode_batch_mean, r.decode_stretch_mean)
 
 
 def _simulate_all(tasks, jobs):
@@ -126,8 +132,14 @@ def main(argv=None) -> int:
               f"{cl.room_tps or float('nan'):.2f}, its gate {cl.gate_tps:.2f}); "
               f"without the rule {old.tps:.2f}" + (f" ({cl.note})" if cl.note else ""))
         for v in variants:
-            tps, run_c, fill, waiting, t_idle, r_idle, batch, stretch = got[(c, v, cap_run)]
-            gate = f"  staleness room {fill:6.1%} in use ({waiting:5.1%} finished, untrained)" if fill is not None else ""
+            tps, run_c, room, what_if, t_idle, r_idle, batch, stretch = got[(c, v, cap_run)]
+            fill = room["gate_fill_mean"]
+            gate = "" if fill is None else (
+                f"\n    staleness room {fill:6.1%} in use: decoding {room['room_decoding_mean']:5.1%}, finished and "
+                f"waiting {room['gate_waiting_mean']:5.1%} ({room['wait_s_mean']:.1f} s each), in training "
+                f"{room['room_training_mean']:5.1%}, queued {room['room_queued_mean']:5.1%}; latency "
+                f"{room['latency_stretch']:.2f}x the least; at the least latency (what-if) {what_if:.2f} traj/s, "
+                f"{what_if / cl.tps:.1%} of the ceiling")
             print(f"  {v:17s} {tps:8.2f} traj/s  {tps / run_c:6.1%} of its run's ceiling ({run_c:.2f})  "
                   f"{tps / cl.tps:6.1%} of the long-run one  trainer busy {1 - t_idle:5.1%}  rollouts idle "
                   f"{r_idle:5.1%}  decode batch {batch:6.1f}, tokens {stretch:4.2f}x the single-sequence step{gate}")
@@ -140,8 +152,8 @@ def main(argv=None) -> int:
                          "ceiling_gate_tps": round(cl.gate_tps, 3),
                          "bound_by": cl.bound_by, "of_ceiling": round(tps / cl.tps, 4),
                          "of_ceiling_without_rule": round(tps / old.tps, 4),
-                         "gate_fill_mean": "" if fill is None else round(fill, 4),
-                         "gate_waiting_mean": "" if waiting is None else round(waiting, 4),
+                         **{k: "" if x is None else round(x, 4) for k, x in room.items()},
+                         "at_least_latency_tps": "" if what_if is None else round(what_if, 3),
                          "trainer_idle_frac": round(t_idle, 4), "rollout_idle_frac": round(r_idle, 4),
                          "decode_batch_mean": round(batch, 2), "decode_stretch_mean": round(stretch, 4)})
         top = max(variants, key=lambda v: got[(c, v, cap_run)][0])

@@ -317,22 +317,29 @@ def room_kinds(job, kinds: list[WorkerCosts], prompts, lengths, min_ctx: float) 
                      batch_lines(c, min(cap, own.get(c.group, cap)), ctx_sum / tokens)) for c in kinds]
 
 
-def gate_seconds(job, drawn, trainer_steps, eta: int, costs: list[WorkerCosts] | None = None) -> tuple[float, float]:
-    """(end of the last step, start of the first) at their earliest under the admission gate, the trainer's steps
-    lasting `trainer_steps` (seconds each, in order), each drawn trajectory at its least decode latency on the
-    quickest kind (the recursion in the module docstring)."""
+def least_latencies(job, drawn, costs: list[WorkerCosts] | None = None) -> np.ndarray:
+    """Each trajectory's least decode latency, (prompts, lengths) of `drawn`: its quickest prefill plus each of its
+    steps at the latency line λ + μ·c of its context c, on the quickest kind (the line lies under `decode_ms` at every
+    batch up to the cap, so no schedule decodes the trajectory sooner)."""
     prompts = np.asarray(drawn[0], dtype=float)
     lengths = np.asarray(drawn[1], dtype=float)
-    kinds = costs or all_worker_costs(job)
-    B = job.rollout.workload.batch
     cap = job.rollout.repack.batch_cap
     q = lengths * prompts + lengths * (lengths - 1) / 2
     tokens, ctx_sum = float(lengths.sum()), float(q.sum())
     lat = None
-    for c in kinds:
+    for c in costs or all_worker_costs(job):
         ln = latency_line(c, cap, float(prompts.min()), tokens, ctx_sum)
         mine = ln.lambda_s * lengths + ln.mu_s * q + ln.prefill_s
         lat = mine if lat is None else np.minimum(lat, mine)
+    return lat
+
+
+def gate_seconds(job, drawn, trainer_steps, eta: int, costs: list[WorkerCosts] | None = None) -> tuple[float, float]:
+    """(end of the last step, start of the first) at their earliest under the admission gate, the trainer's steps
+    lasting `trainer_steps` (seconds each, in order), each drawn trajectory at its least decode latency on the
+    quickest kind (the recursion in the module docstring)."""
+    lat = least_latencies(job, drawn, costs)
+    B = job.rollout.workload.batch
     first = 0.0
     tau = [0.0]  # tau[j]: end of step j (tau[0] = 0: the start)
     pending = np.empty(0)  # finish times not yet below a step's start

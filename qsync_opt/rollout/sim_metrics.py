@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from qsync_opt.rollout.bounds_staleness import staleness_run_ceiling
-from qsync_opt.rollout.sim_records import GEN, MIGRATE, STATES, SYNC
+from qsync_opt.rollout.bounds_staleness import least_latencies, staleness_run_ceiling
+from qsync_opt.rollout.sim_records import ADMIT, FINISH, FIRST, GEN, MIGRATE, STATES, STEP_END, STEP_START, SYNC
 
 
 MEASURED = ("wall_s", "solver_wall_ms_mean", "solver_wall_ms_max")
@@ -56,10 +56,25 @@ class SimResult:
     tail_extension_s: float = 0.0
     """Σ over repack receivers of how much later each drains (its longest remaining trajectory grew), seconds."""
     gate_fill_mean: float | None = None
-    """Mean over time of the staleness rule's room in use: (admitted − trained·batch) / ((η + 1)·batch). Near 1, the
-    rule, not the rollouts, holds back admission. None for the barrier policies (sync, one-step-off)."""
+    """Mean over the run of the staleness rule's room in use: (admitted − trained·batch) / ((η + 1)·batch), the exact
+    time integral (the sum of the four room_* shares). Near 1, the rule, not the rollouts, holds back admission. None
+    for the barrier policies (sync, one-step-off)."""
     gate_waiting_mean: float | None = None
-    """Of that room, the mean share held by finished trajectories waiting for the trainer."""
+    """Of that room, the mean share held by finished trajectories waiting for their trainer step to start."""
+    room_queued_mean: float | None = None
+    """Of that room, the share held by admitted trajectories not yet placed on a worker."""
+    room_decoding_mean: float | None = None
+    """Of that room, the share held by trajectories from their placement (prefill included) to their last token."""
+    room_training_mean: float | None = None
+    """Of that room, the share held by the batch the trainer is on (trained counts at the step's end)."""
+    latency_s_mean: float | None = None
+    """Mean over the trained trajectories of placement → last token, seconds."""
+    wait_s_mean: float | None = None
+    """Mean over the trained trajectories of last token → the start of their trainer step, seconds."""
+    latency_stretch: float | None = None
+    """Σ latency / Σ least latency over the trained trajectories, the least being what the gate of
+    rollout.bounds_staleness prices (prefill and every step alone on the quickest kind): how much slower they decoded
+    than the ceiling lets them. None on a calibrated shared host (the bound does not cover its costs)."""
     stale_over_eta_frac: float | None = None
     """Share of the trained trajectories whose staleness exceeds η (policy.eta, default 1): the rule bounds admission,
     not when a trajectory finishes, so a long one overtaken by shorter ones is trained later. None for the barrier
@@ -74,6 +89,17 @@ class SimResult:
     """Mean over time and in-flight sequences of (the decode step each one is in, at its worker's batch and contexts)
     / (a step of that sequence alone on the quickest kind): how much slower a token decodes than the single-sequence
     latency rollout.bounds_staleness's gate prices it at (1.0: no slower)."""
+
+    def at_least_latency_tps(self) -> float | None:
+        """What-if, not a bound: this run's throughput had its trajectories decoded at their least latency
+        (latency_stretch 1), the room as full and the rest as it was. By Little's law on the rule's room, a trained
+        trajectory holds it for its queue, latency, wait and step, in the shares q, d, w, t of the room: at the same
+        fill the throughput scales by (q + d + t) / (q + d / stretch + t), the wait for a batch staying the same share
+        of the step period. None where the run has no such split or stretch."""
+        if self.latency_stretch is None or self.room_decoding_mean is None:
+            return None
+        q, d, t = self.room_queued_mean, self.room_decoding_mean, self.room_training_mean
+        return self.trajectories_per_s * (q + d + t) / (q + d / self.latency_stretch + t)
 
     def row(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("kv_series", "timeline", "worker_labels")}
@@ -114,9 +140,6 @@ class Metrics:
             stretch += b * w.c.decode_ms(b, ctx) / alone if alone > 0 else 0.0
         if busy:
             self.batch_series.append((self.now, seqs / busy, stretch / seqs))
-        if self.kind not in ("sync", "one-step-off"):
-            room = (self.eta + 1) * self.B  # the staleness rule's: admitted − trained·B ≤ (η + 1)·B
-            self.gate_series.append((self.now, (self.next_id - self.trained * self.B) / room, len(self.buffer) / room))
 
     def _result(self, wall) -> SimResult:
         T = self.t_end
@@ -142,7 +165,7 @@ class Metrics:
             timeline=[w.segments for w in self.workers], worker_labels=[w.label for w in self.workers],
             repack_clock_stops=self.repack_clock_stops, tail_extension_s=self.tail_extension_s,
             rollout_reprefill_frac=self.reprefill_s / (n * T), ceiling_tps=self._ceiling_tps(),
-            gate_fill_mean=self._gate_mean(1, T), gate_waiting_mean=self._gate_mean(2, T),
+            **self._room(T),
             stale_over_eta_frac=None if self.kind in ("sync", "one-step-off") else
             float(np.mean([s > self.eta for s in self.stale])),
             decode_batch_mean=self._batch_mean(1, T), decode_stretch_mean=self._batch_mean(2, T))
@@ -151,9 +174,25 @@ class Metrics:
         xs = [g[k] for g in self.batch_series if g[0] <= T]
         return float(np.mean(xs)) if xs else 0.0
 
-    def _gate_mean(self, k: int, T: float) -> float | None:
-        xs = [g[k] for g in self.gate_series if g[0] <= T]
-        return float(np.mean(xs)) if xs else None
+    def _room(self, T: float) -> dict:
+        """The staleness rule's room over [0, T], split by where each admitted trajectory is (exact integrals of the
+        per-trajectory times), and the trained trajectories' latency and wait."""
+        if self.kind in ("sync", "one-step-off"):
+            return {}
+        x = self.times[:self.next_id]
+        cols = [np.minimum(x[:, ADMIT], T)]
+        for c in (FIRST, FINISH, STEP_START, STEP_END):  # NaN: not yet, so the phase before lasts to T
+            cols.append(np.clip(np.nan_to_num(x[:, c], nan=T), cols[-1], T))
+        share = [float((b - a).sum()) / (T * (self.eta + 1) * self.B) for a, b in zip(cols, cols[1:])]
+        done = ~np.isnan(x[:, STEP_END])
+        lat = x[done, FINISH] - x[done, FIRST]
+        out = dict(gate_fill_mean=sum(share), room_queued_mean=share[0], room_decoding_mean=share[1],
+                   gate_waiting_mean=share[2], room_training_mean=share[3],
+                   latency_s_mean=float(lat.mean()), wait_s_mean=float((x[done, STEP_START] - x[done, FINISH]).mean()))
+        if not self.shared_host:
+            least = least_latencies(self.job, (self.prompts, self.targets), self.kinds)[:self.next_id][done]
+            out["latency_stretch"] = float(lat.sum() / least.sum())
+        return out
 
     def _ceiling_tps(self) -> float | None:
         if self.shared_host or getattr(self.train_s, "padded", False):

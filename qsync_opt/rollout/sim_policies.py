@@ -9,7 +9,7 @@ interrupts, relay pulls).
 
 from __future__ import annotations
 
-from qsync_opt.rollout.sim_records import GEN, SYNC, Chunk, SimWorker, TrainStep
+from qsync_opt.rollout.sim_records import GEN, STEP_END, STEP_START, SYNC, Chunk, SimWorker, TrainStep
 
 
 class PolicyRules:
@@ -56,6 +56,8 @@ class PolicyRules:
                 return
             self.buffer.sort(key=lambda t: (t.version, t.id))
             batch, self.buffer = self.buffer[:self.B], self.buffer[self.B:]
+        self.training_ids = [t.id for t in batch]
+        self.times[self.training_ids, STEP_START] = self.now
         for t in batch:
             self.stale.append(self.version - t.version)
         self.consumed.extend((t.prompt, t.target) for t in batch)
@@ -96,6 +98,7 @@ class PolicyRules:
 
     def _on_train_done(self):
         self.trainer_busy = False
+        self.times[self.training_ids, STEP_END] = self.now
         if self.train_ps is not None:
             self.trainer_time += self.now - self.train_ps.start
             self.train_ps = None

@@ -19,6 +19,11 @@ def variant_of(job) -> str:
     return p
 
 
+ADMIT, FIRST, FINISH, STEP_START, STEP_END = range(5)
+"""Columns of the simulator's per-trajectory times (`Simulator.times`, seconds, NaN until it happens): admitted under
+the rule, first placed on a worker (its prefill follows), finished, its trainer step started, that step ended."""
+
+
 class Finish(NamedTuple):
     """A worker's heap entry: trajectory `tid` ends at the worker's decode step `step` unless it leaves first (an
     entry whose `stint` is not the trajectory's current one is stale)."""

@@ -39,6 +39,7 @@ from __future__ import annotations
 import heapq
 import time
 
+import numpy as np
 
 from qsync_opt.rollout.costs import (
     SyncCosts,
@@ -49,6 +50,9 @@ from qsync_opt.rollout.costs import (
 from qsync_opt.rollout.sim_metrics import Metrics, SimResult
 from qsync_opt.rollout.sim_policies import PolicyRules
 from qsync_opt.rollout.sim_records import (
+    ADMIT,
+    FINISH,
+    FIRST,
     GEN,
     IDLE,
     MIGRATE,
@@ -135,7 +139,6 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.repack_clock_stops = 0
         self.tail_extension_s = 0.0
         self.kv_series: list = []
-        self.gate_series: list = []  # (time, staleness-rule room in use, of it finished and untrained), per KV sample
         self.batch_series: list = []  # (time, mean decode batch of busy workers, mean decode stretch), per KV sample
         self.kinds = list({id(w.c): w.c for w in self.workers}.values())
         self.t_end = 0.0
@@ -144,10 +147,13 @@ class Simulator(PolicyRules, RepackTick, Metrics):
     def _draw(self, seed):
         self.prompts, self.targets = draw(self.job, self.steps_target, self.eta, seed)
         self.n_max = len(self.targets)
+        self.times = np.full((self.n_max, 5), np.nan)  # per trajectory id: sim_records.ADMIT … STEP_END
+        self.training_ids: list[int] = []  # the batch the trainer is on
 
     def _new_traj(self) -> SimTraj:
         i = self.next_id
         self.next_id += 1
+        self.times[i, ADMIT] = self.now
         return SimTraj(i, int(self.prompts[i]), int(self.targets[i]), i // self.B)
 
     # ---------------------------------------------------------------- events
@@ -223,6 +229,8 @@ class Simulator(PolicyRules, RepackTick, Metrics):
     def _add(self, w: SimWorker, t: SimTraj):
         t.worker, t.start_step = w.idx, w.steps
         t.stint += 1
+        if t.stint == 1:
+            self.times[t.id, FIRST] = self.now
         w.batch[t.id] = t
         w.c0 += t.prompt + t.gen_base - w.steps
         w.reserved += t.prompt + t.target
@@ -330,6 +338,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
             self._maybe_next_round()
 
     def _finish(self, t: SimTraj):
+        self.times[t.id, FINISH] = self.now
         self.buffer.append(t)
         if self.kind in ("sync", "one-step-off"):
             self.round_done[t.round] = self.round_done.get(t.round, 0) + 1
