@@ -198,6 +198,25 @@ class PolicyFigures(BaseModel):
     ceiling_tps: float | None = None
     """The proven ceiling of this policy's run (SimResult.ceiling_tps): no schedule of the trajectories it trained
     is faster under these costs."""
+    gate_fill_mean: float | None = None
+    """SimResult's split of the staleness rule's room (None: a barrier policy): in use, and of it the shares finished
+    and waiting for their step, decoding and in training; the wait's mean seconds; the trajectories' latency over the
+    least the ceiling prices (SimResult.latency_stretch)."""
+    gate_waiting_mean: float | None = None
+    room_decoding_mean: float | None = None
+    room_training_mean: float | None = None
+    wait_s_mean: float | None = None
+    latency_stretch: float | None = None
+
+    def room_line(self) -> str | None:
+        """Where the staleness rule's room went in this policy's run, in words (None: a barrier policy)."""
+        if self.gate_fill_mean is None or self.room_decoding_mean is None:
+            return None
+        slower = "" if self.latency_stretch is None else (
+            f"; its trajectories decoded {self.latency_stretch:.2f}x slower than the least latency the ceiling prices")
+        return (f"the staleness rule's room under {self.variant}: {self.gate_fill_mean:.0%} in use, "
+                f"{self.room_decoding_mean:.0%} decoding, {self.gate_waiting_mean:.0%} finished and waiting for their "
+                f"step ({self.wait_s_mean:.1f} s each), {self.room_training_mean:.0%} in training{slower}")
 
     @classmethod
     def of(cls, r: SimResult) -> PolicyFigures:

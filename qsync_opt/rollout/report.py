@@ -72,5 +72,8 @@ def print_plan(plan: RolloutPlan, console, real_pending: bool = False) -> None:
         console.print(f"the simulation recommends: {plan.recommended} — {plan.reason} (the real run below decides)")
     else:
         console.print(f"recommended: {plan.recommended} — {plan.reason}")
+    rec = next((x for x in plan.policies if x.variant == plan.recommended), None)
+    if rec is not None and (line := rec.room_line()):
+        console.print(line)
     for n in plan.notes:
         console.print(f"note: {n}")

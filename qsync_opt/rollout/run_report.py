@@ -213,6 +213,9 @@ def report_markdown(plan: RolloutPlan, shown: list[str], measured: MeasuredSecti
                      f"{p.rollout_idle_frac:.1%} | {p.trainer_idle_frac:.1%} | {staleness_cell(p)} | "
                      f"{p.kv_util_mean:.1%} | {p.repacks} | {p.moves} |")
     lines += ["", *(f"- {x}" for x in legend_lines(POLICY_LEGEND)[:-1]), ""]  # no solver ms column here
+    rec = next((p for p in plan.policies if p.variant == plan.recommended), None)
+    if rec is not None and (room := rec.room_line()):
+        lines += [room[0].upper() + room[1:] + ".", ""]
     lines += ["| group | device | bits | count | KV tokens | decode ms at the batch cap | prefill ms | pull s |",
               "|---|---|---|---|---|---|---|---|"]
     for w in plan.workers:

@@ -12,6 +12,7 @@ import pytest
 from rollout_cases import job_dict
 
 from qsync_opt.rollout.bounds_staleness import least_latencies
+from qsync_opt.rollout.plan import PolicyFigures
 from qsync_opt.rollout.sim_records import ADMIT, FINISH, FIRST, STEP_END, STEP_START
 from qsync_opt.rollout.simulate import Simulator, simulate
 from qsync_opt.rollout.spec import load_rollout_spec
@@ -97,3 +98,11 @@ def test_the_barrier_policies_have_no_room_split(variant):
     r = simulate(_job(1, 1), variant)
     assert r.gate_fill_mean is None and r.room_decoding_mean is None and r.latency_stretch is None
     assert r.at_least_latency_tps() is None and r.without_wait_tps() is None
+
+
+def test_the_plan_says_where_the_room_went():
+    r = simulate(_job(2, 1), "repack-best-fit")
+    line = PolicyFigures.of(r).room_line()
+    assert f"{r.gate_fill_mean:.0%} in use" in line and f"{r.gate_waiting_mean:.0%} finished and waiting" in line
+    assert f"{r.latency_stretch:.2f}x slower" in line
+    assert PolicyFigures.of(simulate(_job(1, 1), "sync")).room_line() is None
