@@ -214,9 +214,11 @@ class PolicyFigures(BaseModel):
             return None
         slower = "" if self.latency_stretch is None else (
             f"; its trajectories decoded {self.latency_stretch:.2f}x slower than the least latency the ceiling prices")
+        w = self.wait_s_mean or 0.0
+        wait = f"{w:.1f} s" if w >= 1 else f"{w * 1e3:.0f} ms"
         return (f"the staleness rule's room under {self.variant}: {self.gate_fill_mean:.0%} in use, "
                 f"{self.room_decoding_mean:.0%} decoding, {self.gate_waiting_mean:.0%} finished and waiting for their "
-                f"step ({self.wait_s_mean:.1f} s each), {self.room_training_mean:.0%} in training{slower}")
+                f"step ({wait} each), {self.room_training_mean:.0%} in training{slower}")
 
     @classmethod
     def of(cls, r: SimResult) -> PolicyFigures:
