@@ -12,8 +12,7 @@ ceiling over the best of one-step-off, stale, partial-rollout and trajectory-asy
 policy can gain over it in the long run. Each streaming policy's mean use of the rule's room is printed beside it,
 split by where its trajectories are (decoding, finished and waiting for their step, in training, queued), how much
 slower they decoded than the least latency the gate prices (SimResult.latency_stretch), and what the run would make
-at that least latency, or without the wait, with its room as full (SimResult.at_least_latency_tps and
-without_wait_tps: what-ifs, not bounds); then the
+at that least latency with its room as full (SimResult.at_least_latency_tps: a what-if, not a bound); then the
 trainer's busy share, the mean decode batch of a busy rollout and its tokens' slowdown per step
 (SimResult.decode_stretch_mean). With --choose-cap each case's batch cap is also chosen as the planner does under
 rollout.repack.choose_cap (rollout.admission.choose_cap, under repack-best-fit when it is simulated, else
@@ -45,7 +44,7 @@ COLS = ("case", "eta", "steps", "batch_cap", "kind_caps", "policy", "trajectorie
         "ceiling_tps", "ceiling_without_rule_tps", "ceiling_trainer_tps", "ceiling_rollout_tps", "ceiling_rule_tps",
         "ceiling_room_tps", "ceiling_gate_tps", "bound_by", "of_ceiling", "of_ceiling_without_rule", "gate_fill_mean",
         "gate_waiting_mean", "room_decoding_mean", "room_training_mean", "room_queued_mean", "latency_stretch",
-        "wait_s_mean", "at_least_latency_tps", "without_wait_tps",
+        "wait_s_mean", "at_least_latency_tps",
         "trainer_idle_frac", "rollout_idle_frac", "decode_batch_mean", "decode_stretch_mean")
 ROOM = ("gate_fill_mean", "gate_waiting_mean", "room_decoding_mean", "room_training_mean", "room_queued_mean",
         "latency_stretch", "wait_s_mean")
@@ -66,8 +65,7 @@ def _job(name, steps, eta, caps=None):
 def _run(task):
     name, steps, eta, variant, cap = task
     r = simulate(_job(name, steps, eta, cap), variant)
-    return task, (r.trajectories_per_s, r.ceiling_tps, {k: getattr(r, k) for k in ROOM},
-                  (r.at_least_latency_tps(), r.without_wait_tps()),
+    return task, (r.trajectories_per_s, r.ceiling_tps, {k: getattr(r, k) for k in ROOM}, r.at_least_latency_tps(),
                   r.trainer_idle_frac, r.rollout_idle_frac, r.decode_batch_mean, r.decode_stretch_mean)
 
 
@@ -140,9 +138,8 @@ def main(argv=None) -> int:
                 f"\n    staleness room {fill:6.1%} in use: decoding {room['room_decoding_mean']:5.1%}, finished and "
                 f"waiting {room['gate_waiting_mean']:5.1%} ({room['wait_s_mean']:.1f} s each), in training "
                 f"{room['room_training_mean']:5.1%}, queued {room['room_queued_mean']:5.1%}; latency "
-                f"{room['latency_stretch']:.2f}x the least; what-if (not a bound): at the least latency "
-                f"{what_if[0]:.2f} traj/s ({what_if[0] / cl.tps:.1%} of the ceiling), without the wait "
-                f"{what_if[1]:.2f} ({what_if[1] / cl.tps:.1%})")
+                f"{room['latency_stretch']:.2f}x the least; at the least latency (what-if) {what_if:.2f} traj/s, "
+                f"{what_if / cl.tps:.1%} of the ceiling")
             print(f"  {v:17s} {tps:8.2f} traj/s  {tps / run_c:6.1%} of its run's ceiling ({run_c:.2f})  "
                   f"{tps / cl.tps:6.1%} of the long-run one  trainer busy {1 - t_idle:5.1%}  rollouts idle "
                   f"{r_idle:5.1%}  decode batch {batch:6.1f}, tokens {stretch:4.2f}x the single-sequence step{gate}")
@@ -156,8 +153,7 @@ def main(argv=None) -> int:
                          "bound_by": cl.bound_by, "of_ceiling": round(tps / cl.tps, 4),
                          "of_ceiling_without_rule": round(tps / old.tps, 4),
                          **{k: "" if x is None else round(x, 4) for k, x in room.items()},
-                         **{k: "" if x is None else round(x, 3)
-                            for k, x in zip(("at_least_latency_tps", "without_wait_tps"), what_if)},
+                         "at_least_latency_tps": "" if what_if is None else round(what_if, 3),
                          "trainer_idle_frac": round(t_idle, 4), "rollout_idle_frac": round(r_idle, 4),
                          "decode_batch_mean": round(batch, 2), "decode_stretch_mean": round(stretch, 4)})
         top = max(variants, key=lambda v: got[(c, v, cap_run)][0])

@@ -101,15 +101,6 @@ class SimResult:
         q, d, t = self.room_queued_mean, self.room_decoding_mean, self.room_training_mean
         return self.trajectories_per_s * (q + d + t) / (q + d / self.latency_stretch + t)
 
-    def without_wait_tps(self) -> float | None:
-        """What-if, not a bound, the other half of at_least_latency_tps: this run's throughput had no finished
-        trajectory waited for its step (the wait a schedule that knew every response's length could time away), the
-        room as full and the rest as it was: (q + d + w + t) / (q + d + t) times. None where the run has no split."""
-        if self.room_decoding_mean is None:
-            return None
-        q, d, t = self.room_queued_mean, self.room_decoding_mean, self.room_training_mean
-        return self.trajectories_per_s * (q + d + self.gate_waiting_mean + t) / (q + d + t)
-
     def row(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("kv_series", "timeline", "worker_labels")}
 
