@@ -63,6 +63,7 @@ WRITES = {
     "rollout_bits.py": ["rollout_bits.csv"],
     "rollout_ceilings.py": ["rollout_ceilings.csv"],
     "rollout_plan_time.py": ["rollout_plan_time.csv"],
+    "rollout_redeal.py": ["rollout_redeal.csv"],
     "rollout_resolution.py": ["rollout_resolution.csv"],
     "rollout_seeds.py": ["rollout_seeds.csv"],
     "rollout_sim_time.py": ["rollout_sim_time.csv"],
