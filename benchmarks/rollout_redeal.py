@@ -63,28 +63,28 @@ def redeal(c, cap: int, ctx: np.ndarray, workers: int) -> tuple[float, float]:
 
 
 class Snapshots(Simulator):
-    """The simulator, keeping (now, even, segregated) rates of its in-flight sequences every `every`-th KV sample."""
+    """The simulator, keeping (in flight, rate now, even, segregated) of its in-flight sequences every `every`-th KV
+    sample."""
 
-    every = 10
+    def __init__(self, job, variant: str, every: int):
+        super().__init__(job, variant)
+        self.every, self.samples, self.snaps = every, 0, []
 
     def _sample_kv(self):
         super()._sample_kv()
-        self._n_samples = getattr(self, "_n_samples", 0) + 1
-        if self._n_samples % self.every:
+        self.samples += 1
+        if self.samples % self.every:
             return
         groups = []
         for w in self.workers:
-            k = w.steps
-            if w.chunk is not None:
-                t0, dt, n = w.chunk
-                k += min(n, int((self.now - t0) / dt)) if dt > 0 else 0
+            k = self._steps_now(w)
             groups.append(np.array([t.prompt + t.gen_base + (k - t.start_step) for t in w.batch.values()], float))
         ctx = np.concatenate(groups)
         if len(ctx) < 2:
             return
         c = self.workers[0].c
         even, seg = redeal(c, self.cap, ctx, len(self.workers))
-        self.snaps = getattr(self, "snaps", []) + [(len(ctx), rate(c, groups), even, seg)]
+        self.snaps.append((len(ctx), rate(c, groups), even, seg))
 
 
 def main(argv=None) -> int:
@@ -113,10 +113,9 @@ def main(argv=None) -> int:
     print(f"in-flight sequences re-dealt by context (repack-best-fit, {args.sim_steps} steps, tokens per ms, "
           f"before any migration cost)")
     for name, cap in cases:
-        sim = Snapshots(with_cap(case_job(name, args.sim_steps), cap), "repack-best-fit")
-        sim.every = args.every
+        sim = Snapshots(with_cap(case_job(name, args.sim_steps), cap), "repack-best-fit", args.every)
         sim.run()
-        snaps = np.array(getattr(sim, "snaps", []), dtype=float).reshape(-1, 4)
+        snaps = np.array(sim.snaps, dtype=float).reshape(-1, 4)
         if not len(snaps):
             print(f"{name} (cap {cap}): no snapshot with sequences in flight")
             continue

@@ -113,13 +113,18 @@ class SimResult:
 class Metrics:
     """KV sampling and the result of rollout.simulate.Simulator (a mixin of it)."""
 
+    def _steps_now(self, w) -> int:
+        """Decode steps worker `w` has made by now, the chunk in progress included."""
+        k = w.steps
+        if w.chunk is not None:
+            t0, dt, n = w.chunk
+            k += min(n, int((self.now - t0) / dt)) if dt > 0 else 0
+        return k
+
     def _sample_kv(self):
         used = cap = 0.0
         for w in self.workers:
-            k = w.steps
-            if w.chunk is not None:
-                t0, dt, n = w.chunk
-                k += min(n, int((self.now - t0) / dt)) if dt > 0 else 0
+            k = self._steps_now(w)
             used += w.total_ctx(k) if w.batch else 0.0
             cap += w.c.kv_capacity_tokens
         self.kv_series.append((self.now, used / cap))
@@ -129,11 +134,7 @@ class Metrics:
             if not w.batch:
                 continue
             b = len(w.batch)
-            k = w.steps
-            if w.chunk is not None:
-                t0, dt, n = w.chunk
-                k += min(n, int((self.now - t0) / dt)) if dt > 0 else 0
-            ctx = w.total_ctx(k)
+            ctx = w.total_ctx(self._steps_now(w))
             alone = min(c.decode_ms(1, ctx / b) for c in self.kinds)
             busy += 1
             seqs += b
