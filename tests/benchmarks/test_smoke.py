@@ -67,6 +67,7 @@ WRITES = {
     "rollout_resolution.py": ["rollout_resolution.csv"],
     "rollout_seeds.py": ["rollout_seeds.csv"],
     "rollout_sim_time.py": ["rollout_sim_time.csv"],
+    "rollout_streaming.py": ["rollout_streaming.csv"],
     "serving.py": ["serving.csv"],
     "serving_real.py": ["serving_real.csv"],
     "serving_costs.py": ["serving_costs.csv", "serving_costs_plans.csv"],

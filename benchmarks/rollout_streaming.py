@@ -1,0 +1,123 @@
+"""What a streaming trainer would make: a what-if of the simulator, not a trainer the product runs.
+
+Today's trainer (rollout.sim_policies, and the real run's) starts a step once a whole batch of trajectories has
+finished. A streaming trainer runs the step's forward and backward over micro-batches as trajectories finish
+(gradient accumulation over whole groups; the same gradient) and only its last micro-batch and the optimizer step
+wait for the batch: a step begun at s with its last trajectory in at f ends at max(s + T, f + T / micro-batches), T
+the step's time. The staleness rule is unchanged (a batch counts as trained at its step's end). The proven
+ceilings of rollout.bounds_staleness assume the whole-batch trainer (its gate starts step k after the k·batch-th
+finish), so they do not bound this trainer; this script prints throughput and the trainer's idle share only.
+
+    PYTHONPATH=. python benchmarks/rollout_streaming.py --out DIR [--cases a100x64:48 ...] [--sim-steps 50]
+        [--micro-batches 8] [--variants partial-rollout repack-best-fit] [--smoke]
+
+Writes DIR/rollout_streaming.csv. Deterministic (figures do not depend on the machine or its load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.results_table import load_now, write_table  # noqa: E402
+from benchmarks.rollout import CASES, case_job  # noqa: E402
+from qsync_opt.rollout.admission import with_cap  # noqa: E402
+from qsync_opt.rollout.sim_records import STEP_START, VARIANTS  # noqa: E402
+from qsync_opt.rollout.simulate import Simulator  # noqa: E402
+
+COLS = ("case", "batch_cap", "steps", "micro_batches", "policy", "batch_trainer_tps", "streaming_tps", "streaming_over_batch",
+        "batch_trainer_idle_frac", "streaming_trainer_idle_frac")
+STREAMING = ("stale", "partial-rollout", "trajectory-async", "repack-best-fit", "repack-program")
+
+
+class StreamingTrainer(Simulator):
+    """The simulator with a streaming trainer (module docstring) for the streaming policies; the barrier policies
+    (sync, one-step-off) keep theirs."""
+
+    def __init__(self, job, variant: str, micro_batches: int):
+        super().__init__(job, variant)
+        self.micro_batches = micro_batches
+        self.collecting: tuple[float, list] | None = None  # (the step's start, the trajectories it has taken)
+
+    def _maybe_train(self):
+        if self.kind in ("sync", "one-step-off"):
+            return super()._maybe_train()
+        if self.trainer_busy or self.trained >= self.steps_target or self.now < self.trainer_stall_until:
+            return
+        if self.in_broadcast:
+            return
+        if self.collecting is None:
+            if len(self.buffer) < max(1, self.B // self.micro_batches):
+                return  # a micro-batch to start on
+            self.collecting = (self.now, [])
+        start, got = self.collecting
+        self.buffer.sort(key=lambda t: (t.version, t.id))
+        take = self.B - len(got)
+        got.extend(self.buffer[:take])
+        self.buffer = self.buffer[take:]
+        if len(got) < self.B:
+            return
+        self.collecting = None
+        self.training_ids = [t.id for t in got]
+        self.times[self.training_ids, STEP_START] = self.now
+        self.stale.extend(self.version - t.version for t in got)
+        self.consumed.extend((t.prompt, t.target) for t in got)
+        self.tokens_trained += sum(t.target for t in got)
+        dur = self.train_s(sum(t.prompt + t.target for t in got))
+        self.trainer_busy, self.train_ps = True, None
+        self.train_epoch += 1
+        self.trainer_time += dur
+        self._push(max(start + dur, self.now + dur / self.micro_batches), "train_done", self.train_epoch)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cases", nargs="*", default=["a100x64:48", "h100x128:64", "h100x64-verl128:192"],
+                    help="case:cap of benchmarks/rollout.py (default: the one-kind η = 1 cases at the caps the "
+                         "planner chooses)")
+    ap.add_argument("--sim-steps", type=int, default=50, help="trainer steps simulated")
+    ap.add_argument("--micro-batches", type=int, default=8, help="micro-batches per trainer step")
+    ap.add_argument("--variants", nargs="*", default=["partial-rollout", "repack-best-fit"], choices=STREAMING,
+                    help="streaming policies simulated with both trainers")
+    ap.add_argument("--smoke", action="store_true", help="smallest end-to-end run (tests): h100x128:64, 1 step")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.cases, args.sim_steps = ["h100x128:64"], 1
+    if args.micro_batches < 1:
+        ap.error(f"--micro-batches {args.micro_batches}: at least 1 (1 is today's whole-batch trainer)")
+    known = dict(CASES)
+    cases = []
+    for item in args.cases:
+        name, _, cap = item.partition(":")
+        if name not in known or not cap.isdigit():
+            ap.error(f"--cases: {item!r}: expected case:cap with a case of {', '.join(known)} and an integer cap")
+        cases.append((name, int(cap)))
+    load0 = load_now()
+    rows = []
+    print(f"whole-batch trainer against a streaming one ({args.micro_batches} micro-batches a step), "
+          f"{args.sim_steps} steps, traj/s (a what-if: the product's trainer takes whole batches)")
+    for name, cap in cases:
+        job = with_cap(case_job(name, args.sim_steps), cap)
+        for v in [v for v in VARIANTS if v in args.variants]:
+            a = Simulator(job, v).run()
+            b = StreamingTrainer(job, v, args.micro_batches).run()
+            ratio = b.trajectories_per_s / a.trajectories_per_s
+            rows.append({"case": name, "batch_cap": cap, "steps": args.sim_steps, "micro_batches": args.micro_batches,
+                         "policy": v, "batch_trainer_tps": round(a.trajectories_per_s, 3),
+                         "streaming_tps": round(b.trajectories_per_s, 3), "streaming_over_batch": round(ratio, 4),
+                         "batch_trainer_idle_frac": round(a.trainer_idle_frac, 4),
+                         "streaming_trainer_idle_frac": round(b.trainer_idle_frac, 4)})
+            print(f"  {name:18s} cap {cap:4d}  {v:17s} {a.trajectories_per_s:8.2f} -> {b.trajectories_per_s:8.2f} "
+                  f"({ratio:.3f}x)  trainer idle {a.trainer_idle_frac:5.1%} -> {b.trainer_idle_frac:5.1%}")
+    path = write_table(Path(args.out) / "rollout_streaming.csv", "rollout_streaming.py",
+                       argv if argv is not None else sys.argv[1:], COLS, rows, load0)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
