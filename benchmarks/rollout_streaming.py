@@ -4,9 +4,10 @@ Today's trainer (rollout.sim_policies, and the real run's) starts a step once a 
 finished. A streaming trainer runs the step's forward and backward over micro-batches as trajectories finish
 (gradient accumulation over whole groups; the same gradient) and only its last micro-batch and the optimizer step
 wait for the batch: a step begun at s with its last trajectory in at f ends at max(s + T, f + T / micro-batches), T
-the step's time. The staleness rule is unchanged (a batch counts as trained at its step's end). The proven
-ceilings of rollout.bounds_staleness assume the whole-batch trainer (its gate starts step k after the k·batch-th
-finish), so they do not bound this trainer; this script prints throughput and the trainer's idle share only.
+the step's time. The staleness rule is unchanged (a batch counts as trained at its step's end). Each run is set
+against the proven ceiling of its own trajectories for its trainer (rollout.bounds_staleness.staleness_run_ceiling
+with `micro_batches`: for the streaming trainer the gate ends step k no sooner than its last micro-batch after the
+k·batch-th finish, and a trajectory stays in the room at least that last micro-batch after it finishes).
 
     PYTHONPATH=. python benchmarks/rollout_streaming.py --out DIR [--cases a100x64:48 ...] [--sim-steps 50]
         [--micro-batches 8] [--variants partial-rollout repack-best-fit] [--smoke]
@@ -25,10 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.results_table import load_now, write_table  # noqa: E402
 from benchmarks.rollout import CASES, case_job  # noqa: E402
 from qsync_opt.rollout.admission import with_cap  # noqa: E402
+from qsync_opt.rollout.bounds_staleness import staleness_run_ceiling  # noqa: E402
 from qsync_opt.rollout.sim_records import STEP_START, VARIANTS  # noqa: E402
 from qsync_opt.rollout.simulate import Simulator  # noqa: E402
 
 COLS = ("case", "batch_cap", "steps", "micro_batches", "policy", "batch_trainer_tps", "streaming_tps", "streaming_over_batch",
+        "batch_run_ceiling_tps", "streaming_run_ceiling_tps", "batch_of_ceiling", "streaming_of_ceiling",
         "batch_trainer_idle_frac", "streaming_trainer_idle_frac")
 STREAMING = ("stale", "partial-rollout", "trajectory-async", "repack-best-fit", "repack-program")
 
@@ -72,6 +75,11 @@ class StreamingTrainer(Simulator):
         self.trainer_time += dur
         self._push(max(start + dur, self.now + dur / self.micro_batches), "train_done", self.train_epoch)
 
+    def _ceiling_tps(self) -> float:
+        kinds = list({id(w.c): w.c for w in self.workers}.values())
+        return staleness_run_ceiling(self.job, self.consumed, (self.prompts, self.targets), self.eta, costs=kinds,
+                                     train_s=self.train_s, micro_batches=self.micro_batches).tps
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -109,10 +117,15 @@ def main(argv=None) -> int:
             rows.append({"case": name, "batch_cap": cap, "steps": args.sim_steps, "micro_batches": args.micro_batches,
                          "policy": v, "batch_trainer_tps": round(a.trajectories_per_s, 3),
                          "streaming_tps": round(b.trajectories_per_s, 3), "streaming_over_batch": round(ratio, 4),
+                         "batch_run_ceiling_tps": round(a.ceiling_tps, 3), "streaming_run_ceiling_tps": round(b.ceiling_tps, 3),
+                         "batch_of_ceiling": round(a.trajectories_per_s / a.ceiling_tps, 4),
+                         "streaming_of_ceiling": round(b.trajectories_per_s / b.ceiling_tps, 4),
                          "batch_trainer_idle_frac": round(a.trainer_idle_frac, 4),
                          "streaming_trainer_idle_frac": round(b.trainer_idle_frac, 4)})
             print(f"  {name:18s} cap {cap:4d}  {v:17s} {a.trajectories_per_s:8.2f} -> {b.trajectories_per_s:8.2f} "
-                  f"({ratio:.3f}x)  trainer idle {a.trainer_idle_frac:5.1%} -> {b.trainer_idle_frac:5.1%}")
+                  f"({ratio:.3f}x)  of its run's ceiling {a.trajectories_per_s / a.ceiling_tps:6.1%} -> "
+                  f"{b.trajectories_per_s / b.ceiling_tps:6.1%} ({a.ceiling_tps:.2f} -> {b.ceiling_tps:.2f})  "
+                  f"trainer idle {a.trainer_idle_frac:5.1%} -> {b.trainer_idle_frac:5.1%}")
     path = write_table(Path(args.out) / "rollout_streaming.csv", "rollout_streaming.py",
                        argv if argv is not None else sys.argv[1:], COLS, rows, load0)
     print(f"wrote {path}")

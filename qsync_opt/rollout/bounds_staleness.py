@@ -248,9 +248,11 @@ def interval_prices(bl: BatchLines, lo: int, hi: int, ctx: np.ndarray) -> tuple[
 
 
 def room_seconds(kinds: list[RoomKind], prompts, lengths, trainer_s: float, eta: int, batch: int,
-                 coupled: bool = True, ratio: float = BATCH_GRID) -> float | None:
+                 coupled: bool = True, ratio: float = BATCH_GRID, micro_batches: int = 1) -> float | None:
     """The least R of the room program in the module docstring (`coupled`: with the rows that tie each token's work
-    to its latency through its decode batch; else only the batch-free rows); None without a proven optimum."""
+    to its latency through its decode batch; else only the batch-free rows); None without a proven optimum.
+    `micro_batches` > 1: a streaming trainer (gate_seconds), whose trajectories stay in the room at least their
+    step's last micro-batch after they finish, not the whole step."""
     prompts = np.asarray(prompts, dtype=float)
     lengths = np.asarray(lengths, dtype=float)
     top = float((prompts + lengths).max())
@@ -287,7 +289,7 @@ def room_seconds(kinds: list[RoomKind], prompts, lengths, trainer_s: float, eta:
         plane_load[k][v] = batch_load[k][v] = kd.plane.prefill_s
         room[v] = batch_room[v] = kd.latency.prefill_s
     p.add_constraint("prefills", pre, "==", float(len(lengths)))
-    trained = -float(batch) * float(trainer_s)
+    trained = -float(batch) * float(trainer_s) / micro_batches
     for k, row in plane_load.items():
         p.add_constraint(f"load_{k}", row, "<=", 0.0)
         if coupled:
@@ -334,10 +336,13 @@ def least_latencies(job, drawn, costs: list[WorkerCosts] | None = None) -> np.nd
     return lat
 
 
-def gate_seconds(job, drawn, trainer_steps, eta: int, costs: list[WorkerCosts] | None = None) -> tuple[float, float]:
+def gate_seconds(job, drawn, trainer_steps, eta: int, costs: list[WorkerCosts] | None = None,
+                 micro_batches: int = 1) -> tuple[float, float]:
     """(end of the last step, start of the first) at their earliest under the admission gate, the trainer's steps
     lasting `trainer_steps` (seconds each, in order), each drawn trajectory at its least decode latency on the
-    quickest kind (the recursion in the module docstring)."""
+    quickest kind (the recursion in the module docstring). `micro_batches` > 1: a streaming trainer, which runs a
+    step over that many micro-batches as trajectories finish, so a step ends no sooner than its whole compute after
+    the previous one, nor than its last micro-batch after its batch is in (1: the step starts once it is in)."""
     lat = least_latencies(job, drawn, costs)
     B = job.rollout.workload.batch
     first = 0.0
@@ -352,24 +357,24 @@ def gate_seconds(job, drawn, trainer_steps, eta: int, costs: list[WorkerCosts] |
         need = k * B - done
         if need > len(pending):
             return math.inf, 0.0  # fewer trajectories than the run trains (not with the simulator's draw)
-        start = tau[k - 1]
-        if need > 0:
-            start = max(start, float(np.partition(pending, need - 1)[need - 1]))
+        ready = -math.inf if need <= 0 else float(np.partition(pending, need - 1)[need - 1])  # the batch is in
+        start = max(tau[k - 1], ready)
         below = pending <= start
         done += int(below.sum())
         pending = pending[~below]
-        tau.append(start + float(t_k))
-        first = start if k == 1 else first
+        # the step's whole compute after the previous step, and its last micro-batch after its batch is in
+        tau.append(max(tau[k - 1] + float(t_k), ready + float(t_k) / micro_batches))
+        first = tau[1] - float(t_k) if k == 1 else first
     return tau[-1], first
 
 
 def staleness_run_ceiling(job, consumed, drawn=None, eta: int | None = None, costs: list[WorkerCosts] | None = None,
-                          train_s=None, long_run: bool = False) -> StalenessCeiling:
+                          train_s=None, long_run: bool = False, micro_batches: int = 1) -> StalenessCeiling:
     """The ceiling under the staleness rule for a run whose trainer consumed `consumed`, (prompt, length) per
     trajectory in training order, in batches of the job's batch size; `drawn`: (prompts, lengths) of every
     trajectory the run could admit, in id order (default: the simulator's draw for the job's seed). `eta`: the
     job's (η = 0 is taken as 1, as the simulator does). `long_run`: leave out the one-off wait for the first batch
-    (a looser bound, the rate a long run approaches)."""
+    (a looser bound, the rate a long run approaches). `micro_batches` > 1: for a streaming trainer (gate_seconds)."""
     arr = np.asarray(consumed, dtype=float).reshape(-1, 2)
     r = job.rollout
     eta = max(1, int(eta if eta is not None else (r.policy.eta or 1)))
@@ -382,8 +387,9 @@ def staleness_run_ceiling(job, consumed, drawn=None, eta: int | None = None, cos
     kinds = costs or all_worker_costs(job)
     prompts, lengths = arr[:, 0], arr[:, 1]
     min_ctx = float(min(prompts.min(), np.min(drawn[0]))) if len(prompts) else 1.0
-    window = room_seconds(room_kinds(job, kinds, prompts, lengths, min_ctx), prompts, lengths, base.trainer_s, eta, B)
-    end, first = gate_seconds(job, drawn, steps, eta, kinds)
+    window = room_seconds(room_kinds(job, kinds, prompts, lengths, min_ctx), prompts, lengths, base.trainer_s, eta, B,
+                          micro_batches=micro_batches)
+    end, first = gate_seconds(job, drawn, steps, eta, kinds, micro_batches)
     gate = end - first if long_run else end
     note = "" if window is not None else ("the staleness program ended without a proven optimum: its room bound is "
                                           "left out (the trainer, decode-plane and gate bounds stand)")

@@ -44,3 +44,22 @@ def test_no_step_ends_before_its_last_micro_batch_nor_within_its_compute_of_the_
         assert end >= sim.times[batch, FINISH].max() + t / mb - 1e-9  # its last micro-batch, after the last finish
         assert end >= prev + t - 1e-9  # one trainer: the step's whole compute after the previous step's end
         prev = end
+
+
+@pytest.mark.parametrize("kinds", [1, 2])
+@pytest.mark.parametrize("eta", [1, 2])
+@pytest.mark.parametrize("micro_batches", [2, 8])
+def test_no_streaming_run_passes_the_ceiling_for_its_trainer(kinds, eta, micro_batches):
+    d = job_dict(**{"rollout.policy.eta": eta})
+    if kinds == 1:
+        d["cluster"]["groups"] = d["cluster"]["groups"][:2]
+        d["rollout"]["workers"] = d["rollout"]["workers"][:1]
+    job = load_rollout_spec(d)
+    for v in rs.STREAMING[:-1]:  # the program's repack ties best-fit here and takes longest
+        r = rs.StreamingTrainer(job, v, micro_batches).run()
+        assert r.trajectories_per_s <= r.ceiling_tps * (1 + 1e-9), (v, r.trajectories_per_s, r.ceiling_tps)
+
+
+def test_one_micro_batch_gives_the_whole_batch_trainers_ceiling(job):
+    a = simulate(job, "repack-best-fit")
+    assert rs.StreamingTrainer(job, "repack-best-fit", 1).run().ceiling_tps == pytest.approx(a.ceiling_tps, rel=1e-12)
