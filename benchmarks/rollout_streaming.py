@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.results_table import load_now, write_table  # noqa: E402
 from benchmarks.rollout import CASES, case_job  # noqa: E402
 from qsync_opt.rollout.admission import with_cap  # noqa: E402
-from qsync_opt.rollout.bounds_staleness import staleness_run_ceiling  # noqa: E402
 from qsync_opt.rollout.sim_records import STEP_START, VARIANTS  # noqa: E402
 from qsync_opt.rollout.simulate import Simulator  # noqa: E402
 
@@ -74,11 +73,6 @@ class StreamingTrainer(Simulator):
         self.train_epoch += 1
         self.trainer_time += dur
         self._push(max(start + dur, self.now + dur / self.micro_batches), "train_done", self.train_epoch)
-
-    def _ceiling_tps(self) -> float:
-        kinds = list({id(w.c): w.c for w in self.workers}.values())
-        return staleness_run_ceiling(self.job, self.consumed, (self.prompts, self.targets), self.eta, costs=kinds,
-                                     train_s=self.train_s, micro_batches=self.micro_batches).tps
 
 
 def main(argv=None) -> int:

@@ -76,6 +76,10 @@ class Simulator(PolicyRules, RepackTick, Metrics):
     rules are rollout.sim_policies, the repack tick rollout.sim_repack, KV sampling and the result
     rollout.sim_metrics, the records rollout.sim_records."""
 
+    micro_batches = 1
+    """Micro-batches the trainer runs a step over (1: it starts a step once the whole batch is in); the run's ceiling
+    is the one for that trainer (bounds_staleness). benchmarks/rollout_streaming.py's streaming trainer sets more."""
+
     def __init__(self, job, variant: str | None = None, costs: list | None = None, sync: SyncCosts | None = None,
                  steps: int | None = None, timeline_until: float | None = None, train_s=None, seed: int | None = None,
                  backend: str | None = None):
