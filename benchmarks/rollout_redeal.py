@@ -121,13 +121,15 @@ def main(argv=None) -> int:
             continue
         gain = snaps[:, 3] / snaps[:, 1]
         row = {"case": name, "batch_cap": cap, "steps": args.sim_steps, "snapshots": len(snaps),
-               "in_flight_mean": round(float(snaps[:, 0].mean()), 1), "rate_now_mean": round(float(snaps[:, 1].mean()), 3),
+               "in_flight_mean": round(float(snaps[:, 0].mean()), 1),
+               "rate_now_mean": round(float(snaps[:, 1].mean()), 3),
                "rate_even_mean": round(float(snaps[:, 2].mean()), 3),
                "rate_segregated_mean": round(float(snaps[:, 3].mean()), 3),
-               "segregated_over_now_mean": round(float(gain.mean()), 4), "segregated_over_now_max": round(float(gain.max()), 4)}
+               "segregated_over_now_mean": round(float(gain.mean()), 4),
+               "segregated_over_now_max": round(float(gain.max()), 4)}
         rows.append(row)
-        print(f"{name} (cap {cap}): {len(snaps)} snapshots, {row['in_flight_mean']:.0f} sequences in flight; decode rate "
-              f"now {row['rate_now_mean']:.1f}, dealt evenly {row['rate_even_mean']:.1f}, best segregated "
+        print(f"{name} (cap {cap}): {len(snaps)} snapshots, {row['in_flight_mean']:.0f} sequences in flight; "
+              f"decode rate now {row['rate_now_mean']:.1f}, dealt evenly {row['rate_even_mean']:.1f}, best segregated "
               f"{row['rate_segregated_mean']:.1f}: {gain.mean():.3f}x now on average, at most {gain.max():.3f}x")
     path = write_table(Path(args.out) / "rollout_redeal.csv", "rollout_redeal.py",
                        argv if argv is not None else sys.argv[1:], COLS, rows, load0)

@@ -29,8 +29,8 @@ from qsync_opt.rollout.admission import with_cap  # noqa: E402
 from qsync_opt.rollout.sim_records import STEP_START, VARIANTS  # noqa: E402
 from qsync_opt.rollout.simulate import Simulator  # noqa: E402
 
-COLS = ("case", "batch_cap", "steps", "micro_batches", "policy", "batch_trainer_tps", "streaming_tps", "streaming_over_batch",
-        "batch_run_ceiling_tps", "streaming_run_ceiling_tps", "batch_of_ceiling", "streaming_of_ceiling",
+COLS = ("case", "batch_cap", "steps", "micro_batches", "policy", "batch_trainer_tps", "streaming_tps",
+        "streaming_over_batch", "batch_run_ceiling_tps", "streaming_run_ceiling_tps", "batch_of_ceiling", "streaming_of_ceiling",
         "batch_trainer_idle_frac", "streaming_trainer_idle_frac")
 STREAMING = ("stale", "partial-rollout", "trajectory-async", "repack-best-fit", "repack-program")
 
@@ -111,7 +111,8 @@ def main(argv=None) -> int:
             rows.append({"case": name, "batch_cap": cap, "steps": args.sim_steps, "micro_batches": args.micro_batches,
                          "policy": v, "batch_trainer_tps": round(a.trajectories_per_s, 3),
                          "streaming_tps": round(b.trajectories_per_s, 3), "streaming_over_batch": round(ratio, 4),
-                         "batch_run_ceiling_tps": round(a.ceiling_tps, 3), "streaming_run_ceiling_tps": round(b.ceiling_tps, 3),
+                         "batch_run_ceiling_tps": round(a.ceiling_tps, 3),
+                         "streaming_run_ceiling_tps": round(b.ceiling_tps, 3),
                          "batch_of_ceiling": round(a.trajectories_per_s / a.ceiling_tps, 4),
                          "streaming_of_ceiling": round(b.trajectories_per_s / b.ceiling_tps, 4),
                          "batch_trainer_idle_frac": round(a.trainer_idle_frac, 4),
