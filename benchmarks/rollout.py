@@ -121,6 +121,21 @@ CASES = [
 ]
 
 
+def case_caps(ap, items: list[str], one_kind: str | None = None) -> list[tuple[str, int]]:
+    """`case:cap` arguments as (case, decode-batch cap); a bad one ends the program through `ap.error`, naming it.
+    `one_kind`: refuse a case with more than one worker kind, for that reason."""
+    known = dict(CASES)
+    out = []
+    for item in items:
+        name, _, cap = item.partition(":")
+        if name not in known or not cap.isdigit():
+            ap.error(f"--cases: {item!r}: expected case:cap with a case of {', '.join(known)} and an integer cap")
+        if one_kind and len(known[name]["rollout"]["workers"]) != 1:
+            ap.error(f"--cases: {name} has more than one worker kind; {one_kind}")
+        out.append((name, int(cap)))
+    return out
+
+
 def case_job(name: str, steps: int, eta: int = 1, interval_factor: float = 1.0):
     """The spec of case `name` for `steps` trainer steps, at its published η (FIXED_ETA) or else `eta`, its repack
     tick every `interval_factor` times its interval_s. Works on a copy: CASES stays as declared for the next caller."""

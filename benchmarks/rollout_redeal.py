@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results_table import load_now, write_table  # noqa: E402
-from benchmarks.rollout import CASES, case_job  # noqa: E402
+from benchmarks.rollout import case_caps, case_job  # noqa: E402
 from qsync_opt.rollout.admission import with_cap  # noqa: E402
 from qsync_opt.rollout.simulate import Simulator  # noqa: E402
 
@@ -99,15 +99,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.smoke:
         args.cases, args.sim_steps, args.every = ["h100x128:64"], 1, 5
-    known = dict(CASES)
-    cases = []
-    for item in args.cases:
-        name, _, cap = item.partition(":")
-        if name not in known or not cap.isdigit():
-            ap.error(f"--cases: {item!r}: expected case:cap with a case of {', '.join(known)} and an integer cap")
-        if len(known[name]["rollout"]["workers"]) != 1:
-            ap.error(f"--cases: {name} has more than one worker kind; the re-deal prices every rollout alike")
-        cases.append((name, int(cap)))
+    cases = case_caps(ap, args.cases, one_kind="the re-deal prices every rollout alike")
     load0 = load_now()
     rows = []
     print(f"in-flight sequences re-dealt by context (repack-best-fit, {args.sim_steps} steps, tokens per ms, "

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results_table import load_now, write_table  # noqa: E402
-from benchmarks.rollout import CASES, case_job  # noqa: E402
+from benchmarks.rollout import case_caps, case_job  # noqa: E402
 from qsync_opt.rollout.admission import with_cap  # noqa: E402
 from qsync_opt.rollout.sim_records import STEP_START, VARIANTS  # noqa: E402
 from qsync_opt.rollout.simulate import Simulator  # noqa: E402
@@ -91,13 +91,7 @@ def main(argv=None) -> int:
         args.cases, args.sim_steps = ["h100x128:64"], 1
     if args.micro_batches < 1:
         ap.error(f"--micro-batches {args.micro_batches}: at least 1 (1 is today's whole-batch trainer)")
-    known = dict(CASES)
-    cases = []
-    for item in args.cases:
-        name, _, cap = item.partition(":")
-        if name not in known or not cap.isdigit():
-            ap.error(f"--cases: {item!r}: expected case:cap with a case of {', '.join(known)} and an integer cap")
-        cases.append((name, int(cap)))
+    cases = case_caps(ap, args.cases)
     load0 = load_now()
     rows = []
     print(f"whole-batch trainer against a streaming one ({args.micro_batches} micro-batches a step), "

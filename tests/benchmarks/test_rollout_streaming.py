@@ -63,3 +63,13 @@ def test_no_streaming_run_passes_the_ceiling_for_its_trainer(kinds, eta, micro_b
 def test_one_micro_batch_gives_the_whole_batch_trainers_ceiling(job):
     a = simulate(job, "repack-best-fit")
     assert rs.StreamingTrainer(job, "repack-best-fit", 1).run().ceiling_tps == pytest.approx(a.ceiling_tps, rel=1e-12)
+
+
+@pytest.mark.parametrize("bad", ["nope:4", "h100x128", "h100x128:many"])
+def test_a_bad_case_is_named_with_the_flag(tmp_path, capsys, bad):
+    with pytest.raises(SystemExit) as e:
+        rs.main(["--out", str(tmp_path), "--cases", bad])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--cases" in err and repr(bad) in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())  # nothing half-written
