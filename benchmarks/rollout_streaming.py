@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.results_table import load_now, write_table  # noqa: E402
 from benchmarks.rollout import case_caps, case_job  # noqa: E402
 from qsync_opt.rollout.admission import with_cap  # noqa: E402
-from qsync_opt.rollout.sim_records import STEP_START, VARIANTS  # noqa: E402
+from qsync_opt.rollout.sim_records import VARIANTS  # noqa: E402
 from qsync_opt.rollout.simulate import Simulator  # noqa: E402
 
 COLS = ("case", "batch_cap", "steps", "micro_batches", "policy", "batch_trainer_tps", "streaming_tps",
@@ -36,43 +36,14 @@ STREAMING = ("stale", "partial-rollout", "trajectory-async", "repack-best-fit", 
 
 
 class StreamingTrainer(Simulator):
-    """The simulator with a streaming trainer (module docstring) for the streaming policies; the barrier policies
-    (sync, one-step-off) keep theirs."""
+    """The simulator with a streaming trainer (module docstring; PolicyRules._take_batch) for the streaming
+    policies; the barrier policies (sync, one-step-off) keep theirs."""
 
     def __init__(self, job, variant: str, micro_batches: int):
         super().__init__(job, variant)
+        if self.shared_host and micro_batches > 1:
+            raise ValueError("a streaming trainer is not modelled on a calibrated shared host")
         self.micro_batches = micro_batches
-        self.collecting: tuple[float, list] | None = None  # (the step's start, the trajectories it has taken)
-
-    def _maybe_train(self):
-        if self.kind in ("sync", "one-step-off"):
-            return super()._maybe_train()
-        if self.trainer_busy or self.trained >= self.steps_target or self.now < self.trainer_stall_until:
-            return
-        if self.in_broadcast:
-            return
-        if self.collecting is None:
-            if len(self.buffer) < max(1, self.B // self.micro_batches):
-                return  # a micro-batch to start on
-            self.collecting = (self.now, [])
-        start, got = self.collecting
-        self.buffer.sort(key=lambda t: (t.version, t.id))
-        take = self.B - len(got)
-        got.extend(self.buffer[:take])
-        self.buffer = self.buffer[take:]
-        if len(got) < self.B:
-            return
-        self.collecting = None
-        self.training_ids = [t.id for t in got]
-        self.times[self.training_ids, STEP_START] = self.now
-        self.stale.extend(self.version - t.version for t in got)
-        self.consumed.extend((t.prompt, t.target) for t in got)
-        self.tokens_trained += sum(t.target for t in got)
-        dur = self.train_s(sum(t.prompt + t.target for t in got))
-        self.trainer_busy, self.train_ps = True, None
-        self.train_epoch += 1
-        self.trainer_time += dur
-        self._push(max(start + dur, self.now + dur / self.micro_batches), "train_done", self.train_epoch)
 
 
 def main(argv=None) -> int:

@@ -51,11 +51,11 @@ class PolicyRules:
                 return  # version k goes to the rollouts (round boundary broadcast) before step k trains
             batch = [t for t in self.buffer if t.round == k]
             self.buffer = [t for t in self.buffer if t.round != k]
+            start = self.now
         else:
-            if len(self.buffer) < self.B:
+            if (taken := self._take_batch()) is None:
                 return
-            self.buffer.sort(key=lambda t: (t.version, t.id))
-            batch, self.buffer = self.buffer[:self.B], self.buffer[self.B:]
+            batch, start = taken
         self.training_ids = [t.id for t in batch]
         self.times[self.training_ids, STEP_START] = self.now
         for t in batch:
@@ -77,7 +77,27 @@ class PolicyRules:
             self.train_ps = None
             dur = self.train_s(tokens)
             self.trainer_time += dur
-        self._push(self.now + dur, "train_done", self.train_epoch)
+        # a streaming trainer's step ends no sooner than its whole compute after its start, nor than its last
+        # micro-batch after the batch is in (one micro-batch: the step starts now)
+        self._push(max(start + dur, self.now + dur / self.micro_batches), "train_done", self.train_epoch)
+
+    def _take_batch(self):
+        """(the batch a streaming policy's trainer trains, when its step began), or None while it is not in. With
+        one micro-batch (`micro_batches`) a step begins once the whole batch has finished; with more it begins on the
+        first micro-batch and takes trajectories as they finish until it has the batch. Oldest version first."""
+        if self.collecting is None:
+            if len(self.buffer) < max(1, self.B // self.micro_batches):
+                return None
+            self.collecting = (self.now, [])
+        start, got = self.collecting
+        self.buffer.sort(key=lambda t: (t.version, t.id))
+        take = self.B - len(got)
+        got.extend(self.buffer[:take])
+        self.buffer = self.buffer[take:]
+        if len(got) < self.B:
+            return None
+        self.collecting = None
+        return got, start
 
     def _beside(self) -> int:
         """Rollouts decoding beside the trainer (a worker whose last trajectory just ended is not)."""

@@ -77,8 +77,9 @@ class Simulator(PolicyRules, RepackTick, Metrics):
     rollout.sim_metrics, the records rollout.sim_records."""
 
     micro_batches = 1
-    """Micro-batches the trainer runs a step over (1: it starts a step once the whole batch is in); the run's ceiling
-    is the one for that trainer (bounds_staleness). benchmarks/rollout_streaming.py's streaming trainer sets more."""
+    """Micro-batches the streaming policies' trainer runs a step over (PolicyRules._take_batch; 1: it starts a step
+    once the whole batch is in, the trainer the product runs); the run's ceiling is the one for that trainer
+    (bounds_staleness). benchmarks/rollout_streaming.py's what-if sets more."""
 
     def __init__(self, job, variant: str | None = None, costs: list | None = None, sync: SyncCosts | None = None,
                  steps: int | None = None, timeline_until: float | None = None, train_s=None, seed: int | None = None,
@@ -118,6 +119,7 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.next_id = 0
         self.queue: list[SimTraj] = []  # interrupted / re-queued trajectories go first
         self.buffer: list[SimTraj] = []  # finished, waiting for the trainer
+        self.collecting: tuple[float, list] | None = None  # a streaming trainer's step: (its start, what it took)
         self.version = 0  # trainer's latest version
         self.rollout_version = 0  # global (broadcast policies)
         self.relay_version = 0
