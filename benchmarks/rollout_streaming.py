@@ -1,13 +1,12 @@
-"""What a streaming trainer would make: a what-if of the simulator, not a trainer the product runs.
+"""The streaming trainer (rollout.trainer_micro_batches) against the whole-batch one, per streaming policy.
 
-Today's trainer (rollout.sim_policies, and the real run's) starts a step once a whole batch of trajectories has
-finished. A streaming trainer runs the step's forward and backward over micro-batches as trajectories finish
-(gradient accumulation over whole groups; the same gradient) and only its last micro-batch and the optimizer step
-wait for the batch: a step begun at s with its last trajectory in at f ends at max(s + T, f + T / micro-batches), T
-the step's time. The staleness rule is unchanged (a batch counts as trained at its step's end). Each run is set
-against the proven ceiling of its own trajectories for its trainer (rollout.bounds_staleness.staleness_run_ceiling
-with `micro_batches`: for the streaming trainer the gate ends step k no sooner than its last micro-batch after the
-k·batch-th finish, and a trajectory stays in the room at least that last micro-batch after it finishes).
+A whole-batch trainer starts a step once a whole batch of trajectories has finished. A streaming one computes the
+step's forward and backward micro-batch by micro-batch as trajectories finish (gradients accumulated: the same
+gradient) and only the last micro-batch and the optimizer step wait for the batch; each micro-batch is priced at its
+own tokens and starts once it is in and the trainer is free (rollout.sim_policies). The staleness rule is unchanged
+(a batch counts as trained at its step's end). Each run is set against the proven ceiling of its own trajectories
+for its trainer (rollout.bounds_staleness.staleness_run_ceiling: the gate ends step k no sooner than the least its
+last micro-batch can take after the k·batch-th finish, and a trajectory stays in the room at least that long).
 
     PYTHONPATH=. python benchmarks/rollout_streaming.py --out DIR [--cases a100x64:48 ...] [--sim-steps 50]
         [--micro-batches 8] [--variants partial-rollout repack-best-fit] [--smoke]
@@ -35,15 +34,9 @@ COLS = ("case", "batch_cap", "steps", "micro_batches", "policy", "batch_trainer_
 STREAMING = ("stale", "partial-rollout", "trajectory-async", "repack-best-fit", "repack-program")
 
 
-class StreamingTrainer(Simulator):
-    """The simulator with a streaming trainer (module docstring; PolicyRules._take_batch) for the streaming
-    policies; the barrier policies (sync, one-step-off) keep theirs."""
-
-    def __init__(self, job, variant: str, micro_batches: int):
-        super().__init__(job, variant)
-        if self.shared_host and micro_batches > 1:
-            raise ValueError("a streaming trainer is not modelled on a calibrated shared host")
-        self.micro_batches = micro_batches
+def streaming(job, micro_batches: int):
+    """The job with its trainer computing each step over `micro_batches` (rollout.trainer_micro_batches)."""
+    return job.model_copy(update={"rollout": job.rollout.model_copy(update={"trainer_micro_batches": micro_batches})})
 
 
 def main(argv=None) -> int:
@@ -61,17 +54,17 @@ def main(argv=None) -> int:
     if args.smoke:
         args.cases, args.sim_steps = ["h100x128:64"], 1
     if args.micro_batches < 1:
-        ap.error(f"--micro-batches {args.micro_batches}: at least 1 (1 is today's whole-batch trainer)")
+        ap.error(f"--micro-batches {args.micro_batches}: at least 1 (1 is the whole-batch trainer)")
     cases = case_caps(ap, args.cases)
     load0 = load_now()
     rows = []
     print(f"whole-batch trainer against a streaming one ({args.micro_batches} micro-batches a step), "
-          f"{args.sim_steps} steps, traj/s (a what-if: the product's trainer takes whole batches)")
+          f"{args.sim_steps} steps, traj/s")
     for name, cap in cases:
         job = with_cap(case_job(name, args.sim_steps), cap)
         for v in [v for v in VARIANTS if v in args.variants]:
             a = Simulator(job, v).run()
-            b = StreamingTrainer(job, v, args.micro_batches).run()
+            b = Simulator(streaming(job, args.micro_batches), v).run()
             ratio = b.trajectories_per_s / a.trajectories_per_s
             rows.append({"case": name, "batch_cap": cap, "steps": args.sim_steps, "micro_batches": args.micro_batches,
                          "policy": v, "batch_trainer_tps": round(a.trajectories_per_s, 3),

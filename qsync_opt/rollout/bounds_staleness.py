@@ -78,7 +78,7 @@ from qsync_opt.rollout.bounds import (
     decode_plane,
     run_ceiling,
 )
-from qsync_opt.rollout.costs import WorkerCosts, all_worker_costs, trainer_step_s
+from qsync_opt.rollout.costs import WorkerCosts, all_worker_costs, micro_batch_seconds, trainer_step_s
 from qsync_opt.rollout.sim_workload import draw
 from qsync_opt.solver.backends import get_backend
 from qsync_opt.solver.backends.base import SolveOptions
@@ -248,11 +248,11 @@ def interval_prices(bl: BatchLines, lo: int, hi: int, ctx: np.ndarray) -> tuple[
 
 
 def room_seconds(kinds: list[RoomKind], prompts, lengths, trainer_s: float, eta: int, batch: int,
-                 coupled: bool = True, ratio: float = BATCH_GRID, micro_batches: int = 1) -> float | None:
+                 coupled: bool = True, ratio: float = BATCH_GRID, held_s: float | None = None) -> float | None:
     """The least R of the room program in the module docstring (`coupled`: with the rows that tie each token's work
     to its latency through its decode batch; else only the batch-free rows); None without a proven optimum.
-    `micro_batches` > 1: a streaming trainer (gate_seconds), whose trajectories stay in the room at least their
-    step's last micro-batch after they finish, not the whole step."""
+    `held_s`: the least seconds, summed over the steps, that a step holds its batch in the room once the batch is
+    in (a streaming trainer: its last micro-batch, `last_micro_batch_floor`); default the steps' whole `trainer_s`."""
     prompts = np.asarray(prompts, dtype=float)
     lengths = np.asarray(lengths, dtype=float)
     top = float((prompts + lengths).max())
@@ -289,7 +289,7 @@ def room_seconds(kinds: list[RoomKind], prompts, lengths, trainer_s: float, eta:
         plane_load[k][v] = batch_load[k][v] = kd.plane.prefill_s
         room[v] = batch_room[v] = kd.latency.prefill_s
     p.add_constraint("prefills", pre, "==", float(len(lengths)))
-    trained = -float(batch) * float(trainer_s) / micro_batches
+    trained = -float(batch) * float(trainer_s if held_s is None else held_s)
     for k, row in plane_load.items():
         p.add_constraint(f"load_{k}", row, "<=", 0.0)
         if coupled:
@@ -337,19 +337,21 @@ def least_latencies(job, drawn, costs: list[WorkerCosts] | None = None) -> np.nd
 
 
 def gate_seconds(job, drawn, trainer_steps, eta: int, costs: list[WorkerCosts] | None = None,
-                 micro_batches: int = 1) -> tuple[float, float]:
+                 last_steps=None) -> tuple[float, float]:
     """(end of the last step, start of the first) at their earliest under the admission gate, the trainer's steps
     lasting `trainer_steps` (seconds each, in order), each drawn trajectory at its least decode latency on the
-    quickest kind (the recursion in the module docstring). `micro_batches` > 1: a streaming trainer, which runs a
-    step over that many micro-batches as trajectories finish, so a step ends no sooner than its whole compute after
-    the previous one, nor than its last micro-batch after its batch is in (1: the step starts once it is in)."""
+    quickest kind (the recursion in the module docstring). `last_steps`: for a streaming trainer, which computes a
+    step's micro-batches as its trajectories finish, the least seconds of each step's last micro-batch
+    (`last_micro_batch_floor`): a step ends no sooner than its whole compute after the previous one, nor than its
+    last micro-batch after its batch is in (default: the whole step; it starts once its batch is in)."""
     lat = least_latencies(job, drawn, costs)
     B = job.rollout.workload.batch
     first = 0.0
     tau = [0.0]  # tau[j]: end of step j (tau[0] = 0: the start)
     pending = np.empty(0)  # finish times not yet below a step's start
     done = 0  # trajectories finished by the last step's start
-    for k, t_k in enumerate(trainer_steps, start=1):
+    last_steps = trainer_steps if last_steps is None else last_steps
+    for k, (t_k, last_k) in enumerate(zip(trainer_steps, last_steps), start=1):
         # group g (ids g·B …) opens at the end of step g − η: step k − 1 opens group k − 1 + η (the start opens 0..η)
         lo = 0 if k == 1 else (k - 1 + eta) * B
         hi = min(len(lat), (k + eta) * B)
@@ -363,24 +365,39 @@ def gate_seconds(job, drawn, trainer_steps, eta: int, costs: list[WorkerCosts] |
         done += int(below.sum())
         pending = pending[~below]
         # the step's whole compute after the previous step, and its last micro-batch after its batch is in
-        tau.append(max(tau[k - 1] + float(t_k), ready + float(t_k) / micro_batches))
+        tau.append(max(tau[k - 1] + float(t_k), ready + float(last_k)))
         first = tau[1] - float(t_k) if k == 1 else first
     return tau[-1], first
 
 
+def last_micro_batch_floor(train_s, tokens, micro_batches: int, per_step_s: float | None = None) -> float:
+    """The least seconds a step's last micro-batch can take, `tokens` (prompt + response) per trajectory of the step:
+    the last micro-batch holds batch // micro_batches of them (rollout.costs.micro_batch_bounds), at the least its
+    fewest tokens (a schedule may finish the shortest last), priced as rollout.costs.micro_batch_seconds prices it
+    (unpadded: a trainer that pads computes more). One micro-batch: the whole step."""
+    t = np.sort(np.asarray(tokens, dtype=float))
+    n = len(t) // micro_batches
+    return micro_batch_seconds(train_s, float(t[:n].sum()) if micro_batches > 1 else float(t.sum()), micro_batches,
+                               True, per_step_s)
+
+
 def staleness_run_ceiling(job, consumed, drawn=None, eta: int | None = None, costs: list[WorkerCosts] | None = None,
-                          train_s=None, long_run: bool = False, micro_batches: int = 1) -> StalenessCeiling:
+                          train_s=None, long_run: bool = False, micro_batches: int | None = None) -> StalenessCeiling:
     """The ceiling under the staleness rule for a run whose trainer consumed `consumed`, (prompt, length) per
     trajectory in training order, in batches of the job's batch size; `drawn`: (prompts, lengths) of every
     trajectory the run could admit, in id order (default: the simulator's draw for the job's seed). `eta`: the
     job's (η = 0 is taken as 1, as the simulator does). `long_run`: leave out the one-off wait for the first batch
-    (a looser bound, the rate a long run approaches). `micro_batches` > 1: for a streaming trainer (gate_seconds)."""
+    (a looser bound, the rate a long run approaches). `micro_batches`: the trainer's per step (default the job's
+    rollout.trainer_micro_batches); more than 1, a streaming trainer (gate_seconds, room_seconds)."""
     arr = np.asarray(consumed, dtype=float).reshape(-1, 2)
     r = job.rollout
     eta = max(1, int(eta if eta is not None else (r.policy.eta or 1)))
     B = r.workload.batch
+    per_step = r.trainer_step_s if train_s is None else None
     train_s = train_s or (lambda tokens: trainer_step_s(job, tokens))
     steps = [train_s(float(arr[i:i + B].sum())) for i in range(0, len(arr), B)]
+    m = r.trainer_micro_batches if micro_batches is None else micro_batches
+    lasts = [last_micro_batch_floor(train_s, arr[i:i + B].sum(axis=1), m, per_step) for i in range(0, len(arr), B)]
     if drawn is None:
         drawn = draw(job, len(steps), eta, r.seed)
     base = run_ceiling(job, arr, costs, train_s)
@@ -388,8 +405,8 @@ def staleness_run_ceiling(job, consumed, drawn=None, eta: int | None = None, cos
     prompts, lengths = arr[:, 0], arr[:, 1]
     min_ctx = float(min(prompts.min(), np.min(drawn[0]))) if len(prompts) else 1.0
     window = room_seconds(room_kinds(job, kinds, prompts, lengths, min_ctx), prompts, lengths, base.trainer_s, eta, B,
-                          micro_batches=micro_batches)
-    end, first = gate_seconds(job, drawn, steps, eta, kinds, micro_batches)
+                          held_s=None if m == 1 else float(sum(lasts)))
+    end, first = gate_seconds(job, drawn, steps, eta, kinds, None if m == 1 else lasts)
     gate = end - first if long_run else end
     note = "" if window is not None else ("the staleness program ended without a proven optimum: its room bound is "
                                           "left out (the trainer, decode-plane and gate bounds stand)")

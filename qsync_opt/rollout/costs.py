@@ -189,5 +189,27 @@ def trainer_step_s(job, tokens: float) -> float:
     return 6 * model_params(r.model) * tokens / (g.count * dev.achieved_flops(prec))
 
 
+def micro_batch_bounds(batch: int, micro_batches: int, j: int) -> tuple[int, int]:
+    """[lo, hi): the trajectories of a step's j-th micro-batch (0-based) when a batch is split into `micro_batches`
+    nearly equal ones in the order the trainer takes them (the first batch % micro_batches hold one more)."""
+    size, extra = divmod(batch, micro_batches)
+    lo = j * size + min(j, extra)
+    return lo, lo + size + (j < extra)
+
+
+def micro_batch_seconds(train_s, tokens: float, micro_batches: int = 1, last: bool = True,
+                        per_step_s: float | None = None, **kw) -> float:
+    """Seconds the trainer computes one micro-batch of `tokens` (the whole step when `micro_batches` is 1): its
+    forward and backward at `train_s`'s price per token, and, when `last`, the optimizer step and the weights'
+    publishing, which a calibration measures apart (`train_s.publish`, charged to the step's last micro-batch only).
+    A step given as measured seconds (`per_step_s`, rollout.trainer_step_s) is split evenly: 1/micro_batches each."""
+    if per_step_s is not None:
+        return per_step_s / micro_batches
+    s = train_s(tokens, **kw)
+    if not last:
+        s -= getattr(train_s, "publish", 0.0)
+    return max(1e-3, s)
+
+
 def all_worker_costs(job) -> list[WorkerCosts]:
     return [worker_costs(job, w) for w in job.rollout.workers]

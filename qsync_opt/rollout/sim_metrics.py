@@ -201,4 +201,4 @@ class Metrics:
 
         kinds = list({id(w.c): w.c for w in self.workers}.values())
         return staleness_run_ceiling(self.job, self.consumed, (self.prompts, self.targets), self.eta, costs=kinds,
-                                     train_s=self.train_s, micro_batches=self.micro_batches).tps
+                                     train_s=self.train_given, micro_batches=self.micro_batches).tps

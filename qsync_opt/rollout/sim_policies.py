@@ -9,6 +9,7 @@ interrupts, relay pulls).
 
 from __future__ import annotations
 
+from qsync_opt.rollout.costs import micro_batch_bounds, micro_batch_seconds
 from qsync_opt.rollout.sim_records import GEN, STEP_END, STEP_START, SYNC, Chunk, SimWorker, TrainStep
 
 
@@ -51,77 +52,66 @@ class PolicyRules:
                 return  # version k goes to the rollouts (round boundary broadcast) before step k trains
             batch = [t for t in self.buffer if t.round == k]
             self.buffer = [t for t in self.buffer if t.round != k]
-            start = self.now
-        else:
-            if (taken := self._take_batch()) is None:
-                return
-            batch, start = taken
-        self.training_ids = [t.id for t in batch]
-        self.times[self.training_ids, STEP_START] = self.now
-        for t in batch:
+            self.step_got, self.step_done = batch, 0
+            self._compute(batch, last=True)
+            return
+        # a streaming policy: the step takes finished trajectories, oldest version first, up to the batch; it
+        # computes its next micro-batch once that micro-batch is in (one micro-batch: once the whole batch is in)
+        got = self.step_got
+        if len(got) < self.B and self.buffer:
+            self.buffer.sort(key=lambda t: (t.version, t.id))
+            take = self.B - len(got)
+            got.extend(self.buffer[:take])
+            self.buffer = self.buffer[take:]
+        j = self.step_done
+        lo, hi = micro_batch_bounds(self.B, self.micro_batches, j)
+        if len(got) < hi:
+            return
+        self._compute(got[lo:hi], last=j + 1 == self.micro_batches)
+
+    def _compute(self, part: list, last: bool):
+        """The trainer computes `part` of its step (the whole batch, or one micro-batch); `last`: the step ends with it
+        (the optimizer step and the weights' publishing, rollout.costs.micro_batch_seconds)."""
+        ids = [t.id for t in part]
+        self.training_ids.extend(ids)
+        self.times[ids, STEP_START] = self.now
+        for t in part:
             self.stale.append(self.version - t.version)
-        self.consumed.extend((t.prompt, t.target) for t in batch)
-        tokens = sum(t.prompt + t.target for t in batch)
-        if getattr(self.train_s, "padded", False):  # a trainer that pads the batch to its longest (the real run's)
-            tokens = len(batch) * max(t.prompt + t.target for t in batch)
-        self.tokens_trained += sum(t.target for t in batch)
+        self.consumed.extend((t.prompt, t.target) for t in part)
+        tokens = sum(t.prompt + t.target for t in part)
+        if getattr(self.train_s, "padded", False):  # a trainer that pads what it computes to its longest (the real run's)
+            tokens = len(part) * max(t.prompt + t.target for t in part)
+        self.tokens_trained += sum(t.target for t in part)
         self.trainer_busy = True
         self.train_epoch += 1
+        self.train_last = last
         if self.shared_host and hasattr(self.train_s, "g"):
             # calibrated on a shared host: the step is slower while rollouts decode beside it, and how many do changes
             # during the step; it progresses at 1 / train_s(tokens, beside) of the step per second, re-timed at every
             # change (_retime_train), as processes sharing cores do
             self.train_ps = TrainStep(tokens, self._beside(), self.now)
-            dur = self.train_s(tokens, beside=self.train_ps.beside)
+            dur = self._train_seconds(tokens, self.train_ps.beside)
         else:
             self.train_ps = None
-            dur = self.train_s(tokens)
+            dur = self._train_seconds(tokens)
             self.trainer_time += dur
-        # a streaming trainer's step ends no sooner than its whole compute after its start, nor than its last
-        # micro-batch after the batch is in (one micro-batch: the step starts now)
-        self._push(max(start + dur, self.now + dur / self.micro_batches), "train_done", self.train_epoch)
+        self._push(self.now + dur, "train_done", self.train_epoch)
 
-    def _take_batch(self):
-        """(the batch a streaming policy's trainer trains, when its step began), or None while it is not in. With
-        one micro-batch (`micro_batches`) a step begins once the whole batch has finished; with more it begins on the
-        first micro-batch and takes trajectories as they finish until it has the batch. Oldest version first."""
-        if self.collecting is None:
-            if len(self.buffer) < max(1, self.B // self.micro_batches):
-                return None
-            self.collecting = (self.now, [])
-        start, got = self.collecting
-        self.buffer.sort(key=lambda t: (t.version, t.id))
-        take = self.B - len(got)
-        got.extend(self.buffer[:take])
-        self.buffer = self.buffer[take:]
-        if len(got) < self.B:
-            return None
-        self.collecting = None
-        return got, start
-
-    def _beside(self) -> int:
-        """Rollouts decoding beside the trainer (a worker whose last trajectory just ended is not)."""
-        return sum(1 for w in self.workers if w.state == GEN and w.batch)
-
-    def _retime_train(self):
-        """The number decoding beside the trainer changed: the step's progress so far at the old rate, the rest at
-        the new one."""
-        ps = self.train_ps
-        now_beside = self._beside()
-        if now_beside == ps.beside:
-            return
-        ps.done += (self.now - ps.since) / self.train_s(ps.tokens, beside=ps.beside)
-        ps.since, ps.beside = self.now, now_beside
-        self.train_epoch += 1
-        self._push(self.now + max(0.0, 1.0 - ps.done) * self.train_s(ps.tokens, beside=now_beside), "train_done",
-                   self.train_epoch)
-
+    def _train_seconds(self, tokens, beside=None) -> float:
+        kw = {} if beside is None else {"beside": beside}
+        return micro_batch_seconds(self.train_s, tokens, self.micro_batches, self.train_last, self.per_step_s, **kw)
     def _on_train_done(self):
+        """The trainer finished what it computed: a micro-batch (it takes the next when that is in) or its step."""
         self.trainer_busy = False
-        self.times[self.training_ids, STEP_END] = self.now
         if self.train_ps is not None:
             self.trainer_time += self.now - self.train_ps.start
             self.train_ps = None
+        if not self.train_last:
+            self.step_done += 1
+            self._maybe_train()
+            return
+        self.times[self.training_ids, STEP_END] = self.now
+        self.training_ids, self.step_got, self.step_done = [], [], 0
         self.trained += 1
         self.version += 1
         self.t_end = self.now

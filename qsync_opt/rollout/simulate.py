@@ -67,6 +67,7 @@ from qsync_opt.rollout.sim_records import (
 )
 from qsync_opt.rollout.sim_repack import RepackTick
 from qsync_opt.rollout.sim_workload import draw
+from qsync_opt.rollout.spec import STREAMING
 
 __all__ = ["GEN", "IDLE", "MIGRATE", "STATES", "SYNC", "VARIANTS", "SimResult", "Simulator", "simulate", "variant_of"]
 
@@ -75,11 +76,6 @@ class Simulator(PolicyRules, RepackTick, Metrics):
     """The event loop: workload, events, workers' decode chunks, admission and the run; the policy
     rules are rollout.sim_policies, the repack tick rollout.sim_repack, KV sampling and the result
     rollout.sim_metrics, the records rollout.sim_records."""
-
-    micro_batches = 1
-    """Micro-batches the streaming policies' trainer runs a step over (PolicyRules._take_batch; 1: it starts a step
-    once the whole batch is in, the trainer the product runs); the run's ceiling is the one for that trainer
-    (bounds_staleness). benchmarks/rollout_streaming.py's what-if sets more."""
 
     def __init__(self, job, variant: str | None = None, costs: list | None = None, sync: SyncCosts | None = None,
                  steps: int | None = None, timeline_until: float | None = None, train_s=None, seed: int | None = None,
@@ -101,6 +97,11 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.time_limit = r.solver.time_limit_s
         self.sync = sync or sync_costs(job)
         self.train_s = train_s or (lambda tokens: trainer_step_s(job, tokens))
+        self.train_given = train_s  # None: the job's own trainer price (rollout.costs.trainer_step_s)
+        self.per_step_s = r.trainer_step_s if train_s is None else None  # a step given in seconds, not per token
+        self.micro_batches = r.trainer_micro_batches if self.kind in STREAMING else 1
+        """Micro-batches the trainer computes a step over (rollout.trainer_micro_batches; the barrier policies train
+        a round at once): PolicyRules._maybe_train. The run's ceiling is the one for that trainer (bounds_staleness)."""
         kinds = costs or all_worker_costs(job)
         self.shared_host = all(hasattr(c, "decode_ms_shared") for c in kinds)
         self.n_gen = 0
@@ -119,7 +120,9 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.next_id = 0
         self.queue: list[SimTraj] = []  # interrupted / re-queued trajectories go first
         self.buffer: list[SimTraj] = []  # finished, waiting for the trainer
-        self.collecting: tuple[float, list] | None = None  # a streaming trainer's step: (its start, what it took)
+        self.step_got: list[SimTraj] = []  # the step's trajectories taken so far (streaming: as they finish)
+        self.step_done = 0  # its micro-batches computed
+        self.train_last = True  # what the trainer computes ends its step
         self.version = 0  # trainer's latest version
         self.rollout_version = 0  # global (broadcast policies)
         self.relay_version = 0

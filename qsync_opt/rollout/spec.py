@@ -248,6 +248,12 @@ class RolloutSection(_Model):
     """Trainer steps to simulate."""
     trainer_step_s: float | None = Field(default=None, gt=0)
     """Measured seconds per trainer step; default: 6·params·tokens over the trainer group's bf16 rate."""
+    trainer_micro_batches: int = Field(default=1, ge=1)
+    """Micro-batches the trainer computes a step over under the streaming policies (stale, partial-rollout,
+    trajectory-async): forward and backward of each micro-batch as soon as its trajectories have finished, gradients
+    accumulated, the optimizer step after the last (verl fully_async's streamed mini-batches). The gradient is the
+    whole batch's; a step waits only for its last micro-batch once the batch is in. 1: a step starts once the whole
+    batch has finished. The barrier policies (sync, one-step-off) train a round at once. At most the batch."""
     relay_link: str | Interconnect = "pcie4"
     """Link from a node's relay to its rollouts (pull); the cluster interconnect carries the broadcast."""
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
@@ -307,6 +313,10 @@ class RolloutJob(_Model):
         if r.policy.kind != "trajectory-async" and r.repack.method != "none":
             raise ValueError(f"rollout.repack.method: {r.repack.method!r} needs policy kind trajectory-async "
                              f"(repack frees rollouts to pull new weights); got policy {r.policy.kind!r}")
+        if r.trainer_micro_batches > r.workload.batch:
+            raise ValueError(f"rollout.trainer_micro_batches: {r.trainer_micro_batches} is more than the batch "
+                             f"(rollout.workload.prompts_per_step x group_size = {r.workload.batch}); each micro-batch "
+                             f"holds at least one trajectory: use at most {r.workload.batch}")
         drawn = (r.steps + (r.policy.eta or 1) + 2) * r.workload.batch
         if drawn > MAX_TRAJECTORIES:
             raise ValueError(f"(rollout.steps + rollout.policy.eta + 2) x rollout.workload.prompts_per_step x "
