@@ -3,7 +3,7 @@
 `RolloutActor` prefills admitted contexts (prompts, or a migrated or interrupted trajectory's prompt +
 response so far: re-prefill) and decodes its batch step by step, timing each step, prefill and weight
 load. `TrainerActor` does a real AdamW step (policy-gradient-weighted next-token loss) on finished
-trajectories and publishes each version once with `ray.put`. Both are plain classes (testable
+trajectories, whole or micro-batch by micro-batch, and publishes each version once with `ray.put`. Both are plain classes (testable
 without Ray); rollout.ray_run wraps them as Ray actors. `model_dict` is the decoder a job's actors build.
 """
 
@@ -192,51 +192,96 @@ class RolloutActor:
 
 
 class TrainerActor:
-    def __init__(self, cfg: dict, seed: int, lr: float = 1e-4):
+    """Body of the trainer actor: a real AdamW step per batch, computed whole (`train`) or micro-batch by micro-batch
+    as trajectories finish (`accumulate` for each but the last, then `train`): each call's forward and backward adds
+    its summed loss's gradients, and the step divides them by the step's response tokens, so both give the same
+    gradient (up to float summation order). The stand-in reward needs nothing from the rest of the batch (`advantage`),
+    which is what lets a micro-batch be computed before the batch is in."""
+
+    def __init__(self, cfg: dict, seed: int, lr: float = 1e-4, reward_ref: float = 64.0):
         import torch
 
         torch.set_num_threads(1)
         self.torch = torch
-        self.cfg = cfg
+        self.cfg, self.lr, self.reward_ref = cfg, lr, float(reward_ref)
         self.model = build_model(cfg, seed)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
-        self.log: list[tuple[int, float]] = []
+        self.log: list[tuple] = []
+        """(tokens, wall s, CPU s, start perf_counter, publish s, ends the step) per call"""
         self.version = 0
+        self.acc_tokens, self.acc_loss = 0.0, 0.0
 
     def reset(self, seed: int):
-        self.__init__(self.cfg, seed)
+        self.__init__(self.cfg, seed, self.lr, self.reward_ref)
         return True
 
     def weights(self):
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
-    def train(self, seqs, prompt_lens):
-        """One real optimizer step on finished trajectories; returns [version, ref] (ref: the new weights
-        in the object store, published once: the relay)."""
-        import ray
-
+    def advantage(self, lengths):
+        """A stand-in reward per trajectory (random weights have no task to reward): the log of its response length
+        over `reward_ref` (the workload's mean response), so long and short responses pull opposite ways. Per
+        trajectory, unlike GRPO's group-normalised advantage, which would need micro-batches of whole groups."""
         torch = self.torch
-        t0, c0 = time.perf_counter(), time.thread_time()
+        return torch.log(torch.as_tensor(lengths, dtype=torch.float).clamp(min=1.0) / self.reward_ref)
+
+    def _backward(self, seqs, prompt_lens) -> int:
+        """Forward and backward of `seqs`, the policy-gradient loss summed over their response tokens (the step
+        normalises); gradients add up in the parameters' .grad. Returns the padded tokens computed."""
+        torch = self.torch
         n = max(len(s) for s in seqs)
         toks = torch.zeros(len(seqs), n, dtype=torch.long)
         mask = torch.zeros(len(seqs), n)
         for i, (s, p) in enumerate(zip(seqs, prompt_lens)):
             toks[i, :len(s)] = torch.tensor(s)
             mask[i, p:len(s)] = 1.0
-        lengths = torch.tensor([len(s) for s in seqs], dtype=torch.float)
-        adv = (lengths - lengths.mean()) / (lengths.std() + 1e-6)  # a stand-in reward: GRPO-style normalised
+        adv = self.advantage([len(s) - p for s, p in zip(seqs, prompt_lens)])
         logits = self.model(toks[:, :-1])
         logp = torch.log_softmax(logits, -1).gather(-1, toks[:, 1:, None])[..., 0]
-        loss = -(adv[:, None] * logp * mask[:, 1:]).sum() / mask.sum()
-        self.opt.zero_grad()
+        loss = -(adv[:, None] * logp * mask[:, 1:]).sum()
         loss.backward()
+        self.acc_tokens += float(mask[:, 1:].sum())
+        self.acc_loss += float(loss.detach())
+        return len(seqs) * n
+
+    def _apply(self) -> float:
+        """The optimizer step on the gradients accumulated since the last: divided by the step's response tokens
+        (the mean over every token of the batch); returns the step's mean loss."""
+        scale = 1.0 / max(self.acc_tokens, 1.0)
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(scale)
         self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.acc_loss * scale
+        self.acc_tokens, self.acc_loss = 0.0, 0.0
         self.version += 1
-        ref = ray.put(self.weights())
+        return loss
+
+    def accumulate(self, seqs, prompt_lens):
+        """A micro-batch that does not end its step: forward and backward only. Returns [CPU s, start, wall s]."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        tokens = self._backward(seqs, prompt_lens)
         cpu = time.thread_time() - c0
         dt = time.perf_counter() - t0  # after the CPU-time read: see RolloutActor.step
-        self.log.append((int(sum(len(s) for s in seqs)), dt, cpu, t0))
-        return [self.version, ref, float(loss), cpu, t0, dt]
+        self.log.append((tokens, dt, cpu, t0, 0.0, False))
+        return [cpu, t0, dt]
+
+    def train(self, seqs, prompt_lens):
+        """The step's last micro-batch (or its whole batch), then the optimizer step; returns [version, ref, loss,
+        CPU s, start, wall s, publish s] (ref: the new weights in the object store, published once: the relay;
+        publish s: the optimizer step and the publishing, which only a step's last call pays)."""
+        import ray
+
+        t0, c0 = time.perf_counter(), time.thread_time()
+        tokens = self._backward(seqs, prompt_lens)
+        t1 = time.perf_counter()
+        loss = self._apply()
+        ref = ray.put(self.weights())
+        cpu = time.thread_time() - c0
+        t2 = time.perf_counter()  # after the CPU-time read: see RolloutActor.step
+        self.log.append((tokens, t2 - t0, cpu, t0, t2 - t1, True))
+        return [self.version, ref, loss, cpu, t0, t2 - t0, t2 - t1]
 
     def logs(self):
         return self.log

@@ -73,17 +73,20 @@ class CalibratedCosts:
 
 @dataclass(frozen=True)
 class CalibratedTrain:
-    """Trainer step seconds = a + b·tokens + g·(actors decoding beside it): the trainer shares the host's cores
-    with the rollout actors, so its step is slower while they decode (measured, not assumed). `tokens` are the
-    padded batch's positions (trajectories × the longest): what the real trainer computes."""
+    """Trainer step seconds = a + b·tokens + g·(actors decoding beside it) + publish: the trainer shares the host's
+    cores with the rollout actors, so its step is slower while they decode (measured, not assumed). `tokens` are the
+    padded batch's positions (trajectories × the longest): what the real trainer computes. `publish`: the optimizer
+    step and the weights' publishing, timed apart by the trainer; a streaming trainer pays it on a step's last
+    micro-batch only (rollout.costs.micro_batch_seconds)."""
 
     a: float
     b: float
     g: float = 0.0
     padded: bool = True
+    publish: float = 0.0
 
     def __call__(self, tokens, beside: int = 0) -> float:
-        return max(1e-3, self.a + self.b * tokens + self.g * beside)
+        return max(1e-3, self.a + self.b * tokens + self.g * beside + self.publish)
 
 
 def _flat(results: dict) -> list:
@@ -109,14 +112,16 @@ def _beside_mean(t, calls) -> float:
 def calibrate(job, results: dict):
     """(costs, sync, train_s) fitted to the rollouts', trainer's and loads' timings of `results`
     (variant -> RunResult, or variant -> list of RunResult from repeated rounds: every run's timings are pooled)."""
-    steps, pre, loads, train, calls, pulls = [], [], [], [], [], []
+    steps, pre, loads, train, calls, pulls, publish = [], [], [], [], [], [], []
     for r in _flat(results):
         for lg in r.logs["rollout"]:
             steps += [s[:4] for s in lg["step"]]
             pre += [p[:3] for p in lg["prefill"]]
         loads += r.logs["broadcast"]
         pulls += r.logs["pull"]
-        train += [(t[0], t[1], _beside_mean(t, r.logs["calls"])) for t in r.logs["train"]]
+        # each trainer call less its optimizer step and publishing (timed apart, logs from before: not apart)
+        train += [(t[0], t[1] - (t[7] if len(t) > 7 else 0.0), _beside_mean(t, r.logs["calls"])) for t in r.logs["train"]]
+        publish += [t[7] for t in r.logs["train"] if len(t) > 8 and t[8]]
         calls += [c[:2] for c in r.logs["calls"]]
     S = np.asarray(steps, dtype=float)
     X = np.c_[np.ones(len(S)), S[:, 0], S[:, 1]]
@@ -155,9 +160,10 @@ def calibrate(job, results: dict):
     costs = [CalibratedCosts("rollout", "cpu", 32, n_act, 1e12, 1.0, pull, (float(dec[0]), float(dec[1]), float(dec[2])),
                              (float(pa[0]), float(pa[1])), share, overhead_ms, MAX_STEPS_PER_CALL, pre_call)]
     sync = SyncCosts(broadcast_s=load, push_s=0.0, relay_fanout_s=0.0, kv_link_gbs=1e-9, kv_link_latency_s=1e9)
-    train_s = CalibratedTrain(float(ta[0]), float(ta[1]), float(ta[2]))
+    publish_s = float(np.mean(publish)) if publish else 0.0
+    train_s = CalibratedTrain(float(ta[0]), float(ta[1]), float(ta[2]), publish=publish_s)
     return costs, sync, train_s, {"decode_ms": dec, "share_by_busy": share, "call_overhead_ms": overhead_ms,
                                   "prefill_ms_per_seq": tuple(map(float, pa)), "prefill_ms_per_admission": pre_call,
-                                  "train_s": tuple(map(float, ta)),
+                                  "train_s": tuple(map(float, ta)), "train_publish_s": publish_s,
                                   "broadcast_s": load, "pull_s": pull,
                                   "samples": {"steps": len(S), "prefills": len(P), "train": len(T), "calls": len(C)}}

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qsync_opt.rollout.actors import model_dict
+from qsync_opt.rollout.costs import micro_batch_bounds
 from qsync_opt.rollout.driver_repack import repack_tick
 from qsync_opt.rollout.simulate import Simulator
 
@@ -46,6 +47,7 @@ class Driver:
         self.job, self.variant = job, variant
         plan = Simulator(job, variant)  # the same rules' parameters and the same drawn lengths
         self.kind, self.repack_method, self.eta, self.B = plan.kind, plan.repack_method, plan.eta, plan.B
+        self.micro_batches = plan.micro_batches  # the trainer's per step (1 under the barrier policies)
         self.prompts, self.targets, self.n_max = plan.prompts, plan.targets, plan.n_max
         self.cap = job.rollout.repack.batch_cap
         self.steps_target = job.rollout.steps
@@ -196,21 +198,32 @@ class Driver:
                 return
             batch = [(tid, tok) for tid, tok in self.buffer if self.trajs[tid]["round"] == k]
             self.buffer = [(tid, tok) for tid, tok in self.buffer if self.trajs[tid]["round"] != k]
-        else:
-            if len(self.buffer) < self.B:
-                return
+            self._train(batch, last=True)
+            return
+        # a streaming policy: the step takes finished trajectories, oldest version first, up to the batch, and the
+        # trainer computes its next micro-batch once that is in (one micro-batch: once the whole batch is in)
+        if len(self.step_got) < self.B and self.buffer:
             self.buffer.sort(key=lambda x: (self.trajs[x[0]]["version"], x[0]))
-            batch, self.buffer = self.buffer[:self.B], self.buffer[self.B:]
+            take = self.B - len(self.step_got)
+            self.step_got += self.buffer[:take]
+            self.buffer = self.buffer[take:]
+        lo, hi = micro_batch_bounds(self.B, self.micro_batches, self.step_done)
+        if len(self.step_got) >= hi:
+            self._train(self.step_got[lo:hi], last=self.step_done + 1 == self.micro_batches)
+
+    def _train(self, batch, last: bool):
+        """Issue the trainer's call on `batch`: its step's last micro-batch (or whole batch) ends the step."""
         for tid, _ in batch:
             self.staleness.append(self.version - self.trajs[tid]["version"])
             self.trained_ids.append(tid)
         self.tokens += sum(self.trajs[tid]["target"] - len(self.trajs[tid]["prompt"]) for tid, _ in batch)
         seqs = [tok for _, tok in batch]
         plens = [len(self.trajs[tid]["prompt"]) for tid, _ in batch]
-        # the trainer computes a padded batch: trajectories x the longest of them (TrainerActor.train)
+        # the trainer computes a padded batch: trajectories x the longest of them (TrainerActor._backward)
         self.train_tokens = len(seqs) * max(len(x) for x in seqs)
         self.train_gen = sum(self.w[j]["call"] is not None for j in self.alive)  # actors decoding beside it
-        self.train_call = self.trainer.train.remote(seqs, plens)
+        self.train_last = last
+        self.train_call = (self.trainer.train if last else self.trainer.accumulate).remote(seqs, plens)
         self.pending[self.train_call] = ("train", None)
         self.train_started = time.perf_counter()
 
@@ -253,11 +266,13 @@ class Driver:
         self.call_log, self.bcast_log, self.pull_log, self.train_log = [], [], [], []
         self.interrupt_log = []  # partial-rollout: [version seen, calls returned, contexts out, broadcast done]
         # train_log: (padded tokens: trajectories x the longest, wall seen by the driver, trainer CPU s, trainer start,
-        # driver issue, actors decoding at issue, the trainer's own wall s incl. publishing the weights)
+        # driver issue, actors decoding at issue, the trainer's own wall s incl. publishing the weights, the optimizer
+        # step and publishing s, whether the call ended its step), one per trainer call (a micro-batch or a step)
         self.trajs, self.queue, self.buffer = {}, [], []
         self.next_id = self.round = self.version = self.rollout_version = self.relay_version = 0
         self.round_done, self.pending = {}, {}
         self.train_call, self.trained_steps, self.trained_ids, self.staleness, self.tokens = None, 0, [], [], 0
+        self.step_got, self.step_done, self.train_last = [], 0, True
         self.sync_pending = self.interrupt_pending = False
         self.repacks = self.moves = 0
         self.lost = []
@@ -302,11 +317,17 @@ class Driver:
                     self._dispatch([i])
                     self._issue(i)
                 elif what == "train":
-                    version, wref, _, cpu, t0, own = ray.get(ref)
+                    got = ray.get(ref)
+                    version, wref, _, cpu, t0, own, publish = got if self.train_last else (None, None, None, *got, 0.0)
                     self.train_time += time.perf_counter() - self.train_started
                     self.train_log.append((self.train_tokens, time.perf_counter() - self.train_started, cpu, t0,
-                                           self.train_started, self.train_gen, own))
+                                           self.train_started, self.train_gen, own, publish, self.train_last))
                     self.train_call = None
+                    if not self.train_last:  # a micro-batch: the step goes on with the next once it is in
+                        self.step_done += 1
+                        self._maybe_train()
+                        continue
+                    self.step_got, self.step_done = [], 0
                     self.trained_steps += 1
                     self.version = version
                     self.latest_ref = wref

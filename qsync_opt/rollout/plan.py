@@ -294,6 +294,8 @@ class RolloutPlan(BaseModel):
     steps: int
     notes: list[str] = []
     ceiling: CeilingFigures | None = None
+    trainer_micro_batches: int = 1
+    """Micro-batches the trainer computes a step over under the streaming policies (rollout.trainer_micro_batches)."""
     evidence: str = "simulated"
     """What `recommended` rests on: "simulated" (the policies' figures here), or "measured here" once a real run
     (`qsync-opt run --real`, `run_report.write_measured`) has ranked the policies (`recommend_measured`)."""
@@ -304,6 +306,14 @@ class RolloutPlan(BaseModel):
 
     def figures(self, variant: str) -> PolicyFigures:
         return next(p for p in self.policies if p.variant == variant)
+
+    def trainer_line(self) -> str:
+        """How the trainer takes its batch, in words."""
+        if self.trainer_micro_batches == 1:
+            return "trainer: a step starts once its whole batch has finished"
+        return (f"trainer: streaming, {self.trainer_micro_batches} micro-batches a step under the streaming policies "
+                "(each computed once its trajectories have finished; the optimizer step after the last); sync and "
+                "one-step-off train a round at once")
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
@@ -470,4 +480,5 @@ def plan_from(job, results: dict[str, SimResult], steps: int | None = None,
     return RolloutPlan(name=job.name, model=r.model.label, batch=w.batch, recommended=recommended, reason=reason,
                        spec_policy=variant_of(job), policies=[PolicyFigures.of(x) for x in results.values()],
                        workers=workers, broadcast_s=sc.broadcast_s, push_s=sc.push_s,
-                       steps=steps or r.steps, notes=notes, ceiling=CeilingFigures.of(staleness_ceiling(job, steps=steps)))
+                       steps=steps or r.steps, notes=notes, ceiling=CeilingFigures.of(staleness_ceiling(job, steps=steps)),
+                       trainer_micro_batches=r.trainer_micro_batches)

@@ -62,7 +62,8 @@ def make_actors(job, seed: int = 0):
     R = ray.remote(num_cpus=0, max_restarts=0)(RolloutActor)
     T = ray.remote(num_cpus=0)(TrainerActor)
     actors = [R.remote(i, cfg, job.rollout.repack.batch_cap, seed) for i in range(n)]
-    trainer = T.remote(cfg, seed)
+    w = job.rollout.workload
+    trainer = T.remote(cfg, seed, reward_ref=w.response.mean(w.max_len))
     ray.get([a.ping.remote() for a in actors])
     return actors, trainer
 

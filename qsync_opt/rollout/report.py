@@ -51,6 +51,7 @@ def print_plan(plan: RolloutPlan, console, real_pending: bool = False) -> None:
     console.print(t)
     console.print(f"weight sync: global broadcast {plan.broadcast_s:.2f} s (all stall), relay push {plan.push_s:.2f} s "
                   "(trainer only)")
+    console.print(plan.trainer_line())
     if plan.ceiling:
         console.print(f"ceiling: {plan.ceiling.line()}")
     p = Table(title="policies (simulated, same costs)", title_justify="left",

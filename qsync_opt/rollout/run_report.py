@@ -222,7 +222,7 @@ def report_markdown(plan: RolloutPlan, shown: list[str], measured: MeasuredSecti
         lines.append(f"| {w.group} | {w.device} | {w.bits} | {w.count} | {w.kv_capacity_tokens:,.0f} | "
                      f"{w.decode_ms_at_cap:.1f} | {w.prefill_ms:.1f} | {w.pull_s:.2f} |")
     lines += ["", f"Weight sync: global broadcast {plan.broadcast_s:.2f} s (every rollout stalls), relay push "
-              f"{plan.push_s:.2f} s (the trainer only).", "",
+              f"{plan.push_s:.2f} s (the trainer only). {plan.trainer_line()[0].upper()}{plan.trainer_line()[1:]}.", "",
               f"Per-worker timeline ({', '.join(shown)}): ![timeline](timeline.png)", "",
               "KV-cache utilisation over all rollouts: ![KV utilisation](kv_utilisation.png)", ""]
     lines += [f"Note: {n}." for n in plan.notes]

@@ -100,6 +100,23 @@ class PolicyRules:
     def _train_seconds(self, tokens, beside=None) -> float:
         kw = {} if beside is None else {"beside": beside}
         return micro_batch_seconds(self.train_s, tokens, self.micro_batches, self.train_last, self.per_step_s, **kw)
+    def _beside(self) -> int:
+        """Rollouts decoding beside the trainer (a worker whose last trajectory just ended is not)."""
+        return sum(1 for w in self.workers if w.state == GEN and w.batch)
+
+    def _retime_train(self):
+        """The number decoding beside the trainer changed: what it computes progressed so far at the old rate, the
+        rest goes at the new one."""
+        ps = self.train_ps
+        now_beside = self._beside()
+        if now_beside == ps.beside:
+            return
+        ps.done += (self.now - ps.since) / self._train_seconds(ps.tokens, ps.beside)
+        ps.since, ps.beside = self.now, now_beside
+        self.train_epoch += 1
+        self._push(self.now + max(0.0, 1.0 - ps.done) * self._train_seconds(ps.tokens, now_beside), "train_done",
+                   self.train_epoch)
+
     def _on_train_done(self):
         """The trainer finished what it computed: a micro-batch (it takes the next when that is in) or its step."""
         self.trainer_busy = False

@@ -286,11 +286,10 @@ def test_trainer_tokens_are_the_padded_batch(job):
 
     class T(Simulator):
         def _maybe_train(self):
-            keep = list(self.buffer)
             busy = self.trainer_busy
             super()._maybe_train()
             if self.trainer_busy and not busy and not seen:
-                batch = [t for t in keep if t not in self.buffer]
+                batch = list(self.step_got)  # one micro-batch: the whole step
                 seen["want"] = len(batch) * max(t.prompt + t.target for t in batch)
                 seen["sum"] = sum(t.prompt + t.target for t in batch)
                 seen["got"] = self.train_ps.tokens
@@ -315,3 +314,26 @@ def test_prefill_fit_separates_the_admission_constant_from_the_per_sequence_line
     assert c.prefill_ms(14, 100) == pytest.approx(4.0 + 14 * 2.5)
     assert c.prefill_set_ms([100, 200, 0]) == pytest.approx(4.0 + 2.5 + 4.5)
     assert info["prefill_ms_per_admission"] == pytest.approx(4.0)
+
+
+def test_train_fit_takes_the_optimizer_step_and_publishing_apart(job):
+    # a streaming trainer's calls: three micro-batches, then the step's last with the optimizer step and publishing
+    # (timed apart by the trainer); the fit recovers the per-call line and charges the publishing once a step
+    rng = np.random.RandomState(2)
+    res = _fake_results(rng)
+    for runs in res.values():
+        for r in runs:
+            train = []
+            for i, tok in enumerate(rng.randint(200, 2000, 40)):
+                last = i % 4 == 3
+                pub = 0.02 + rng.uniform(-0.002, 0.002) if last else 0.0
+                dt = 0.05 + 1e-4 * tok + pub
+                train.append((int(tok), dt, 0.0, 0.0, 10.0 * i, 0, dt, pub, last))
+            r.logs["train"], r.logs["calls"] = train, []
+    _, _, train_s, info = calibrate(job, res)
+    assert (train_s.a, train_s.b) == pytest.approx((0.05, 1e-4), rel=1e-6)
+    assert train_s.publish == pytest.approx(0.02, abs=1e-3) and info["train_publish_s"] == train_s.publish
+    from qsync_opt.rollout.costs import micro_batch_seconds
+
+    assert micro_batch_seconds(train_s, 1000, 4, last=False) == pytest.approx(0.05 + 0.1)
+    assert micro_batch_seconds(train_s, 1000, 4, last=True) == pytest.approx(0.05 + 0.1 + train_s.publish)

@@ -49,7 +49,7 @@ def test_killed_actor_does_not_stop_the_run(ray_session, variant):
     _check_conserved(job, res)
     # every trajectory admitted is trained, waiting, or in flight on a live actor: none lost
     in_flight = {t for i in d.alive for t in d.w[i]["inflight"]}
-    buffered = {t for t, _ in d.buffer}
+    buffered = {t for t, _ in d.buffer} | {t for t, _ in d.step_got}
     assert set(res.trained_ids) | in_flight | buffered | set(d.queue) == set(range(d.next_id))
     for a in actors:
         ray.kill(a)
@@ -72,3 +72,21 @@ def test_run_without_ray_is_a_spec_error(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_ray)
     with pytest.raises(SpecError, match=r"needs Ray: pip install"):
         ray_run.start_ray()
+
+
+@pytest.mark.slow
+def test_streaming_trainer_runs_micro_batches_and_trains_each_trajectory_once(ray_session):
+    from qsync_opt.rollout.ray_run import Driver, make_actors
+
+    d = _job(steps=3).model_dump()
+    d["rollout"]["trainer_micro_batches"] = 4
+    job = load_rollout_spec(d)
+    actors, trainer = make_actors(job)
+    res = Driver(job, "trajectory-async", actors, trainer).run()
+    _check_conserved(job, res)
+    log = ray.get(trainer.logs.remote())
+    assert [t[5] for t in log] == [False, False, False, True] * job.rollout.steps  # 3 micro-batches, then the step
+    assert all(t[4] > 0 for t in log if t[5]) and all(t[4] == 0 for t in log if not t[5])
+    for a in actors:
+        ray.kill(a)
+    ray.kill(trainer)
