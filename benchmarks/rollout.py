@@ -4,6 +4,8 @@ calibrated simulator.
     python benchmarks/rollout.py --out DIR [--sim-steps 10] [--skip-real] [--real-rounds 3] [--real-steps N] [--eta 1]
     python benchmarks/rollout.py --out DIR --repack-only     # the repack decision timing alone
     python benchmarks/rollout.py --out DIR --real-only [--real-rounds 7]   # the real run alone (rollout_real.csv)
+    python benchmarks/rollout.py --out DIR --real-only --trainer-micro-batches 4   # its trainer streaming
+        # (rollout_real_streaming.csv, rollout_rounds_streaming.csv)
 
 Simulated cases: a 7B-class policy (Qwen2.5-7B shape: 28 layers, GQA with 4 KV heads, 57,344 KV
 bytes per token), response lengths lognormal with p99/median = 10, on 64 A100, 128 H100, and hybrid
@@ -318,11 +320,13 @@ def real_run(args, out: Path, argv, load0: float) -> list[dict]:
     d = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "rollout_cpu_tiny.yaml").read_text())
     if args.real_steps:
         d["rollout"]["steps"] = args.real_steps
+    d["rollout"]["trainer_micro_batches"] = args.trainer_micro_batches
     job = load_rollout_spec(d)
     load0 = os.getloadavg()[0]
     real = run_rounds(job, args.real_rounds)
     pred, info = predict_calibrated(job, real)
-    print(f"\nreal run ({job.name}: 4 rollout actors + trainer, {job.rollout.steps} steps, {args.real_rounds} "
+    print(f"\nreal run ({job.name}: 4 rollout actors + trainer, {job.rollout.steps} steps, "
+          f"{job.rollout.trainer_micro_batches} trainer micro-batch(es) a step, {args.real_rounds} "
           f"interleaved rounds, load {load0:.1f} -> {os.getloadavg()[0]:.1f}), calibration from every round: {info}")
     for v, rs in real.items():
         r = median_round(rs)
@@ -355,7 +359,7 @@ def real_run(args, out: Path, argv, load0: float) -> list[dict]:
           f"{sum(d.resolved for d in disc)}; pairs the real run orders (sign-test interval of the per-round ratio "
           f"excludes 1): {n_ord}, predicted in the same order: {n_same}")
     per_round = normalised_rounds(rounds)
-    write_table(out / "rollout_rounds.csv", "rollout.py", argv,
+    write_table(out / f"rollout_rounds{_streamed(args)}.csv", "rollout.py", argv,
                 ["round", "policy", "trajectories_per_s", "round_normalised", "repacks", "moves", "predicted"],
                 [{"round": i + 1, "policy": v, "trajectories_per_s": fmt(rounds[v][i]),
                   "round_normalised": fmt(per_round[v][i]), "repacks": rs[i].repacks, "moves": rs[i].moves,
@@ -367,6 +371,11 @@ def real_run(args, out: Path, argv, load0: float) -> list[dict]:
         print(f"  {v} made no repack: it ran trajectory-async's schedule; per round it measured "
               f"{', '.join(f'{g:.0%}' for g in gaps)} away from trajectory-async (the real run's own noise)")
     return rows
+
+
+def _streamed(args) -> str:
+    """The real run's tables' suffix: its trainer streaming or not."""
+    return "_streaming" if args.trainer_micro_batches > 1 else ""
 
 
 def write_repack_timing(out: Path, argv, load0: float, smoke: bool = False) -> Path:
@@ -401,6 +410,9 @@ def main(argv=None):
                          "to repeat it without the simulated cases")
     ap.add_argument("--repack-only", action="store_true",
                     help="only the repack decision timing (rollout_repack.csv), no simulation and no real run")
+    ap.add_argument("--trainer-micro-batches", type=int, default=1,
+                    help="the real run's trainer computes each step over this many micro-batches "
+                         "(rollout.trainer_micro_batches; with --real-only only: its own tables, *_streaming.csv)")
     ap.add_argument("--smoke", action="store_true",
                     help="smallest end-to-end run (tests): the timing case at 10 steps, case a100x64 at 1 step, the "
                          "real run 1 round of 1 step, the repack timing 2 calls (1 at 1 s)")
@@ -414,11 +426,16 @@ def main(argv=None):
     load0 = load_now()
     if args.real_only and (args.skip_real or args.repack_only):
         ap.error("--real-only runs only the real run: it excludes --skip-real and --repack-only")
+    if args.trainer_micro_batches != 1 and not args.real_only:
+        ap.error(f"--trainer-micro-batches {args.trainer_micro_batches}: only with --real-only (the simulated cases "
+                 "stream their trainer in benchmarks/rollout_ceilings.py --trainer-micro-batches)")
+    if args.trainer_micro_batches < 1:
+        ap.error(f"--trainer-micro-batches {args.trainer_micro_batches}: at least 1 (1: whole batches)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.repack_only:
         if args.real_only:
-            rows, table = real_run(args, out, argv, load0), out / "rollout_real.csv"
+            rows, table = real_run(args, out, argv, load0), out / f"rollout_real{_streamed(args)}.csv"
         else:
             rows = simulated_cases(args) + ([] if args.skip_real else real_run(args, out, argv, load0))
             table = out / ("rollout_simulated.csv" if args.skip_real else "rollout.csv")

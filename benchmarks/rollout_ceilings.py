@@ -19,10 +19,14 @@ rollout.repack.choose_cap (rollout.admission.choose_cap, under repack-best-fit w
 trajectory-async), then each slower kind's own cap (rollout.admission.choose_kind_caps); where either moves,
 every policy is simulated again at the chosen caps, its ceilings at them (rows with that batch_cap and kind_caps).
 
-    PYTHONPATH=. python benchmarks/rollout_ceilings.py --out DIR [--cases ...] [--sim-steps 50] [--variants ...]
-        [--jobs 1] [--choose-cap]
+With --trainer-micro-batches M > 1 every case's trainer streams (rollout.trainer_micro_batches = M: each step's
+micro-batches computed as its trajectories finish), every policy and ceiling for that trainer.
 
-Writes DIR/rollout_ceilings.csv. Deterministic (figures do not depend on the machine or its load).
+    PYTHONPATH=. python benchmarks/rollout_ceilings.py --out DIR [--cases ...] [--sim-steps 50] [--variants ...]
+        [--jobs 1] [--choose-cap] [--trainer-micro-batches 1]
+
+Writes DIR/rollout_ceilings.csv (DIR/rollout_ceilings_streaming.csv with more than one micro-batch). Deterministic
+(figures do not depend on the machine or its load).
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ from qsync_opt.rollout.admission import choose_cap, choose_kind_caps, with_cap, 
 from qsync_opt.rollout.bounds_staleness import staleness_ceiling  # noqa: E402
 from qsync_opt.rollout.simulate import VARIANTS, simulate  # noqa: E402
 
-COLS = ("case", "eta", "steps", "batch_cap", "kind_caps", "policy", "trajectories_per_s", "run_ceiling_tps", "of_run_ceiling",
+COLS = ("case", "eta", "steps", "trainer_micro_batches", "batch_cap", "kind_caps", "policy",
+        "trajectories_per_s", "run_ceiling_tps", "of_run_ceiling",
         "ceiling_tps", "ceiling_without_rule_tps", "ceiling_trainer_tps", "ceiling_rollout_tps", "ceiling_rule_tps",
         "ceiling_room_tps", "ceiling_gate_tps", "bound_by", "of_ceiling", "of_ceiling_without_rule", "gate_fill_mean",
         "gate_waiting_mean", "room_decoding_mean", "room_training_mean", "room_queued_mean", "latency_stretch",
@@ -51,9 +56,13 @@ ROOM = ("gate_fill_mean", "gate_waiting_mean", "room_decoding_mean", "room_train
 """SimResult fields of the rule's room (None for the barrier policies)."""
 
 
-def _job(name, steps, eta, caps=None):
-    """The case at `caps` = (fleet cap, ((group, its own cap), ...)) or, None, at its spec's."""
+def _job(name, steps, eta, caps=None, micro_batches=1):
+    """The case at `caps` = (fleet cap, ((group, its own cap), ...)) or, None, at its spec's; its trainer computes a
+    step over `micro_batches`."""
     job = case_job(name, steps, eta)
+    if micro_batches != 1:
+        streamed = job.rollout.model_copy(update={"trainer_micro_batches": micro_batches})
+        job = job.model_copy(update={"rollout": streamed})
     if caps is None:
         return job
     job = with_cap(job, caps[0])
@@ -63,8 +72,8 @@ def _job(name, steps, eta, caps=None):
 
 
 def _run(task):
-    name, steps, eta, variant, cap = task
-    r = simulate(_job(name, steps, eta, cap), variant)
+    name, steps, eta, variant, cap, mb = task
+    r = simulate(_job(name, steps, eta, cap, mb), variant)
     return task, (r.trajectories_per_s, r.ceiling_tps, {k: getattr(r, k) for k in ROOM}, r.at_least_latency_tps(),
                   r.trainer_idle_frac, r.rollout_idle_frac, r.decode_batch_mean, r.decode_stretch_mean)
 
@@ -90,6 +99,9 @@ def main(argv=None) -> int:
     ap.add_argument("--choose-cap", action="store_true",
                     help="also choose each case's batch cap as the planner does (rollout.admission) and, where it "
                          "moves, simulate every policy again at it")
+    ap.add_argument("--trainer-micro-batches", type=int, default=1,
+                    help="micro-batches the trainer computes each step over (rollout.trainer_micro_batches; 1: whole "
+                         "batches)")
     ap.add_argument("--smoke", action="store_true",
                     help="smallest end-to-end run (tests): case h100x128, every variant, 1 trainer step")
     args = ap.parse_args(argv)
@@ -98,27 +110,33 @@ def main(argv=None) -> int:
     known = dict(CASES)
     if unknown := [c for c in args.cases if c not in known]:
         ap.error(f"--cases: {', '.join(unknown)} unknown; choose from {', '.join(known)}")
+    mb = args.trainer_micro_batches
+    if mb < 1:
+        ap.error(f"--trainer-micro-batches {mb}: at least 1 (1: the trainer takes whole batches)")
     load0 = load_now()
     variants = [v for v in VARIANTS if v in set(args.variants) | {"sync", *ASYNC}]
-    tasks = [(c, args.sim_steps, args.eta, v, None) for c in args.cases for v in variants]
+    tasks = [(c, args.sim_steps, args.eta, v, None, mb) for c in args.cases for v in variants]
     done = _simulate_all(tasks, args.jobs)
     runs = [(c, None) for c in args.cases]
     if args.choose_cap:
         under = "repack-best-fit" if "repack-best-fit" in variants else "trajectory-async"
         for c in args.cases:
-            choice = choose_cap(case_job(c, args.sim_steps, args.eta), under)
-            _, kinds = choose_kind_caps(with_cap(case_job(c, args.sim_steps, args.eta), choice.cap), under)
+            base = _job(c, args.sim_steps, args.eta, micro_batches=mb)
+            choice = choose_cap(base, under)
+            _, kinds = choose_kind_caps(with_cap(base, choice.cap), under)
             print(f"{c}: {choice.line()}" + "".join(f"; {k.line()}" for k in kinds))
             if choice.changed or any(k.changed for k in kinds):
                 caps = (choice.cap, tuple((k.group, k.cap) for k in kinds if k.changed))
-                extra = [(c, args.sim_steps, args.eta, v, caps) for v in variants]
+                extra = [(c, args.sim_steps, args.eta, v, caps, mb) for v in variants]
                 done += _simulate_all(extra, args.jobs)
                 runs.insert(runs.index((c, None)) + 1, (c, caps))
     got = {(task[0], task[3], task[4]): figs for task, figs in done}
     rows = []
-    print(f"proven ceilings (rollout.bounds_staleness), {args.sim_steps} trainer steps, workload seed of each spec")
+    trainer = "whole batches" if mb == 1 else f"{mb} micro-batches a step, streamed"
+    print(f"proven ceilings (rollout.bounds_staleness), {args.sim_steps} trainer steps, workload seed of each spec, "
+          f"trainer: {trainer}")
     for c, cap_run in runs:
-        job = _job(c, args.sim_steps, args.eta, cap_run)
+        job = _job(c, args.sim_steps, args.eta, cap_run, mb)
         cap = job.rollout.repack.batch_cap
         kind_caps = " ".join(f"{w.group}:{w.batch_cap}" for w in job.rollout.workers if w.batch_cap is not None)
         cl = staleness_ceiling(job)
@@ -143,7 +161,8 @@ def main(argv=None) -> int:
             print(f"  {v:17s} {tps:8.2f} traj/s  {tps / run_c:6.1%} of its run's ceiling ({run_c:.2f})  "
                   f"{tps / cl.tps:6.1%} of the long-run one  trainer busy {1 - t_idle:5.1%}  rollouts idle "
                   f"{r_idle:5.1%}  decode batch {batch:6.1f}, tokens {stretch:4.2f}x the single-sequence step{gate}")
-            rows.append({"case": c, "eta": eta, "steps": args.sim_steps, "batch_cap": cap, "kind_caps": kind_caps, "policy": v,
+            rows.append({"case": c, "eta": eta, "steps": args.sim_steps, "trainer_micro_batches": mb,
+                         "batch_cap": cap, "kind_caps": kind_caps, "policy": v,
                          "trajectories_per_s": round(tps, 3), "run_ceiling_tps": round(run_c, 3),
                          "of_run_ceiling": round(tps / run_c, 4), "ceiling_tps": round(cl.tps, 3),
                          "ceiling_without_rule_tps": round(old.tps, 3), "ceiling_trainer_tps": round(old.trainer_tps, 3),
@@ -163,7 +182,8 @@ def main(argv=None) -> int:
         verdict = "rules out 1.3x" if cl.tps / b < 1.3 else "leaves room for 1.3x"
         print(f"  best other asynchronous: {best} {b:.2f}; the ceiling is {cl.tps / b:.2f}x it ({verdict}); "
               + ", ".join(f"{v} {got[(c, v, cap_run)][0] / b:.2f}x it" for v in repacked))
-    path = write_table(Path(args.out) / "rollout_ceilings.csv", "rollout_ceilings.py",
+    name = "rollout_ceilings.csv" if mb == 1 else "rollout_ceilings_streaming.csv"
+    path = write_table(Path(args.out) / name, "rollout_ceilings.py",
                        argv if argv is not None else sys.argv[1:], COLS, rows, load0)
     print(f"\nwrote {path}")
     return 0

@@ -3,7 +3,8 @@
 `RolloutActor` prefills admitted contexts (prompts, or a migrated or interrupted trajectory's prompt +
 response so far: re-prefill) and decodes its batch step by step, timing each step, prefill and weight
 load. `TrainerActor` does a real AdamW step (policy-gradient-weighted next-token loss) on finished
-trajectories, whole or micro-batch by micro-batch, and publishes each version once with `ray.put`. Both are plain classes (testable
+trajectories, whole or micro-batch by micro-batch, and publishes each version once with
+`ray.put`. Both are plain classes (testable
 without Ray); rollout.ray_run wraps them as Ray actors. `model_dict` is the decoder a job's actors build.
 """
 

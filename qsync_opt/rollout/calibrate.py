@@ -120,7 +120,8 @@ def calibrate(job, results: dict):
         loads += r.logs["broadcast"]
         pulls += r.logs["pull"]
         # each trainer call less its optimizer step and publishing (timed apart, logs from before: not apart)
-        train += [(t[0], t[1] - (t[7] if len(t) > 7 else 0.0), _beside_mean(t, r.logs["calls"])) for t in r.logs["train"]]
+        train += [(t[0], t[1] - (t[7] if len(t) > 7 else 0.0), _beside_mean(t, r.logs["calls"]))
+                  for t in r.logs["train"]]
         publish += [t[7] for t in r.logs["train"] if len(t) > 8 and t[8]]
         calls += [c[:2] for c in r.logs["calls"]]
     S = np.asarray(steps, dtype=float)

@@ -480,5 +480,6 @@ def plan_from(job, results: dict[str, SimResult], steps: int | None = None,
     return RolloutPlan(name=job.name, model=r.model.label, batch=w.batch, recommended=recommended, reason=reason,
                        spec_policy=variant_of(job), policies=[PolicyFigures.of(x) for x in results.values()],
                        workers=workers, broadcast_s=sc.broadcast_s, push_s=sc.push_s,
-                       steps=steps or r.steps, notes=notes, ceiling=CeilingFigures.of(staleness_ceiling(job, steps=steps)),
+                       steps=steps or r.steps, notes=notes,
+                       ceiling=CeilingFigures.of(staleness_ceiling(job, steps=steps)),
                        trainer_micro_batches=r.trainer_micro_batches)

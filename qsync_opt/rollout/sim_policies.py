@@ -79,7 +79,7 @@ class PolicyRules:
             self.stale.append(self.version - t.version)
         self.consumed.extend((t.prompt, t.target) for t in part)
         tokens = sum(t.prompt + t.target for t in part)
-        if getattr(self.train_s, "padded", False):  # a trainer that pads what it computes to its longest (the real run's)
+        if getattr(self.train_s, "padded", False):  # a trainer that pads what it computes to its longest (the real run)
             tokens = len(part) * max(t.prompt + t.target for t in part)
         self.tokens_trained += sum(t.target for t in part)
         self.trainer_busy = True
@@ -98,8 +98,11 @@ class PolicyRules:
         self._push(self.now + dur, "train_done", self.train_epoch)
 
     def _train_seconds(self, tokens, beside=None) -> float:
+        """Seconds of what the trainer computes now (`tokens` of it; `beside`: rollouts decoding beside it on a shared
+        host), alone at that rate: rollout.costs.micro_batch_seconds."""
         kw = {} if beside is None else {"beside": beside}
         return micro_batch_seconds(self.train_s, tokens, self.micro_batches, self.train_last, self.per_step_s, **kw)
+
     def _beside(self) -> int:
         """Rollouts decoding beside the trainer (a worker whose last trajectory just ended is not)."""
         return sum(1 for w in self.workers if w.state == GEN and w.batch)

@@ -21,6 +21,17 @@ def test_real_only_with_a_mode_that_excludes_it_exits_2(tmp_path, capsys, other)
     assert not (tmp_path / "new").exists()  # nothing written, not even the folder
 
 
+@pytest.mark.parametrize("flags, needle", [(["--trainer-micro-batches", "4"], "only with --real-only"),
+                                           (["--real-only", "--trainer-micro-batches", "0"], "at least 1")])
+def test_a_streaming_trainer_flag_it_cannot_take_exits_2(tmp_path, capsys, flags, needle):
+    with pytest.raises(SystemExit) as e:
+        rollout.main(["--out", str(tmp_path / "new"), *flags])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--trainer-micro-batches" in err and needle in err
+    assert not (tmp_path / "new").exists()
+
+
 def test_repack_timing_row_names_each_call_over_its_limit_with_its_cpu():
     """Times are the caller's (call to return); a call over the limit is listed as wall/CPU ms, so a reader can tell
     a descheduled call (CPU under the limit) from one that did too much work; calls within it are not listed; what

@@ -41,3 +41,24 @@ def test_an_unknown_case_is_named():
     with pytest.raises(SystemExit) as e:
         rc.main(["--out", "/nonexistent-never-written", "--cases", "a100x65"])
     assert e.value.code == 2
+
+
+def test_a_streaming_trainer_writes_its_own_table_with_its_ceilings(tmp_path):
+    assert rc.main(["--out", str(tmp_path), "--cases", "h100x128", "--sim-steps", "1", "--variants", "sync",
+                    "--trainer-micro-batches", "4"]) == 0
+    assert not (tmp_path / "rollout_ceilings.csv").exists()
+    text = (tmp_path / "rollout_ceilings_streaming.csv").read_text()
+    rows = list(csv.DictReader(ln for ln in text.splitlines() if not ln.startswith("#")))
+    assert {r["trainer_micro_batches"] for r in rows} == {"4"}
+    job = rc._job("h100x128", 1, 1, micro_batches=4)
+    assert job.rollout.trainer_micro_batches == 4
+    for r in rows:
+        assert float(r["of_run_ceiling"]) <= 1.0
+        assert float(r["ceiling_tps"]) == pytest.approx(staleness_ceiling(job).tps, rel=1e-4)
+
+
+def test_a_micro_batch_count_below_one_is_named(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        rc.main(["--out", str(tmp_path / "new"), "--trainer-micro-batches", "0"])
+    assert e.value.code == 2 and "--trainer-micro-batches 0" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()

@@ -108,3 +108,13 @@ def test_more_micro_batches_than_the_batch_names_the_field():
         _job(33)
     with pytest.raises(SpecError, match=r"rollout\.trainer_micro_batches"):
         _job(0)
+
+
+def test_the_plan_says_how_the_trainer_takes_its_batch(tmp_path):
+    from qsync_opt.rollout.plan import RolloutPlan, solve
+
+    plan = solve(_job(4), steps=2)
+    assert plan.trainer_micro_batches == 4
+    assert "streaming, 4 micro-batches a step" in plan.trainer_line()
+    assert RolloutPlan.load(plan.save(tmp_path / "plan.json")).trainer_micro_batches == 4
+    assert "whole batch" in solve(_job(1), steps=2).trainer_line()
