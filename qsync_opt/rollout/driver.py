@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qsync_opt.rollout.actors import model_dict
-from qsync_opt.rollout.costs import micro_batch_bounds
 from qsync_opt.rollout.driver_repack import repack_tick
+from qsync_opt.rollout.sim_policies import next_micro_batch
 from qsync_opt.rollout.simulate import Simulator
 
 MAX_STEPS_PER_CALL = 16
@@ -200,16 +200,10 @@ class Driver:
             self.buffer = [(tid, tok) for tid, tok in self.buffer if self.trajs[tid]["round"] != k]
             self._train(batch, last=True)
             return
-        # a streaming policy: the step takes finished trajectories, oldest version first, up to the batch, and the
-        # trainer computes its next micro-batch once that is in (one micro-batch: once the whole batch is in)
-        if len(self.step_got) < self.B and self.buffer:
-            self.buffer.sort(key=lambda x: (self.trajs[x[0]]["version"], x[0]))
-            take = self.B - len(self.step_got)
-            self.step_got += self.buffer[:take]
-            self.buffer = self.buffer[take:]
-        lo, hi = micro_batch_bounds(self.B, self.micro_batches, self.step_done)
-        if len(self.step_got) >= hi:
-            self._train(self.step_got[lo:hi], last=self.step_done + 1 == self.micro_batches)
+        part = next_micro_batch(self.step_got, self.buffer, self.B, self.micro_batches, self.step_done,
+                                key=lambda x: (self.trajs[x[0]]["version"], x[0]))
+        if part is not None:
+            self._train(part, last=self.step_done + 1 == self.micro_batches)
 
     def _train(self, batch, last: bool):
         """Issue the trainer's call on `batch`: its step's last micro-batch (or whole batch) ends the step."""

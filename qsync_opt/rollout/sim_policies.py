@@ -13,6 +13,19 @@ from qsync_opt.rollout.costs import micro_batch_bounds, micro_batch_seconds
 from qsync_opt.rollout.sim_records import GEN, STEP_END, STEP_START, SYNC, Chunk, SimWorker, TrainStep
 
 
+def next_micro_batch(got: list, buffer: list, batch: int, micro_batches: int, done: int, key):
+    """A streaming policy's trainer (the simulator's and the real run's): the step takes finished trajectories from
+    `buffer` into `got`, oldest version first (`key`), up to the batch; returns what it computes next, its micro-batch
+    `done` (0-based), once that is in, else None (one micro-batch: the whole batch, once it is all in)."""
+    if len(got) < batch and buffer:
+        buffer.sort(key=key)
+        take = batch - len(got)
+        got += buffer[:take]
+        del buffer[:take]
+    lo, hi = micro_batch_bounds(batch, micro_batches, done)
+    return got[lo:hi] if len(got) >= hi else None
+
+
 class PolicyRules:
     """Admission, trainer and weight-sync rules of rollout.simulate.Simulator (a mixin of it)."""
 
@@ -55,19 +68,10 @@ class PolicyRules:
             self.step_got, self.step_done = batch, 0
             self._compute(batch, last=True)
             return
-        # a streaming policy: the step takes finished trajectories, oldest version first, up to the batch; it
-        # computes its next micro-batch once that micro-batch is in (one micro-batch: once the whole batch is in)
-        got = self.step_got
-        if len(got) < self.B and self.buffer:
-            self.buffer.sort(key=lambda t: (t.version, t.id))
-            take = self.B - len(got)
-            got.extend(self.buffer[:take])
-            self.buffer = self.buffer[take:]
-        j = self.step_done
-        lo, hi = micro_batch_bounds(self.B, self.micro_batches, j)
-        if len(got) < hi:
-            return
-        self._compute(got[lo:hi], last=j + 1 == self.micro_batches)
+        part = next_micro_batch(self.step_got, self.buffer, self.B, self.micro_batches, self.step_done,
+                                key=lambda t: (t.version, t.id))
+        if part is not None:
+            self._compute(part, last=self.step_done + 1 == self.micro_batches)
 
     def _compute(self, part: list, last: bool):
         """The trainer computes `part` of its step (the whole batch, or one micro-batch); `last`: the step ends with it

@@ -99,9 +99,9 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.train_s = train_s or (lambda tokens: trainer_step_s(job, tokens))
         self.train_given = train_s  # None: the job's own trainer price (rollout.costs.trainer_step_s)
         self.per_step_s = r.trainer_step_s if train_s is None else None  # a step given in seconds, not per token
+        # micro-batches the trainer computes a step over (rollout.trainer_micro_batches; the barrier policies train a
+        # round at once): PolicyRules._maybe_train; the run's ceiling is the one for that trainer (bounds_staleness)
         self.micro_batches = r.trainer_micro_batches if self.kind in STREAMING else 1
-        """Micro-batches the trainer computes a step over (rollout.trainer_micro_batches; the barrier policies train
-        a round at once): PolicyRules._maybe_train. The run's ceiling is the one for that trainer (bounds_staleness)."""
         kinds = costs or all_worker_costs(job)
         self.shared_host = all(hasattr(c, "decode_ms_shared") for c in kinds)
         self.n_gen = 0
