@@ -206,9 +206,8 @@ def micro_batch_seconds(train_s, tokens: float, micro_batches: int = 1, last: bo
     if per_step_s is not None:
         return per_step_s / micro_batches
     s = train_s(tokens, **kw)
-    if not last:
-        s -= getattr(train_s, "publish", 0.0)
-    return max(1e-3, s)
+    publish = getattr(train_s, "publish", 0.0)
+    return s if last or not publish else max(1e-3, s - publish)
 
 
 def all_worker_costs(job) -> list[WorkerCosts]:

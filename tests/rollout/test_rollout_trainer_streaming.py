@@ -118,3 +118,12 @@ def test_the_plan_says_how_the_trainer_takes_its_batch(tmp_path):
     assert "streaming, 4 micro-batches a step" in plan.trainer_line()
     assert RolloutPlan.load(plan.save(tmp_path / "plan.json")).trainer_micro_batches == 4
     assert "whole batch" in solve(_job(1), steps=2).trainer_line()
+
+
+def test_a_step_under_a_millisecond_is_priced_as_given():
+    # a tiny model's datasheet step (rollout_cpu_tiny's is microseconds): no floor added to the trainer's own price
+    def tiny(tokens):
+        return 2e-7 * tokens
+
+    assert micro_batch_seconds(tiny, 100, 1, True) == tiny(100)
+    assert micro_batch_seconds(tiny, 100, 4, False) == tiny(100)
