@@ -76,9 +76,7 @@ class PolicyRules:
     def _compute(self, part: list, last: bool):
         """The trainer computes `part` of its step (the whole batch, or one micro-batch); `last`: the step ends with it
         (the optimizer step and the weights' publishing, rollout.costs.micro_batch_seconds)."""
-        ids = [t.id for t in part]
-        self.training_ids.extend(ids)
-        self.times[ids, STEP_START] = self.now
+        self.times[[t.id for t in part], STEP_START] = self.now
         for t in part:
             self.stale.append(self.version - t.version)
         self.consumed.extend((t.prompt, t.target) for t in part)
@@ -134,8 +132,8 @@ class PolicyRules:
             self.step_done += 1
             self._maybe_train()
             return
-        self.times[self.training_ids, STEP_END] = self.now
-        self.training_ids, self.step_got, self.step_done = [], [], 0
+        self.times[[t.id for t in self.step_got], STEP_END] = self.now  # the step's last part: all of it is computed
+        self.step_got, self.step_done = [], 0
         self.trained += 1
         self.version += 1
         self.t_end = self.now

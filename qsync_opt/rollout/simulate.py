@@ -157,7 +157,6 @@ class Simulator(PolicyRules, RepackTick, Metrics):
         self.prompts, self.targets = draw(self.job, self.steps_target, self.eta, seed)
         self.n_max = len(self.targets)
         self.times = np.full((self.n_max, 5), np.nan)  # per trajectory id: sim_records.ADMIT … STEP_END
-        self.training_ids: list[int] = []  # the batch the trainer is on
 
     def _new_traj(self) -> SimTraj:
         i = self.next_id
