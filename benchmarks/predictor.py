@@ -127,7 +127,7 @@ def measure(spec: dict, plans, job_dir: Path, *, warmup: int, blocks: int, repea
 
 def merge_profiles(paths: list[Path], out: Path) -> None:
     """Per-entry median over the rounds' profiles."""
-    from qsync_opt.training.predictor.profile import load_profile
+    from qsync_opt.training.predictor.profile import load_profile, runtime_tag
 
     profs = [load_profile(p) for p in paths]
     merged = copy.deepcopy(profs[0])
@@ -170,7 +170,7 @@ def profiled_fp32_ms(spec: dict, prepared, path: Path) -> float:
     if s.cluster.world_size > 1:
         return prof.allreduce[ddp_key(s)]["fp32_ms"]
     g = s.cluster.groups[0]
-    sec = prof.find_section(g.env, group_threads(g, 1), local_ranks(s))
+    sec = prof.find_section(g.env, group_threads(g, 1), local_ranks(s), runtime_tag(s.runtime))
     return sec.steps[steps_key(s, prepared.graph.for_batch(s.local_batches()[g.name]), g.name)]["fp32"]
 
 

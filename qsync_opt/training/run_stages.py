@@ -26,7 +26,8 @@ from qsync_opt.training.plan import Plan
 from qsync_opt.training.predictor.indicator_auto import resolved_method
 from qsync_opt.training.predictor.indicators import compute_indicator
 from qsync_opt.training.predictor.instance_builder import build_instance
-from qsync_opt.training.predictor.profile import default_profile_path, load_profile, op_signature, step_key
+from qsync_opt.training.predictor.profile import (default_profile_path, load_profile, op_signature,
+                                                  runtime_tag, step_key)
 from qsync_opt.training.predictor import profiler
 from qsync_opt.training.predictor.measuring import gpu_not_profiled, group_threads, is_local, local_ranks
 from qsync_opt.training.predictor.replayer import replay
@@ -69,9 +70,11 @@ def missing_profile(spec: JobSpec, graph) -> tuple[dict[str, str], dict[str, str
         if (why := gpu_not_profiled(spec, g)) is not None:
             skip[g.name] = why
             continue
-        sec = prof.find_section(g.env, group_threads(g, spec.cluster.world_size), local_ranks(spec)) if prof else None
+        sec = prof.find_section(g.env, group_threads(g, spec.cluster.world_size), local_ranks(spec),
+                                runtime_tag(spec.runtime)) if prof else None
         if sec is None:
-            todo[g.name] = f"no section for env {g.env or '{}'} in {path}" if prof else f"no profile at {path}"
+            tag = f" under runtime {runtime_tag(spec.runtime)}" if runtime_tag(spec.runtime) else ""
+            todo[g.name] = f"no section for env {g.env or '{}'}{tag} in {path}" if prof else f"no profile at {path}"
             continue
         gg = graph.for_batch(spec.local_batches()[g.name])
         lacking = [op_signature(n, p) for n in gg.nodes for p in (g.allowed_precisions if n.selectable else ("fp32",))

@@ -84,11 +84,25 @@ def library_versions() -> dict:
     return out
 
 
-def section_key(env: dict[str, str], threads: int, ranks: int = 1) -> str:
+#: The spec's `runtime` settings that change what a quantized op executes, at their defaults (training/spec.py's
+#: RuntimeSpec). Times measured under other values belong to a section of their own (`runtime_tag`).
+RUNTIME_DEFAULTS = {"kernels": "auto", "backward_precision": "bf16", "weight_granularity": "per_tensor",
+                    "rounding": "nearest"}
+
+
+def runtime_tag(runtime) -> str:
+    """'' when `runtime` (a RuntimeSpec) is at RUNTIME_DEFAULTS, else its other settings, e.g.
+    'backward_precision=fp8': an op's time under backward_precision fp8 is not its time under bf16."""
+    return ",".join(f"{k}={getattr(runtime, k)}" for k, d in RUNTIME_DEFAULTS.items() if getattr(runtime, k) != d)
+
+
+def section_key(env: dict[str, str], threads: int, ranks: int = 1, runtime: str = "") -> str:
     """Name of the section measured under `env` with `threads` threads, beside `ranks` − 1 other
-    ranks busy on this machine (colocate.py: what a rank costs depends on who shares its cores)."""
+    ranks busy on this machine (colocate.py: what a rank costs depends on who shares its cores),
+    with the runtime settings `runtime` (runtime_tag)."""
     parts = [f"{k}={v}" for k, v in sorted(env.items())]
-    return ",".join([f"threads={threads}", *parts, *([f"ranks={ranks}"] if ranks > 1 else [])])
+    return ",".join([f"threads={threads}", *parts, *([f"ranks={ranks}"] if ranks > 1 else []),
+                     *([runtime] if runtime else [])])
 
 
 def op_signature(node: OpNode, precision: str) -> str:
@@ -132,14 +146,14 @@ class Profile:
     def new(cls) -> "Profile":
         return cls(machine_description(), library_versions(), _now())
 
-    def section(self, env: dict[str, str], threads: int, ranks: int = 1) -> Section:
-        key = section_key(env, threads, ranks)
+    def section(self, env: dict[str, str], threads: int, ranks: int = 1, runtime: str = "") -> Section:
+        key = section_key(env, threads, ranks, runtime)
         if key not in self.sections:
             self.sections[key] = Section(dict(env), threads)
         return self.sections[key]
 
-    def find_section(self, env: dict[str, str], threads: int, ranks: int = 1) -> Section | None:
-        return self.sections.get(section_key(env, threads, ranks))
+    def find_section(self, env: dict[str, str], threads: int, ranks: int = 1, runtime: str = "") -> Section | None:
+        return self.sections.get(section_key(env, threads, ranks, runtime))
 
     def to_dict(self) -> dict:
         return {

@@ -43,7 +43,8 @@ from pathlib import Path
 from qsync_opt.errors import SpecError
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.training.predictor.costs import OpCost
-from qsync_opt.training.predictor.profile import Profile, ProfileError, Section, default_profile_path, load_profile, op_signature, step_key
+from qsync_opt.training.predictor.profile import (Profile, ProfileError, Section, default_profile_path,
+                                                  load_profile, op_signature, runtime_tag, step_key)
 from qsync_opt.training.predictor.measuring import ddp_key, gpu_not_profiled, group_threads, is_local, local_ranks
 from qsync_opt.training.predictor.measured_dispatch import winners
 from qsync_opt.training.predictor.replayer import replay
@@ -155,10 +156,11 @@ def measured_costs(spec, group, gg: OpGraph, offer: tuple[str, ...],
     threads = group_threads(group, spec.cluster.world_size)
     for attempt in (0, 1):
         prof: Profile | None = _load_for(group, path) if path.exists() else None
-        sec = prof.find_section(group.env, threads, local_ranks(spec)) if prof else None
+        sec = prof.find_section(group.env, threads, local_ranks(spec), runtime_tag(spec.runtime)) if prof else None
         why = f"no profile at {path}" if prof is None else (
             f"profile {path} has no section for env {group.env or '{}'} with {threads} thread(s)"
-            + (f" beside {local_ranks(spec) - 1} other busy rank(s)" if local_ranks(spec) > 1 else "") if sec is None else "")
+            + (f" beside {local_ranks(spec) - 1} other busy rank(s)" if local_ranks(spec) > 1 else "")
+            + (f" under runtime {tag}" if (tag := runtime_tag(spec.runtime)) else "") if sec is None else "")
         if sec is not None:
             try:
                 from qsync_opt.training.predictor.step_profile import steps_key  # import cost: the trainer stack

@@ -17,7 +17,7 @@ from qsync_opt.errors import SpecError
 from qsync_opt.io import entry_lock
 from qsync_opt.training.predictor.colocate import rank_jobs, run_colocated
 from qsync_opt.training.predictor.measuring import ddp_key, gpu_not_profiled, group_threads, is_local, local_ranks
-from qsync_opt.training.predictor.profile import Profile, ProfileError, load_profile, section_key
+from qsync_opt.training.predictor.profile import Profile, ProfileError, load_profile, runtime_tag, section_key
 from qsync_opt.training.spec import JobSpec, load_spec
 
 
@@ -77,7 +77,8 @@ def _profile_spec(spec: JobSpec, src, local: list, path, *, allreduce, progress,
             + ("; first, in them, one fp32 DDP step over every rank, fresh as train starts them" if want_ddp else "")
             + ("; then, in them, the gloo all-reduce" if want_ar and every_rank_here else ""))
         ar_fit, ddp_ms = run_colocated(spec, jobs, Path(path), progress,
-                                       lambda g: section_key(g.env, group_threads(g, world), local_ranks(spec)),
+                                       lambda g: section_key(g.env, group_threads(g, world), local_ranks(spec),
+                                                                        runtime_tag(spec.runtime)),
                                        allreduce=want_ar and every_rank_here, ddp=want_ddp)
     else:
         for g in profile:

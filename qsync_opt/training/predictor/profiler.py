@@ -40,7 +40,8 @@ from qsync_opt.models.graph import OpGraph
 from qsync_opt.training.spec import JobSpec, load_spec
 from qsync_opt.training.predictor.measuring import (  # noqa: F401
     CAST_PAIRS, CAST_SIZES, ProgressBar, ddp_key, fit_line, group_threads, is_local, local_ranks, robust_ms)
-from qsync_opt.training.predictor.profile import Profile, ProfileError, Section, load_profile, op_signature, step_key
+from qsync_opt.training.predictor.profile import (Profile, ProfileError, Section, load_profile, op_signature,
+                                                  runtime_tag, step_key)
 from qsync_opt.models.from_spec import build_from_spec, input_maker
 from qsync_opt.runtime.qmodules import SWAPPABLE
 from qsync_opt.runtime.recipe import Recipe
@@ -245,7 +246,7 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
     device = profile_device(g)
     clock = device_clock(device)
     prof = load_profile(path) if Path(path).exists() else Profile.new()
-    sec = prof.section(g.env, threads, local_ranks(spec))
+    sec = prof.section(g.env, threads, local_ranks(spec), runtime_tag(spec.runtime))
     lb = spec.local_batches()[group]
     torch.manual_seed(spec.training.seed)
     module = build_from_spec(spec).train()

@@ -162,26 +162,29 @@ def test_a_signature_of_a_raced_class_is_timed_with_the_winner_alone(profiled, m
 
 
 def test_a_pinned_kernels_setting_is_what_runs_whatever_the_profile_raced(profiled):
-    """A profile raced under auto, then the spec pins kernels: the profiler times the pinned setting, and the plan
-    names no winner, so the trainer runs the pin."""
+    """A profile raced under auto, then the spec pins kernels: the auto section's times (the winners') are not
+    priced for the pin; the profiler times the pinned setting in a section of its own, and the plan names no
+    winner, so the trainer runs the pin."""
+    from qsync_opt.training.predictor.profile import ProfileError
+
     spec, path, sec, ran = profiled
     assert sec.dispatch  # raced under auto
     pinned = spec.model_copy(update={"runtime": spec.runtime.model_copy(update={"kernels": "torch"})})
     from qsync_opt.jobs import solve
 
-    assert solve(pinned).groups["here"].kernels == {}
+    with pytest.raises(ProfileError, match="no section for env .* under runtime kernels=torch"):  # costs: measured
+        solve(pinned)
     seen = []
     real_race = profiler.race
     monkey = pytest.MonkeyPatch()
     try:
         monkey.setattr(profiler, "race", lambda *a, **k: seen.append(1) or real_race(*a, **k))
-        prof = load_profile(path)
-        s = prof.find_section({"OMP_NUM_THREADS": "1"}, 1)
-        s.ops.clear()
-        s.steps.clear()
-        prof.save(path)
         ran.clear()
         profiler.profile_group(pinned, "here", path, progress=False)
     finally:
         monkey.undo()
+    prof = load_profile(path)
+    own = prof.find_section({"OMP_NUM_THREADS": "1"}, 1, runtime="kernels=torch")
+    assert own.ops and not own.dispatch and prof.find_section({"OMP_NUM_THREADS": "1"}, 1).dispatch == sec.dispatch
+    assert solve(pinned).groups["here"].kernels == {}
     assert not seen and ran["int8"] == {}  # nothing raced, and the whole step ran the pin on every op
