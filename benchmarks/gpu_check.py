@@ -6,10 +6,11 @@ On a machine with a CUDA device, within the budget (5.5 minutes by default), in 
   1. the dispatch table for this device (what runs each precision) and the catalog's;
   2. build the templated CUDA extension (torch.utils.cpp_extension, cached);
   3. the CUDA tests: pytest -m cuda;
-  4. fwd+bwd time of every precision's runtime module against fp32 and tf32 on a large linear
-     and a large conv, with each output's error against float64;
-  5. the same linear as a user could run it instead of a plan: bf16, the runtime's fp8 module and torchao's
-     float8 training (tensorwise, rowwise; the `gpu` extra), eager and under torch.compile;
+  4. fwd+bwd time of every precision's runtime module against fp32 and bf16 on a large linear
+     and a large conv, with each output's and input gradient's error against float64; then fp8_e4m3 and
+     fp8_e5m2 again with `backward_precision: fp8` (the linear's backward GEMMs in fp8 too);
+  5. the same linear as a user could run it instead of a plan: bf16, the runtime's fp8 module (both backwards),
+     torchao's float8 training (tensorwise, rowwise; the `gpu` extra), eager and under torch.compile;
      then templated kernel vs torch op for the int8/int4/fp8 GEMMs (speed ratio, agreement);
   6. GPT-2 small as a user runs it (examples/gpu_gpt2_small.yaml, the device detected from the catalog): `qsync-opt
      profile` from an empty profile cache, timed; `qsync-opt run` on measured costs (as fast as 5% of the
@@ -184,14 +185,15 @@ def summary(run: Run, device: torch.device, gpu: bool) -> str:
         lines += ["", f"Skipped (they need a GPU): {SKIPPED_ON_CPU}."]
     rows = run.results.get("ratios") or []
     if rows:
-        lines += ["", "| shape | precision | implementation | fwd+bwd ms | vs fp32 | vs tf32 | rel. error vs fp64 |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["", "| shape | precision | backward | implementation | fwd+bwd ms | vs fp32 | vs bf16 | "
+                  "rel. error vs fp64 | input grad. rel. error |", "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             f = lambda k, fmt: format(r[k], fmt) if k in r else "-"  # noqa: E731
             err = r.get("error", "")
-            lines.append(f"| {r['shape']} | {r['precision']} | {r['implementation']} | {f('fwd_bwd_ms', '.3f')} | "
-                         f"{f('speedup_vs_fp32', '.2f')}x | {f('speedup_vs_tf32', '.2f')}x | "
-                         f"{f('rel_err_vs_fp64', '.2e')} {err} |")
+            lines.append(f"| {r['shape']} | {r['precision']} | {r.get('backward', '-')} | {r['implementation']} | "
+                         f"{f('fwd_bwd_ms', '.3f')} | {f('speedup_vs_fp32', '.2f')}x | "
+                         f"{f('speedup_vs_bf16', '.2f')}x | "
+                         f"{f('rel_err_vs_fp64', '.2e')} {err} | {f('grad_rel_err_vs_fp64', '.2e')} |")
     libs = run.results.get("libraries") or []
     if libs:
         lines += ["", "The linear as a user could run it instead (fwd+bwd; torch.compile rows on a GPU only):", "",

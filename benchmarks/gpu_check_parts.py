@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qsync_opt.kernels import ops, reference
-from qsync_opt.kernels.dispatch import Target, gemm_impl
+from qsync_opt.kernels.dispatch import Target, fp8_backward_impl, gemm_impl
 from qsync_opt.precision import PRECISIONS
 from qsync_opt.runtime.qmodules import SWAPPABLE
 from qsync_opt.runtime.recipe import Recipe
@@ -55,13 +55,15 @@ def backward_precision(device: torch.device) -> str:
     return "bf16"
 
 
-def quantized(module: nn.Module, precision: str, device: torch.device, kernels: str = "auto") -> nn.Module:
-    """A copy of `module` running at `precision` through the runtime's own quantized module."""
+def quantized(module: nn.Module, precision: str, device: torch.device, kernels: str = "auto",
+              backward: str | None = None) -> nn.Module:
+    """A copy of `module` running at `precision` through the runtime's own quantized module, its int/fp8 backward
+    at `backward` (default: the device's 16-bit format; 'fp8': fp8 linears' backward GEMMs in fp8)."""
     import copy
 
     m = copy.deepcopy(module)
     if precision != "fp32":
-        m = SWAPPABLE[type(m)].from_float(m, Recipe(precision, backward_precision(device), "per_channel",
+        m = SWAPPABLE[type(m)].from_float(m, Recipe(precision, backward or backward_precision(device), "per_channel",
                                                     "nearest", kernels))
     return m.to(device)
 
@@ -91,6 +93,26 @@ def measure_module(m: nn.Module, x: torch.Tensor, ref: torch.Tensor, device: tor
     return row["fwd_bwd_ms"]
 
 
+def input_grad_error(m: nn.Module, base: nn.Module, x: torch.Tensor) -> float:
+    """Relative error of `m`'s input gradient against `base`'s in float64, for one Gaussian output gradient (not all
+    ones: 1.0 is exact in every format, and would hide the rounding of an fp8 gradient)."""
+    import copy
+
+    x64 = x.detach().double().requires_grad_(True)
+    ref = copy.deepcopy(base).double()(x64)
+    gy = torch.randn(ref.shape, generator=torch.Generator().manual_seed(0)).to(x.device)
+    ref.backward(gy.double())
+    xg = x.detach().clone().requires_grad_(True)
+    y = m(xg)
+    y.backward(gy.to(y.dtype))
+    return float((xg.grad.double() - x64.grad).norm() / x64.grad.norm())
+
+
+#: (precision, backward) rows `ratios` adds after every precision at the device's 16-bit backward: fp8 training
+#: (runtime.backward_precision: fp8), the one way fp8 can beat bf16 by more than the forward GEMM's third.
+FP8_BACKWARD_ROWS = (("fp8_e4m3", "fp8"), ("fp8_e5m2", "fp8"))
+
+
 def shapes(big: bool) -> list[tuple[str, nn.Module, tuple[int, ...]]]:
     """(label, fp32 module, input shape): large linear and conv shapes on a GPU, tiny ones on CPU."""
     torch.manual_seed(0)
@@ -108,20 +130,28 @@ def ratios(device: torch.device, big: bool, repeats: int) -> list[dict]:
     target = Target.of_tensor(torch.empty(0, device=device))
     for label, base, shape in shapes(big):
         x = torch.randn(shape, device=device)
-        ref = reference64(base.to(device), x)
-        times = {}
-        for p in PRECISIONS:
-            row = {"shape": label, "precision": p, "implementation": gemm_impl(target, p).label}
+        base = base.to(device)
+        ref = reference64(base, x)
+        times, first = {}, len(rows)
+        for p, bwd in [(p, None) for p in PRECISIONS] + list(FP8_BACKWARD_ROWS):
+            impl = gemm_impl(target, p).label
+            if bwd == "fp8" and isinstance(base, nn.Linear):
+                impl += f"; backward {fp8_backward_impl(target, p).label}"
+            row = {"shape": label, "precision": p, "backward": bwd or ("-" if p in ("fp32", "tf32", "bf16", "fp16")
+                                                                       else backward_precision(device)),
+                   "implementation": impl}
             try:
-                times[p] = measure_module(quantized(base, p, device), x, ref, device, repeats, row)
+                m = quantized(base, p, device, backward=bwd)
+                times[(p, bwd)] = measure_module(m, x, ref, device, repeats, row)
+                row["grad_rel_err_vs_fp64"] = input_grad_error(m, base, x)
             except Exception as e:  # one format's failure must not hide the others' figures
                 row["error"] = f"{type(e).__name__}: {e}"[:300]
             rows.append(row)
-        for row in rows[-len(PRECISIONS):]:
+        for row in rows[first:]:
             if "fwd_bwd_ms" in row:
-                for base_p in ("fp32", "tf32"):
-                    if base_p in times:
-                        row[f"speedup_vs_{base_p}"] = times[base_p] / row["fwd_bwd_ms"]
+                for base_p in ("fp32", "tf32", "bf16"):
+                    if (base_p, None) in times:
+                        row[f"speedup_vs_{base_p}"] = times[(base_p, None)] / row["fwd_bwd_ms"]
     return rows
 
 
@@ -151,8 +181,10 @@ def library_linears(device: torch.device, big: bool, repeats: int, compile_: boo
     x = torch.randn(shape, device=device)
     ref = reference64(base.to(device), x)
     lib = torchao_float8()
-    cands: list[tuple[str, str, object]] = [("bf16", "torch bf16 module", lambda: copy.deepcopy(base).to(device, torch.bfloat16)),
-                                            ("fp8_e4m3", "qsync runtime module", lambda: quantized(base, "fp8_e4m3", device))]
+    cands: list[tuple[str, str, object]] = [
+        ("bf16", "torch bf16 module", lambda: copy.deepcopy(base).to(device, torch.bfloat16)),
+        ("fp8_e4m3", "qsync runtime module", lambda: quantized(base, "fp8_e4m3", device)),
+        ("fp8_e4m3", "qsync runtime module, fp8 backward", lambda: quantized(base, "fp8_e4m3", device, backward="fp8"))]
     for recipe in TORCHAO_RECIPES:
         def make(recipe=recipe):
             if lib is None:
@@ -165,7 +197,7 @@ def library_linears(device: torch.device, big: bool, repeats: int, compile_: boo
     rows, times = [], {}
     for compiled in ((False, True) if compile_ else (False,)):
         for precision, impl, make in cands:
-            if compiled and impl == "qsync runtime module":
+            if compiled and impl.startswith("qsync runtime module"):
                 continue  # its autograd.Function ops are not what compile fuses; its eager row is the one dispatch runs
             row = {"shape": label, "precision": precision, "implementation": impl, "compiled": compiled}
             try:
@@ -360,7 +392,7 @@ def ratio_problems(rows: list[dict]) -> list[str]:
     """Why the `ratios` step's numbers are wrong (empty: they are right)."""
     out = []
     for r in rows:
-        name = f"{r.get('shape')} {r.get('precision')}"
+        name = f"{r.get('shape')} {r.get('precision')}" + (" (fp8 backward)" if r.get("backward") == "fp8" else "")
         if "error" in r:
             out.append(f"{name}: {r['error']}")
             continue
@@ -371,6 +403,10 @@ def ratio_problems(rows: list[dict]) -> list[str]:
             out.append(f"{name}: no tolerance stated for this precision")
         elif err > tol:
             out.append(f"{name}: relative error {err:.3g} vs float64 above its tolerance {tol:g}")
+        gerr = r.get("grad_rel_err_vs_fp64")
+        gtol = REL_ERR_TOLERANCE["fp8_e5m2"] if r.get("backward") == "fp8" else tol  # the e5m2 gradient's
+        if gerr is not None and gtol is not None and not gerr <= gtol:
+            out.append(f"{name}: input gradient relative error {gerr:.3g} vs float64 above its tolerance {gtol:g}")
     return out
 
 

@@ -184,6 +184,31 @@ def gemm_impl(target: Target, precision: str, kernels: str = "auto") -> Impl:
     raise SpecError(f"precision: unknown {precision!r}")
 
 
+#: The fp8 format of output gradients when fp8 operators run their backward in fp8 (`backward_precision: fp8`):
+#: e5m2's range, as in torchao's float8 training.
+GRAD_FP8 = "e5m2"
+
+
+def fp8_mixed_impl(target: Target, kernels: str = "auto") -> Impl:
+    """The GEMM of an e5m2 operand with an e4m3 one (a gradient times saved e4m3 codes): cuBLASLt's torch._scaled_mm
+    where the device has fp8 tensor cores, under any `kernels` setting (the templated kernels take one format for
+    both operands), else an fp32 GEMM on the fp8 values."""
+    _check_kernels(kernels)
+    if target.kind == "cuda" and (target.sm or 0) >= FP8_SM:
+        return Impl("library", SCALED_MM, "fp8", note="cuBLASLt fp8, e5m2 x e4m3; epilogue in torch")
+    return Impl("emulation", "torch.matmul fp32 on fp8-rounded values", "fp32", via="fp32",
+                note="fp8 storage, fp32 arithmetic")
+
+
+def fp8_backward_impl(target: Target, precision: str, kernels: str = "auto") -> Impl:
+    """The two backward GEMMs of an fp8 linear under `backward_precision: fp8`: the e5m2 output gradient times the
+    saved weight codes (grad_input) and times the saved input codes (grad_weight), both in `precision`'s format."""
+    fmt = precision.split("_")[1]
+    if fmt == GRAD_FP8:
+        return gemm_impl(target, precision, kernels)
+    return fp8_mixed_impl(target, kernels)
+
+
 def kernel_choices(target: Target, precision: str, kernels: str = "auto") -> tuple[str, ...]:
     """The `kernels` settings that run different code for `precision` on `target`: what a profile on that device
     times against each other (training/predictor/measured_dispatch.py) before the runtime is told the faster.

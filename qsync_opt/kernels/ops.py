@@ -24,7 +24,7 @@ from torch import Tensor
 
 from qsync_opt.errors import KernelBuildError, SpecError
 from qsync_opt.kernels import cuda_ops, reference
-from qsync_opt.kernels.dispatch import Target, cuda_gemm_kinds, gemm_impl
+from qsync_opt.kernels.dispatch import Target, cuda_gemm_kinds, fp8_mixed_impl, gemm_impl
 from qsync_opt.kernels.dtypes import FP8, TORCH_DTYPE, name_of
 
 Impl = Literal["auto", "templated", "torch"]
@@ -310,21 +310,23 @@ def quantize_fp8(x: Tensor, fmt: Literal["e4m3", "e5m2"], *, scale: Tensor | Non
 
 def fp8_linear(xq: Tensor, sx: Tensor, wq: Tensor, sw: Tensor, bias: Tensor | None, *,
                impl: Impl = "auto") -> Tensor:
-    """y = (xq @ wq.T) * sx * sw (+ bias) in fp32 for fp8 codes xq (M, K) and wq (N, K) of one format:
-    fp8 tensor cores (torch._scaled_mm or the templated mma kernel) where dispatch names them,
-    else an fp32 GEMM on the fp8 values (exact products, fp32 accumulation)."""
+    """y = (xq @ wq.T) * sx * sw (+ bias) in fp32 for fp8 codes xq (M, K) and wq (N, K): fp8 tensor cores
+    (torch._scaled_mm or the templated mma kernel) where dispatch names them, else an fp32 GEMM on the fp8 values
+    (exact products, fp32 accumulation). Both of one format, or e5m2 with e4m3 (fp8 training's gradient GEMMs:
+    dispatch.fp8_mixed_impl); e5m2 with e5m2 never goes to torch._scaled_mm, which refuses it."""
     for field, t in (("xq", xq), ("wq", wq)):
         if not isinstance(t, Tensor) or _fmt_of(t.dtype) is None or t.dim() != 2:
             raise SpecError(f"{field}: expected a 2-d float8 tensor, got {getattr(t, 'dtype', type(t).__name__)} "
                             f"{tuple(getattr(t, 'shape', ()))}; use quantize_fp8 and flatten to (rows, features)")
-    if xq.dtype != wq.dtype or xq.shape[1] != wq.shape[1] or xq.device != wq.device:
+    if xq.shape[1] != wq.shape[1] or xq.device != wq.device:
         raise SpecError(f"wq: {wq.dtype} {tuple(wq.shape)} on {wq.device} does not match xq {xq.dtype} "
-                        f"{tuple(xq.shape)} on {xq.device}; both need one format, one K and one device")
+                        f"{tuple(xq.shape)} on {xq.device}; both need one K and one device")
     n = wq.shape[0]
     sx = _check_scale(sx, 1, "sx").to(xq.device)
     sw = _check_scale(sw, 1 if sw is not None and sw.numel() == 1 else n, "sw").to(xq.device)
     fmt = _fmt_of(xq.dtype)
-    choice = gemm_impl(Target.of_tensor(xq), f"fp8_{fmt}", impl)
+    target = Target.of_tensor(xq)
+    choice = gemm_impl(target, f"fp8_{fmt}", impl) if xq.dtype == wq.dtype else fp8_mixed_impl(target, impl)
     if choice.kind == "library" and xq.shape[0] > 0:
         return cuda_ops.scaled_mm(xq, sx, wq, sw, bias)
     if choice.kind == "templated":

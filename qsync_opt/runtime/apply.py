@@ -196,7 +196,7 @@ def _problems(module: nn.Module, mapping: dict[str, str], strict: bool) -> list[
 _OPTIONS = {
     "kernels": ("auto", "templated", "torch"),
     "weight_granularity": ("per_tensor", "per_channel"),
-    "backward_precision": ("bf16", "fp16", "fp32"),
+    "backward_precision": ("bf16", "fp16", "fp32", "fp8"),
     "rounding": ("nearest", "stochastic"),
 }
 

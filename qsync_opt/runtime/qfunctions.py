@@ -17,6 +17,10 @@ Backward of fp8/int: the saved activation and weight are the codes and scales (8
 element); backward dequantises them to `recipe.backward` (bf16/fp16/fp32) and computes
 grad_input and grad_weight there; grad_weight is returned in fp32 and accumulated onto the
 fp32 master weight by autograd. The bias gradient is always summed in fp32.
+Under `recipe.backward == 'fp8'` an fp8 linear runs both backward GEMMs in fp8 instead (torchao's float8
+training recipe, tensorwise): the output gradient is quantized to e5m2 with a per-tensor scale and multiplied with
+the saved codes as they are (kernels.ops.fp8_linear on transposed copies; kernels.dispatch.fp8_backward_impl
+names the GEMM), nothing dequantised; fp8 convolutions and matmuls run theirs in the fallback 16-bit format.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from qsync_opt.kernels import ops as kops
-from qsync_opt.kernels.dispatch import Target, gemm_impl
+from qsync_opt.kernels.dispatch import GRAD_FP8, Target, gemm_impl
 from qsync_opt.kernels.reference import qmax_of
 from qsync_opt.runtime.casts import Quantized, cast, quantize, scope, tf32_enabled
 from qsync_opt.runtime.recipe import INT_BITS, Recipe
@@ -65,6 +69,21 @@ class LinearOp:
 
     def bias_grad(self, gy):
         return gy.reshape(-1, gy.shape[-1]).sum(0)
+
+    def fp8_backward(self, gy, x: Quantized, w: Quantized, need_x, need_w, kernels: str):
+        """(grad_input, grad_weight) in fp32 from the e5m2 output gradient and the saved fp8 codes: gx = gy @ w on
+        (M, out) x (out, in), gw = gy.T @ x on (out, M) x (M, in), each as fp8_linear's A @ B.T."""
+        g2 = gy.reshape(-1, gy.shape[-1])
+        with scope(f"quantize[grad->fp8_{GRAD_FP8}]"):
+            gq, gs = kops.quantize_fp8(g2.float(), GRAD_FP8, impl=kernels)
+        gx = gw = None
+        if need_x:
+            gx = kops.fp8_linear(gq, gs, w.codes.t().contiguous(), w.scale, None, impl=kernels)
+            gx = gx.reshape(*gy.shape[:-1], w.codes.shape[1])
+        if need_w:
+            x2 = x.codes.reshape(-1, x.codes.shape[-1])
+            gw = kops.fp8_linear(gq.t().contiguous(), gs, x2.t().contiguous(), x.scale, None, impl=kernels)
+        return gx, gw
 
 
 class ConvOp:
@@ -211,16 +230,23 @@ class QuantizedGemm(torch.autograd.Function):
         op, recipe = ctx.op, ctx.recipe
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         bd = recipe.backward_dtype
+        fp8_grads = recipe.fp8_backward and isinstance(op, LinearOp)
         if ctx.meta is None:
             xb, wb = ctx.saved_tensors
         else:
             xc, xs, wc, ws = ctx.saved_tensors
             x_axis, w_axis, fp8 = ctx.meta
-            # dequantise in fp32, then one rounding to the backward dtype
-            xb = cast(Quantized(xc, xs, x_axis, fp8, recipe.kernels).dequantize(), bd).reshape(ctx.x_shape)
-            wb = cast(Quantized(wc, ws, w_axis, fp8, recipe.kernels).dequantize(), bd).reshape(ctx.w_shape)
+            xq = Quantized(xc, xs, x_axis, fp8, recipe.kernels)
+            wq = Quantized(wc, ws, w_axis, fp8, recipe.kernels)
+            if not fp8_grads:  # dequantise in fp32, then one rounding to the backward dtype
+                xb = cast(xq.dequantize(), bd).reshape(ctx.x_shape)
+                wb = cast(wq.dequantize(), bd).reshape(ctx.w_shape)
         gx = gw = gb = None
-        if need_x or need_w:
+        if fp8_grads and (need_x or need_w):
+            with scope(f"backward[{recipe.precision}@fp8]"):
+                gx, gw = op.fp8_backward(gy, xq, wq, need_x, need_w, recipe.kernels)
+            gx, gw = cast(gx, ctx.x_dtype), cast(gw, ctx.w_dtype)
+        elif need_x or need_w:
             with tf32_enabled(ctx.tf32), scope(f"backward[{recipe.precision}@{str(bd).removeprefix('torch.')}]"):
                 gx, gw = op.backward(cast(gy, bd), xb, wb, need_x, need_w)
             gx, gw = cast(gx, ctx.x_dtype), cast(gw, ctx.w_dtype)

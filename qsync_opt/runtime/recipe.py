@@ -20,9 +20,11 @@ FP8_DTYPES: dict[str, torch.dtype] = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2
 #: Integer formats: bits handed to kernels.ops.quantize_symmetric.
 INT_BITS: dict[str, int] = {"int8": 8, "int4": 4}
 BACKWARD_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+#: backward='fp8': fp8 linears run both backward GEMMs in fp8; every other quantized operator runs its backward here.
+FP8_BACKWARD_FALLBACK = "bf16"
 
 _CHOICES = {
-    "backward": tuple(BACKWARD_DTYPES),
+    "backward": (*BACKWARD_DTYPES, "fp8"),
     "granularity": ("per_tensor", "per_channel"),
     "rounding": ("nearest", "stochastic"),
     "kernels": ("auto", "templated", "torch"),
@@ -35,7 +37,9 @@ class Recipe:
 
     precision:   the plan's format for the forward GEMM.
     backward:    dtype of grad_input / grad_weight GEMMs for fp8 and integer formats
-                 (float formats run their backward in their own dtype).
+                 (float formats run their backward in their own dtype). 'fp8': fp8 linears quantize the
+                 output gradient to e5m2 and multiply it with their saved fp8 codes (`fp8_backward`);
+                 other fp8 and integer operators then run their backward in FP8_BACKWARD_FALLBACK.
     granularity: integer weight scales, one per tensor or one per output channel.
     rounding:    'nearest' or 'stochastic' for integer quantization (fp8 is always nearest).
     kernels:     implementation handed to kernels.ops ('auto', 'templated', 'torch').
@@ -80,7 +84,12 @@ class Recipe:
             return FLOAT_DTYPES[self.precision]
         if self.path in ("fp32", "tf32"):
             return torch.float32
-        return BACKWARD_DTYPES[self.backward]
+        return BACKWARD_DTYPES[FP8_BACKWARD_FALLBACK if self.backward == "fp8" else self.backward]
+
+    @property
+    def fp8_backward(self) -> bool:
+        """Whether an fp8 operator's backward GEMMs run in fp8 (where the operator has that path: linears)."""
+        return self.backward == "fp8" and self.path == "fp8"
 
     @property
     def stochastic(self) -> bool:

@@ -80,8 +80,11 @@ class RuntimeSpec(_Model):
     'torch' uses torch ops only. The planner prices what this setting runs."""
     weight_granularity: Literal["per_tensor", "per_channel"] = "per_tensor"
     """INT8/INT4 weight scales."""
-    backward_precision: Literal["bf16", "fp16", "fp32"] = "bf16"
-    """Precision of the backward pass of quantized operators."""
+    backward_precision: Literal["bf16", "fp16", "fp32", "fp8"] = "bf16"
+    """Precision of the backward pass of quantized (int and fp8) operators. 'fp8': fp8 linears run both backward
+    GEMMs in fp8 (the output gradient quantized to e5m2 per tensor, times their saved fp8 codes: torchao's float8
+    training recipe), which pays only on fp8 tensor cores; every other quantized operator runs its backward in
+    bf16 (fp16 where the device has no bf16)."""
     rounding: Literal["nearest", "stochastic"] = "nearest"
     boundary: Literal["edge", "fp32"] = "fp32"
     """Where casts are paid. 'fp32' (this package's runtime, CPU and CUDA): every quantized operator

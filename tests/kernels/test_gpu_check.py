@@ -32,7 +32,9 @@ def test_gpu_check_runs_its_cpu_path(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gpu_check_parts import REL_ERR_TOLERANCE
 
-    assert len(rows) == 16 and all("fwd_bwd_ms" in r for r in rows)
+    assert len(rows) == 20 and all("fwd_bwd_ms" in r and "grad_rel_err_vs_fp64" in r for r in rows)
+    assert [(r["precision"], r["backward"]) for r in rows[8:10]] == [("fp8_e4m3", "fp8"), ("fp8_e5m2", "fp8")]
+    assert "; backward " in rows[8]["implementation"] and "; backward " not in rows[18]["implementation"]  # conv
     assert {(r["shape"], r["precision"]) for r in rows if r["rel_err_vs_fp64"] > REL_ERR_TOLERANCE[r["precision"]]} == set()
     assert {r["rel_err_vs_fp64"] < 1e-6 for r in rows if r["precision"] == "fp32"} == {True}
     # each lower precision really is lower: its error is above fp32's (a format that silently ran fp32 shows ~1e-7)
@@ -41,7 +43,7 @@ def test_gpu_check_runs_its_cpu_path(tmp_path):
     # (eager on CPU; torch.compile rows only on a GPU), each within its precision's error bound
     libs = res["libraries"]
     assert [(r["implementation"], r["compiled"]) for r in libs] == [
-        ("torch bf16 module", False), ("qsync runtime module", False),
+        ("torch bf16 module", False), ("qsync runtime module", False), ("qsync runtime module, fp8 backward", False),
         ("torchao Float8Linear tensorwise", False), ("torchao Float8Linear rowwise", False)]
     for r in libs:
         if "torchao is not installed" in r.get("error", ""):
@@ -106,3 +108,16 @@ def test_the_gpt2_steps_processes_keep_the_callers_pythonpath(monkeypatch, tmp_p
     assert env["QSYNC_OPT_PROFILE_DIR"] == str(tmp_path / "p")
     monkeypatch.delenv("PYTHONPATH")
     assert child_env(tmp_path / "p")["PYTHONPATH"] == str(ROOT)
+
+
+def test_an_fp8_gradient_beyond_e5m2s_tolerance_is_a_failed_ratio():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check_parts import REL_ERR_TOLERANCE, ratio_problems
+
+    row = {"shape": "linear", "precision": "fp8_e4m3", "backward": "fp8", "fwd_bwd_ms": 1.0, "rel_err_vs_fp64": 0.03}
+    assert ratio_problems([{**row, "grad_rel_err_vs_fp64": 0.06}]) == []  # e5m2 rounding: ~6e-2
+    bad = ratio_problems([{**row, "grad_rel_err_vs_fp64": 0.9}])  # e.g. a transposed operand
+    assert bad == [f"linear fp8_e4m3 (fp8 backward): input gradient relative error 0.9 vs float64 above its "
+                   f"tolerance {REL_ERR_TOLERANCE['fp8_e5m2']:g}"]
+    # the same gradient error under a bf16 backward is held to fp8_e4m3's own tolerance
+    assert ratio_problems([{**row, "backward": "bf16", "grad_rel_err_vs_fp64": 0.1}])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from qsync_opt.errors import SpecError
-from qsync_opt.kernels import cuda_ops, ops, reference
+from qsync_opt.kernels import cuda_ops, dispatch, ops, reference
 from qsync_opt.kernels.dispatch import Target
 
 
@@ -131,8 +131,31 @@ def test_fp8_linear_paths_agree(monkeypatch, standin):
     _as_sm(monkeypatch, 90)
     tpl = ops.fp8_linear(xq, sx, wq, sw, bias, impl="templated")
     assert standin.calls == ["fp8_gemm"] and torch.equal(tpl, ref)
-    with pytest.raises(SpecError, match="wq: .* does not match xq"):
-        ops.fp8_linear(xq, sx, wq.to(torch.float8_e5m2), sw, bias)
+    with pytest.raises(SpecError, match="wq: .* does not match xq .* one K"):
+        ops.fp8_linear(xq, sx, wq[:, :100].contiguous(), sw, bias)
+
+
+def test_fp8_mixed_formats_take_scaled_mm_on_fp8_tensor_cores(monkeypatch, standin):
+    """fp8 training's gradient GEMMs (e5m2 x e4m3) run torch._scaled_mm on sm_89+ whatever `kernels` says (the
+    templated kernels take one format), an fp32 GEMM on the fp8 values elsewhere; both are that GEMM to fp32
+    rounding (torch._scaled_mm runs on CPU tensors too, so its numbers are checked here)."""
+    g = torch.Generator().manual_seed(1)
+    (gq, sg), (wq, sw) = ops.quantize_fp8(torch.randn(40, 72, generator=g), "e5m2"), \
+        ops.quantize_fp8(torch.randn(24, 72, generator=g), "e4m3")
+    exact = (gq.double() @ wq.double().t()) * sg.double() * sw.double()
+    cpu = ops.fp8_linear(gq, sg, wq, sw, None)  # no fp8 units: emulated
+    assert torch.allclose(cpu.double(), exact, rtol=0, atol=1e-6 * float(exact.abs().max()))
+    calls, real = [], cuda_ops.scaled_mm
+    monkeypatch.setattr(cuda_ops, "scaled_mm", lambda *a: calls.append("scaled_mm") or real(*a))
+    _as_sm(monkeypatch, 90)
+    for impl in ("auto", "torch", "templated"):
+        lib = ops.fp8_linear(gq, sg, wq, sw, None, impl=impl)
+        assert torch.allclose(lib.double(), exact, rtol=0, atol=1e-6 * float(exact.abs().max()))
+    assert calls == ["scaled_mm"] * 3 and standin.calls == []
+    assert dispatch.fp8_backward_impl(Target("cuda", 90), "fp8_e4m3").op == dispatch.SCALED_MM
+    assert dispatch.fp8_backward_impl(Target("cuda", 89), "fp8_e5m2").op == "qsync.cuda.fp8_mma"
+    assert dispatch.fp8_backward_impl(Target("cuda", 80), "fp8_e4m3").kind == "emulation"
+    assert dispatch.fp8_backward_impl(Target("cpu"), "fp8_e4m3").kind == "emulation"
 
 
 def test_int4_linear_on_cpu_is_the_int8_path(impl):
@@ -153,3 +176,25 @@ def test_absmax_and_dequantize_on_cpu():
     assert torch.equal(ops.dequantize(q, s, axis=0, impl="torch"), q.float() * s[:, None])
     with pytest.raises(SpecError, match="impl: unknown value 'cuda'"):
         ops.dequantize(q, s, axis=0, impl="cuda")
+
+
+def test_scaled_mm_hands_per_tensor_scales_to_the_gemm(monkeypatch):
+    """Per-tensor scales ride in torch._scaled_mm (cuBLASLt's epilogue) and no pass over the output follows but the
+    bias's; per-channel weight scales still take reference.epilogue. Both are the GEMM of the values to fp32 rounding
+    (torch._scaled_mm runs on CPU tensors, so the numbers are checked here)."""
+    g = torch.Generator().manual_seed(2)
+    (xq, sx), (wq, sw) = ops.quantize_fp8(torch.randn(70, 200, generator=g), "e4m3"), \
+        ops.quantize_fp8(torch.randn(90, 200, generator=g) * 3, "e4m3")
+    bias = torch.randn(90, generator=g)
+    exact = (xq.double() @ wq.double().t()) * sx.double() * sw.double() + bias.double()
+    real = reference.epilogue
+    used = []
+    monkeypatch.setattr(reference, "epilogue", lambda *a: used.append(1) or real(*a))
+    y = cuda_ops.scaled_mm(xq, sx, wq, sw, bias)
+    assert used == [] and y.shape == (70, 90) and y.is_contiguous()
+    assert torch.allclose(y.double(), exact, rtol=0, atol=1e-6 * float(exact.abs().max()))
+    per_channel = torch.rand(90, generator=g) + 0.5
+    y = cuda_ops.scaled_mm(xq, sx, wq, per_channel, None)
+    assert used == [1]
+    exact = (xq.double() @ wq.double().t()) * sx.double() * per_channel.double()
+    assert torch.allclose(y.double(), exact, rtol=0, atol=1e-6 * float(exact.abs().max()))

@@ -134,7 +134,7 @@ def test_strict_requires_every_selectable_module():
     assert type(apply_plan(model, {"0": "int8"})[1]) is nn.Linear, "without strict, absent modules stay"
 
 
-@pytest.mark.parametrize("kwarg,value", [("backward_precision", "fp8"), ("rounding", "up"),
+@pytest.mark.parametrize("kwarg,value", [("backward_precision", "fp4"), ("rounding", "up"),
                                           ("weight_granularity", "per_row"), ("kernels", "cuda")])
 def test_bad_runtime_options_name_the_option(kwarg, value):
     with pytest.raises(RuntimeSetupError, match=f"{kwarg}='{value}' is not accepted; use one of"):

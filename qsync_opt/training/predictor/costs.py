@@ -8,9 +8,10 @@ Which GEMM runs, and so which catalog rate prices it, comes from the runtime's d
 costs the int8 rate; a format dispatch would emulate through fp32 is not offered at all. The
 implementation also adds what it really does around the GEMM:
   - the templated int4 kernel first packs both int8-held operands two per byte (one pass);
-  - library int/fp8 GEMMs (torch._int_mm, torch._scaled_mm) write a 32-bit accumulator and
-    run the dequantising epilogue as torch ops (float(acc) * scale, + bias: 2 passes over it);
-    the templated kernels fuse it.
+  - library int8 GEMMs (torch._int_mm) write a 32-bit accumulator and run the dequantising
+    epilogue as torch ops (float(acc) * scale, + bias: 2 passes over it); torch._scaled_mm takes
+    fp8's per-tensor scales into cuBLASLt's epilogue, so only the bias is a pass of its own
+    (kernels/cuda_ops.scaled_mm); the templated kernels fuse it all.
 
 Bytes of a selectable op at precision p (see casts.py for activation formats):
   forward   inputs and weights at the runtime's storage width (dispatch.storage_bits: int4
@@ -24,6 +25,13 @@ Bytes of a selectable op at precision p (see casts.py for activation formats):
             those formats differ from a 16-bit op only in forward cost. It reads the output
             gradient twice, the weight (dequantised on the fly) and the saved input (kept at
             the storage width), and writes the input gradient and an FP32 weight gradient.
+  fp8 grads under backward_precision 'fp8', an fp8 linear's backward instead quantizes the fp32 output
+            gradient to e5m2 (the cast model), copies it and the saved input and weight codes
+            transposed (1 byte read and written each), and runs its two GEMMs on the codes at the rate
+            of what dispatch.fp8_backward_impl runs (fp8 tensor cores, or fp32 where emulated), writing
+            fp32 gradients with the scales applied in the GEMM; `fp8_backward_ms`. Such
+            an op is priced by the datasheet even where its format is calibrated (the factors were
+            fitted on modules with a 16-bit backward).
   weight    an op below fp32/tf32 casts its FP32 master weight every iteration:
             `weight_cast_ms`, part of the op's total.
 Embedding reads int64 indices and gathers only the rows it outputs.
@@ -53,7 +61,8 @@ from dataclasses import dataclass
 from qsync_opt.errors import SpecError
 from qsync_opt.hardware.calibration import op_kind
 from qsync_opt.hardware.device import DeviceSpec
-from qsync_opt.kernels.dispatch import implementation, storage_bits
+from qsync_opt.kernels.dispatch import (GRAD_FP8, SCALED_MM, Target, fp8_backward_impl, implementation,
+                                        storage_bits)
 from qsync_opt.models.graph import OpGraph, OpNode
 from qsync_opt.precision import BITS, PRECISIONS, sort_high_to_low
 from qsync_opt.training.predictor.casts import SCALED, activation_format, cast_ms, resolve_backward_precision, storage_format
@@ -106,9 +115,33 @@ def gemm_extras_ms(node: OpNode, p: str, device: DeviceSpec) -> float:
     if impl.op == "qsync.cuda.int4_wmma":  # int8-held codes in, packed nibbles out, for input and weight
         return kernel_ms(0, 1.5 * (node.input_numel + node.param_count), "fp32", device, launches=2)
     if impl.kind == "library" and device.kind != "cpu":
-        return kernel_ms(0, 8 * node.output_numel * LIBRARY_EPILOGUE_PASSES, "fp32", device,
-                         launches=LIBRARY_EPILOGUE_PASSES)
+        passes = LIBRARY_EPILOGUE_PASSES if impl.op != SCALED_MM else int(has_bias(node))
+        return kernel_ms(0, 8 * node.output_numel * passes, "fp32", device, launches=passes) if passes else 0.0
     return 0.0
+
+
+def has_bias(node: OpNode) -> bool:
+    """Whether a GEMM-shaped op adds a bias: parameters beyond its weight's."""
+    w = 1
+    for d in node.weight_shape or (0,):
+        w *= d
+    return node.param_count > w
+
+
+def fp8_grads(node: OpNode, p: str, backward_precision: str) -> bool:
+    """Whether the op runs its backward GEMMs in fp8 (runtime/qfunctions.py: fp8 linears under 'fp8')."""
+    return backward_precision == "fp8" and p.startswith("fp8_") and node.kind == "linear"
+
+
+def fp8_backward_ms(node: OpNode, p: str, device: DeviceSpec) -> float:
+    """Backward of an fp8 linear whose GEMMs run in fp8 (module docstring, 'fp8 grads')."""
+    impl = fp8_backward_impl(Target.of_device_spec(device), p, device.kernels)
+    n_in, n_out, n_w = node.input_numel, node.output_numel, node.param_count
+    quantize = cast_ms(n_out, "fp32", f"fp8_{GRAD_FP8}", device)
+    transposes = kernel_ms(0, 2 * (n_out + n_in + n_w), "fp32", device, launches=3)
+    gemms = kernel_ms(node.bwd_flops, 2 * n_out + n_in + n_w + 4 * (n_in + n_w), p if impl.rate == "fp8" else "fp32",
+                      device, launches=2)
+    return quantize + transposes + gemms  # per-tensor scales: cuBLASLt's epilogue (cuda_ops.scaled_mm), no bias
 
 
 def backward_compute_precision(precision: str, backward_precision: str) -> str:
@@ -147,14 +180,18 @@ def selectable_cost(
         bwd_bytes = 2 * n_out * grad_b + n_w * store + n_in * grad_b + n_in * store + n_w * 4
         cast_in = cast_ms(n_in, in_fmt, p, device)  # quantisation for int/fp8; the input cast in 'fp32' mode
     kind = op_kind(node.kind)
-    if device.calibration(p, kind) is not None:  # the measured module: casts and its backward inside the factor
+    fp8_bwd = fp8_grads(node, p, backward_precision)
+    # the measured module: casts and its (16-bit) backward inside the factor
+    if device.calibration(p, kind) is not None and not fp8_bwd:
         fwd = kernel_ms(node.fwd_flops, fwd_bytes, p, device, op_kind=kind)
         bwd = kernel_ms(node.bwd_flops, bwd_bytes, p, device, launches=2, op_kind=kind) if backward else 0.0
         return OpCost(fwd, bwd)
     cast_out = cast_ms(n_out, out_fmt, "fp32", device) if boundary == "fp32" else 0.0
     fwd = kernel_ms(node.fwd_flops, fwd_bytes, p, device) + cast_in + cast_out + gemm_extras_ms(node, p, device)
     bwd = 0.0
-    if backward:
+    if backward and fp8_bwd:
+        bwd = fp8_backward_ms(node, p, device)
+    elif backward:
         bwd = kernel_ms(node.bwd_flops, bwd_bytes, backward_compute_precision(p, bwd_p), device, launches=2)
         if boundary == "fp32" and act != "fp32":  # grad_out in, grad_in and grad_weight back out
             bwd += cast_ms(n_out, "fp32", act, device)

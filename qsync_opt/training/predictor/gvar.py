@@ -22,7 +22,8 @@ Choices, and where they differ from QSync's code:
   sub-unit magnitudes of weights, so we do not copy it.
 - The INT8 backward gradient term uses the output gradient's exponent e_g (QSync writes e_x)
   at the runtime's backward precision k_b; integer and fp8 ops run backward at k_b
-  (k_g = k_b), float ops at their own k (k_g = k).
+  (k_g = k_b), float ops at their own k (k_g = k). Under backward_precision 'fp8' an fp8 linear
+  multiplies an e5m2 gradient (k_g = 1), every other integer or fp8 op runs its backward in bf16.
 - Embedding: X is one-hot (exact in every format): s_x = 0, ‖X‖ = sqrt(number of indices).
 - Ops without a module (functional matmul) get unit-RMS Gaussian surrogate statistics; noted.
 """
@@ -38,8 +39,10 @@ import torch
 from torch import nn
 
 from qsync_opt.errors import ModelError, SpecError
+from qsync_opt.kernels.dispatch import GRAD_FP8
 from qsync_opt.models.graph import OpGraph, OpNode
 from qsync_opt.precision import BITS, INTEGER, MANTISSA_BITS
+from qsync_opt.runtime.recipe import FP8_BACKWARD_FALLBACK
 from qsync_opt.training.predictor.sensitivity import GAMMA, Sensitivity, check_precisions, depth_loading, normalise
 
 
@@ -90,10 +93,19 @@ def forward_error(st: OpStats, p: str) -> float:
     return r * (st.w_norm * st.d_x * _pow2e(st.x_ms) + st.x_norm * st.d_w * _pow2e(st.w_ms)) / 6
 
 
-def backward_error(st: OpStats, p: str, backward_precision: str) -> float:
+def gradient_format(kind: str, p: str, backward_precision: str) -> str:
+    """The format an op of `kind` at `p` multiplies its output gradient in (runtime/qfunctions.py)."""
+    if p in ("fp32", "tf32", "bf16", "fp16"):
+        return p
+    if backward_precision == "fp8":
+        return f"fp8_{GRAD_FP8}" if p.startswith("fp8_") and kind == "linear" else FP8_BACKWARD_FALLBACK
+    return backward_precision
+
+
+def backward_error(st: OpStats, p: str, backward_precision: str, kind: str = "linear") -> float:
     if p == "fp32":
         return 0.0
-    k_g = round_off_k(p if p in ("tf32", "bf16", "fp16") else backward_precision)
+    k_g = round_off_k(gradient_format(kind, p, backward_precision))
     grad_term = st.x_norm * st.d_o * _pow2e(st.g_ms) * 2.0 ** (-2 * k_g)
     if p in INTEGER:
         saved_term = st.gw_norm * (st.x_amax / qmax(p)) ** 2 * st.d_x
@@ -220,8 +232,8 @@ def gvar_indicator(
     `loss_fn(output, batch)` returns a scalar (the zoo's `ModelEntry.loss_fn` fits).
     """
     ps = check_precisions(precisions)
-    if backward_precision not in ("bf16", "fp16", "fp32"):
-        raise SpecError(f"runtime.backward_precision: got {backward_precision!r}; use bf16, fp16 or fp32")
+    if backward_precision not in ("bf16", "fp16", "fp32", "fp8"):
+        raise SpecError(f"runtime.backward_precision: got {backward_precision!r}; use bf16, fp16, fp32 or fp8")
     hooked, surrogate = [], []
     for node in graph.selectable:
         try:
@@ -241,7 +253,8 @@ def gvar_indicator(
     raw = {}
     for node in graph.selectable:
         st, (fw, bw) = stats[node.name], loading[node.name]
-        raw[node.name] = {p: fw * forward_error(st, p) + bw * backward_error(st, p, backward_precision) for p in ps}
+        raw[node.name] = {p: fw * forward_error(st, p) + bw * backward_error(st, p, backward_precision, node.kind)
+                          for p in ps}
     omega, scale, ref = normalise(raw, ps)
     notes = [f"{len(hooked)} ops measured, backward precision {backward_precision}, γ = {gamma}"]
     if surrogate:

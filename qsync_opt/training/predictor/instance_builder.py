@@ -40,7 +40,7 @@ from qsync_opt.training.spec import JobSpec
 from qsync_opt.training.predictor.casts import edge_cast_ms, resolve_backward_precision
 from qsync_opt.training.predictor.comm import ddp_buckets
 from qsync_opt.training.predictor.context import Context, GroupContext
-from qsync_opt.training.predictor.costs import op_costs, optimizer_ms
+from qsync_opt.training.predictor.costs import fp8_grads, op_costs, optimizer_ms
 from qsync_opt.training.predictor.followers import BOUNDARIES, follow_format, follower_costs, owners
 from qsync_opt.training.predictor.memory import capacity_bytes, memory_model
 from qsync_opt.training.predictor.profile_costs import ddp_calibrate, measured_costs, measured_link, profile_for
@@ -91,7 +91,8 @@ def _group_context(spec: JobSpec, g, graph: OpGraph, local_batch: int, boundary:
         graph=gg,
         backward_precision=bwd,
         allowed={n.name: offer for n in gg.selectable},
-        costs=op_costs(gg, dev, precisions=offer, backward_precision=bwd, boundary=boundary),
+        costs=op_costs(gg, dev, precisions=offer, backward_precision=spec.runtime.backward_precision,
+                       boundary=boundary),  # unresolved: fp8 linears under 'fp8' run fp8 GEMMs (costs.fp8_grads)
         other_costs=follower_costs(gg, dev, owner),
         owner=owner,
         optimizer_ms=optimizer_ms(gg, spec.training.optimizer, dev),
@@ -103,16 +104,17 @@ def _group_context(spec: JobSpec, g, graph: OpGraph, local_batch: int, boundary:
     )
     # --- cost source: a measured profile replaces the roofline figures (profile_costs.py)
     if measured is None:
-        return replace(gc, cost_source=roofline_source(dev, gg, offer, why))
+        return replace(gc, cost_source=roofline_source(dev, gg, offer, why, spec.runtime.backward_precision))
     return replace(gc, costs=measured.costs, other_costs=measured.other_costs,
                    optimizer_ms=measured.optimizer_ms, cost_source=measured.source, kernels=measured.kernels)
 
 
-def roofline_source(dev, graph: OpGraph, offer: tuple[str, ...], why: str) -> str:
+def roofline_source(dev, graph: OpGraph, offer: tuple[str, ...], why: str, backward_precision: str = "bf16") -> str:
     """`why` ('roofline (<reason>)') saying whether the roofline is calibrated, for which op kinds and
-    precisions of this graph and from which results files, or datasheet only."""
-    kinds = {op_kind(n.kind) for n in graph.selectable} - {None}
-    cal = {k: [p for p in ps if p in offer] for k, ps in calibrated_precisions(dev).items() if k in kinds}
+    precisions of this graph and from which results files, or datasheet only. An op the datasheet prices although
+    its kind and precision were calibrated (fp8 grads: costs.fp8_grads) does not count as calibrated."""
+    pairs = {(op_kind(n.kind), p) for n in graph.selectable for p in offer if not fp8_grads(n, p, backward_precision)}
+    cal = {k: [p for p in ps if (k, p) in pairs] for k, ps in calibrated_precisions(dev).items()}
     cal = {k: ps for k, ps in cal.items() if ps}
     if not cal:
         head = "roofline, datasheet only"
