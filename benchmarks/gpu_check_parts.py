@@ -93,19 +93,24 @@ def measure_module(m: nn.Module, x: torch.Tensor, ref: torch.Tensor, device: tor
     return row["fwd_bwd_ms"]
 
 
-def input_grad_error(m: nn.Module, base: nn.Module, x: torch.Tensor) -> float:
-    """Relative error of `m`'s input gradient against `base`'s in float64, for one Gaussian output gradient (not all
-    ones: 1.0 is exact in every format, and would hide the rounding of an fp8 gradient)."""
+def reference_input_grad(base: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a Gaussian output gradient, the input gradient it gives through `base` in float64). Not all ones: 1.0 is
+    exact in every format, and would hide the rounding of an fp8 gradient."""
     import copy
 
     x64 = x.detach().double().requires_grad_(True)
     ref = copy.deepcopy(base).double()(x64)
     gy = torch.randn(ref.shape, generator=torch.Generator().manual_seed(0)).to(x.device)
     ref.backward(gy.double())
+    return gy, x64.grad
+
+
+def input_grad_error(m: nn.Module, x: torch.Tensor, gy: torch.Tensor, ref_grad: torch.Tensor) -> float:
+    """Relative error of `m`'s input gradient for output gradient `gy` against the float64 `ref_grad`."""
     xg = x.detach().clone().requires_grad_(True)
     y = m(xg)
     y.backward(gy.to(y.dtype))
-    return float((xg.grad.double() - x64.grad).norm() / x64.grad.norm())
+    return float((xg.grad.double() - ref_grad).norm() / ref_grad.norm())
 
 
 #: (precision, backward) rows `ratios` adds after every precision at the device's 16-bit backward: fp8 training
@@ -132,6 +137,7 @@ def ratios(device: torch.device, big: bool, repeats: int) -> list[dict]:
         x = torch.randn(shape, device=device)
         base = base.to(device)
         ref = reference64(base, x)
+        gy, ref_grad = reference_input_grad(base, x)
         times, first = {}, len(rows)
         for p, bwd in [(p, None) for p in PRECISIONS] + list(FP8_BACKWARD_ROWS):
             impl = gemm_impl(target, p).label
@@ -143,7 +149,7 @@ def ratios(device: torch.device, big: bool, repeats: int) -> list[dict]:
             try:
                 m = quantized(base, p, device, backward=bwd)
                 times[(p, bwd)] = measure_module(m, x, ref, device, repeats, row)
-                row["grad_rel_err_vs_fp64"] = input_grad_error(m, base, x)
+                row["grad_rel_err_vs_fp64"] = input_grad_error(m, x, gy, ref_grad)
             except Exception as e:  # one format's failure must not hide the others' figures
                 row["error"] = f"{type(e).__name__}: {e}"[:300]
             rows.append(row)
