@@ -13,6 +13,10 @@ The module measured is the runtime's own (fp32 in and out; casts, quantisation, 
 its backward, whatever precision that runs in, all inside the time), so the factor prices the
 whole module, not its GEMM alone. Several measurements of one key give their median.
 
+A row measured with `backward_precision: fp8` (gpu_check's `backward: fp8` linear rows: the backward GEMMs in
+fp8 too) fits a factor of its own (`backward: fp8`), which prices only fp8 linears run that way
+(training/predictor/costs.fp8_grads); every other factor is of the module with its 16-bit backward.
+
 Contract of `lookup`: a factor applies to ops of its kind (`linear`: linear, matmul, bmm;
 `conv`: conv1d, conv2d) at its precision on any device with its `sm` whose dispatch runs the
 implementation that was measured (same label, kernels/dispatch.py, under the device's
@@ -71,10 +75,13 @@ class Factor:
     """The catalog peak_tflops key the factor multiplies."""
     factor: float
     sources: tuple[Source, ...]
+    backward: str | None = None
+    """'fp8' for a module measured with its backward GEMMs in fp8; None: its 16-bit backward."""
 
     def describe(self) -> str:
         where = "; ".join(f"{s.device} {s.shape} {s.fwd_bwd_ms:.3g} ms ({s.file})" for s in self.sources)
-        return f"sm_{self.sm} {self.precision} {self.op}: {self.factor:.3g} of peak, from {where}"
+        bwd = f" (backward {self.backward})" if self.backward else ""
+        return f"sm_{self.sm} {self.precision}{bwd} {self.op}: {self.factor:.3g} of peak, from {where}"
 
 
 class CalibrationError(ValueError):
@@ -88,7 +95,7 @@ def parse(text: str) -> tuple[Factor, ...]:
     out = []
     for e in raw.get("factors", []):
         out.append(Factor(int(e["sm"]), e["precision"], e["op"], e["implementation"], e["rate"], float(e["factor"]),
-                          tuple(Source(**s) for s in e["sources"])))
+                          tuple(Source(**s) for s in e["sources"]), e.get("backward")))
     return tuple(out)
 
 
@@ -99,28 +106,19 @@ def factors() -> tuple[Factor, ...]:
     return parse(f.read_text()) if f.is_file() else ()
 
 
-def lookup(device, precision: str, op: str | None) -> Factor | None:
-    """The factor that prices `precision` ops of kind `op` on `device` (module docstring), or None."""
+def lookup(device, precision: str, op: str | None, backward: str | None = None) -> Factor | None:
+    """The factor that prices `precision` ops of kind `op` on `device` (module docstring), or None; `backward`
+    'fp8' for an fp8 linear whose backward GEMMs run in fp8."""
     if op is None or device.sm is None or device.kind != "gpu":
         return None
 
     label = None
     for f in factors():
-        if f.sm == device.sm and f.precision == precision and f.op == op:
+        if f.sm == device.sm and f.precision == precision and f.op == op and f.backward == backward:
             label = label or implementation(device, precision, device.kernels).label
             if f.implementation == label and f.rate in device.peak_tflops:
                 return f
     return None
-
-
-def calibrated_precisions(device) -> dict[str, tuple[str, ...]]:
-    """op kind -> the precisions `device` offers that have a factor for it."""
-    out: dict[str, list[str]] = {}
-    for op in sorted(set(OP_KINDS.values())):
-        for p in device.precisions:
-            if lookup(device, p, op) is not None:
-                out.setdefault(op, []).append(p)
-    return {op: tuple(ps) for op, ps in out.items()}
 
 
 def sources_of(device) -> tuple[str, ...]:

@@ -84,17 +84,20 @@ def fit_files(paths, root: Path) -> tuple[tuple[Factor, ...], list[str]]:
             except ValueError as e:
                 raise CalibrationError(f"{rel}: ratios row {row.get('precision')}: {e}") from None
             p, label = row["precision"], row.get("implementation", "")
+            backward = "fp8" if row.get("backward") == "fp8" and op == "linear" else None  # conv: 16-bit anyway
+            label = label.split("; backward ")[0]  # the forward GEMM's label; the backward's follows from it
             impl = next((implementation(dev, p, k) for k in KERNELS if implementation(dev, p, k).label == label), None)
             if impl is None or impl.rate not in dev.peak_tflops:
                 skipped.append(f"{where}: implementation {label!r} is not one dispatch prices on {dev.name}")
                 continue
             factor = 3 * flops / (ms / 1e3) / (dev.peak_tflops[impl.rate] * 1e12)
-            key = (dev.sm, p, op, label)
+            key = (dev.sm, p, op, label, backward)
             meta[key] = impl.rate
             rows.setdefault(key, []).append(Source(rel, dev.name, row["shape"], _round(ms), _round(factor)))
-    out = tuple(Factor(sm, p, op, label, meta[(sm, p, op, label)],
-                       _round(statistics.median(s.factor for s in srcs)), tuple(srcs))
-                for (sm, p, op, label), srcs in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][2], _order(kv[0][1]))))
+    order = lambda kv: (kv[0][0], kv[0][2], _order(kv[0][1]), kv[0][4] or "")  # noqa: E731
+    out = tuple(Factor(sm, p, op, label, meta[(sm, p, op, label, bwd)],
+                       _round(statistics.median(s.factor for s in srcs)), tuple(srcs), bwd)
+                for (sm, p, op, label, bwd), srcs in sorted(rows.items(), key=order))
     return out, skipped
 
 
@@ -108,7 +111,7 @@ def _round(x: float) -> float:
 
 def render(fs: tuple[Factor, ...]) -> str:
     """calibration.yaml's text for `fs` (deterministic: refitting the same files gives the same bytes)."""
-    body = {"factors": [{"sm": f.sm, "precision": f.precision, "op": f.op, "implementation": f.implementation,
-                         "rate": f.rate, "factor": f.factor,
+    body = {"factors": [{"sm": f.sm, "precision": f.precision, **({"backward": f.backward} if f.backward else {}),
+                         "op": f.op, "implementation": f.implementation, "rate": f.rate, "factor": f.factor,
                          "sources": [s.__dict__ for s in f.sources]} for f in fs]}
     return HEADER + yaml.safe_dump(body, sort_keys=False, allow_unicode=True, width=120)

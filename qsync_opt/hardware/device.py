@@ -112,19 +112,20 @@ class DeviceSpec(BaseModel):
     def peak_flops(self, precision: str) -> float:
         return self.peak_tflops[self.rate_key(precision)] * 1e12
 
-    def calibration(self, precision: str, op_kind: str | None):
+    def calibration(self, precision: str, op_kind: str | None, backward: str | None = None):
         """The measured factor (hardware/calibration.py) that prices `precision` ops of `op_kind`
-        ('linear' or 'conv') here, or None: the catalog efficiency then applies."""
+        ('linear' or 'conv') here, or None: the catalog efficiency then applies. `backward` 'fp8':
+        of a module whose backward GEMMs run in fp8 too."""
         from qsync_opt.hardware.calibration import lookup  # import cost: torch, via kernels.dispatch
 
-        return lookup(self, precision, op_kind)
+        return lookup(self, precision, op_kind, backward)
 
-    def achieved_flops(self, precision: str, op_kind: str | None = None) -> float:
+    def achieved_flops(self, precision: str, op_kind: str | None = None, backward: str | None = None) -> float:
         """Peak of the rate that runs `precision` times the achieved fraction: the calibrated factor
-        for `op_kind` where this architecture was measured (`calibration`), else the catalog's
-        `efficiency` (0.6 when absent)."""
+        for `op_kind` (and `backward`) where this architecture was measured (`calibration`), else the
+        catalog's `efficiency` (0.6 when absent)."""
         key = self.rate_key(precision)
-        cal = self.calibration(precision, op_kind) if op_kind else None
+        cal = self.calibration(precision, op_kind, backward) if op_kind else None
         eff = cal.factor if cal is not None else self.efficiency.get(key, 0.6)
         return self.peak_tflops[key] * 1e12 * eff
 

@@ -107,3 +107,31 @@ def test_unknown_shapes_and_failed_rows(tmp_path):
     factors, skipped = fit_files([bad], tmp_path)
     assert factors == () and "boom" in skipped[0]
     assert render(factors).endswith("factors: []\n")
+
+
+def test_a_module_measured_with_an_fp8_backward_fits_a_factor_of_its_own(tmp_path, monkeypatch):
+    """The next GPU run's `backward: fp8` rows: the linear's fits a factor that prices only fp8 linears run that way
+    (and gives their measured time back), beside the 16-bit-backward factor; a conv row under fp8 backward ran its
+    16-bit backward and joins that one; the rendering reads back as it was fitted."""
+    lin, conv = "linear 8192x4096->4096", "conv3x3 b64 256->256 28x28"
+    lib = "library: torch._scaled_mm"
+    rows = [{"shape": lin, "precision": "fp8_e4m3", "backward": "bf16", "implementation": lib, "fwd_bwd_ms": 2.6},
+            {"shape": lin, "precision": "fp8_e4m3", "backward": "fp8", "implementation": f"{lib}; backward {lib}",
+             "fwd_bwd_ms": 1.2},
+            {"shape": conv, "precision": "fp8_e4m3", "backward": "bf16", "implementation": lib, "fwd_bwd_ms": 3.2},
+            {"shape": conv, "precision": "fp8_e4m3", "backward": "fp8", "implementation": lib, "fwd_bwd_ms": 3.4}]
+    path = tmp_path / "h100-sxm-gpu-check-results.json"
+    path.write_text(json.dumps({"ratios": rows}))
+    fs, skipped = fit_files([path], tmp_path)
+    assert skipped == []
+    by = {(f.op, f.backward): f for f in fs}
+    assert set(by) == {("linear", None), ("linear", "fp8"), ("conv", None)} and len(by[("conv", None)].sources) == 2
+    assert calibration.parse(render(fs)) == fs and "backward: fp8" in render(fs)
+    monkeypatch.setattr(calibration, "factors", lambda: fs)
+    h100 = find_device("H100-SXM")
+    m, k, n = 8192, 4096, 4096
+    node = OpNode("l", "linear", True, ((m, k),), (m, n), 2 * m * k * n, 4 * m * k * n, k * n, 0, 0, (n, k))
+    assert selectable_cost(node, "fp8_e4m3", h100, "fp8", boundary="fp32").total_ms == pytest.approx(1.2, rel=0.02)
+    assert selectable_cost(node, "fp8_e4m3", h100, "bf16", boundary="fp32").total_ms == pytest.approx(2.6, rel=0.02)
+    assert h100.calibration("fp8_e4m3", "linear", "fp8").factor > h100.calibration("fp8_e4m3", "linear").factor
+    assert "(backward fp8)" in h100.calibration("fp8_e4m3", "linear", "fp8").describe()

@@ -29,9 +29,9 @@ Bytes of a selectable op at precision p (see casts.py for activation formats):
             gradient to e5m2 (the cast model), copies it and the saved input and weight codes
             transposed (1 byte read and written each), and runs its two GEMMs on the codes at the rate
             of what dispatch.fp8_backward_impl runs (fp8 tensor cores, or fp32 where emulated), writing
-            fp32 gradients with the scales applied in the GEMM; `fp8_backward_ms`. Such
-            an op is priced by the datasheet even where its format is calibrated (the factors were
-            fitted on modules with a 16-bit backward).
+            fp32 gradients with the scales applied in the GEMM; `fp8_backward_ms`. Calibrated only by a
+            factor measured that way (hardware/calibration.py's `backward: fp8`), never by the factor of
+            the module with its 16-bit backward.
   weight    an op below fp32/tf32 casts its FP32 master weight every iteration:
             `weight_cast_ms`, part of the op's total.
 Embedding reads int64 indices and gathers only the rows it outputs.
@@ -92,10 +92,10 @@ def _bytes_per_ms(device: DeviceSpec) -> float:
 
 
 def kernel_ms(flops: float, nbytes: float, precision: str, device: DeviceSpec, launches: int = 1,
-              op_kind: str | None = None) -> float:
+              op_kind: str | None = None, backward: str | None = None) -> float:
     """Roofline time of `launches` kernels doing `flops` at `precision` and moving `nbytes`
-    (at the calibrated rate of `op_kind` where the device has one: DeviceSpec.achieved_flops)."""
-    compute = flops / device.achieved_flops(precision, op_kind) * 1e3 if flops > 0 else 0.0
+    (at the calibrated rate of `op_kind`, and `backward`, where the device has one: DeviceSpec.achieved_flops)."""
+    compute = flops / device.achieved_flops(precision, op_kind, backward) * 1e3 if flops > 0 else 0.0
     memory = nbytes / _bytes_per_ms(device) if nbytes > 0 else 0.0
     return max(compute, memory) + launches * device.launch_overhead_us / 1e3
 
@@ -181,10 +181,11 @@ def selectable_cost(
         cast_in = cast_ms(n_in, in_fmt, p, device)  # quantisation for int/fp8; the input cast in 'fp32' mode
     kind = op_kind(node.kind)
     fp8_bwd = fp8_grads(node, p, backward_precision)
-    # the measured module: casts and its (16-bit) backward inside the factor
-    if device.calibration(p, kind) is not None and not fp8_bwd:
-        fwd = kernel_ms(node.fwd_flops, fwd_bytes, p, device, op_kind=kind)
-        bwd = kernel_ms(node.bwd_flops, bwd_bytes, p, device, launches=2, op_kind=kind) if backward else 0.0
+    cal_bwd = "fp8" if fp8_bwd else None
+    if device.calibration(p, kind, cal_bwd) is not None:  # the measured module: casts and its backward inside
+        fwd = kernel_ms(node.fwd_flops, fwd_bytes, p, device, op_kind=kind, backward=cal_bwd)
+        bwd = kernel_ms(node.bwd_flops, bwd_bytes, p, device, launches=2, op_kind=kind,
+                        backward=cal_bwd) if backward else 0.0
         return OpCost(fwd, bwd)
     cast_out = cast_ms(n_out, out_fmt, "fp32", device) if boundary == "fp32" else 0.0
     fwd = kernel_ms(node.fwd_flops, fwd_bytes, p, device) + cast_in + cast_out + gemm_extras_ms(node, p, device)

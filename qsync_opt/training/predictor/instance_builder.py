@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from qsync_opt.errors import SpecError
-from qsync_opt.hardware.calibration import calibrated_precisions, op_kind, sources_of
+from qsync_opt.hardware.calibration import op_kind, sources_of
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.training.program.instance import Assignment, GroupInstance, TrainingInstance, row_ms
 from qsync_opt.training.predictor.lockstep import lockstep_rows
@@ -111,11 +111,12 @@ def _group_context(spec: JobSpec, g, graph: OpGraph, local_batch: int, boundary:
 
 def roofline_source(dev, graph: OpGraph, offer: tuple[str, ...], why: str, backward_precision: str = "bf16") -> str:
     """`why` ('roofline (<reason>)') saying whether the roofline is calibrated, for which op kinds and
-    precisions of this graph and from which results files, or datasheet only. An op the datasheet prices although
-    its kind and precision were calibrated (fp8 grads: costs.fp8_grads) does not count as calibrated."""
-    pairs = {(op_kind(n.kind), p) for n in graph.selectable for p in offer if not fp8_grads(n, p, backward_precision)}
-    cal = {k: [p for p in ps if (k, p) in pairs] for k, ps in calibrated_precisions(dev).items()}
-    cal = {k: ps for k, ps in cal.items() if ps}
+    precisions of this graph and from which results files, or datasheet only. An fp8 linear whose backward runs in
+    fp8 (costs.fp8_grads) counts as calibrated only where a factor was measured that way."""
+    asked = {(op_kind(n.kind), p, "fp8" if fp8_grads(n, p, backward_precision) else None)
+             for n in graph.selectable for p in offer}
+    found = {(k, p) for k, p, bwd in asked if k and dev.calibration(p, k, bwd) is not None}
+    cal = {k: [p for p in offer if (k, p) in found] for k in sorted({k for k, _ in found})}
     if not cal:
         head = "roofline, datasheet only"
     else:
