@@ -194,6 +194,7 @@ def summary(run: Run, device: torch.device, gpu: bool) -> str:
                          f"{f('fwd_bwd_ms', '.3f')} | {f('speedup_vs_fp32', '.2f')}x | "
                          f"{f('speedup_vs_bf16', '.2f')}x | "
                          f"{f('rel_err_vs_fp64', '.2e')} {err} | {f('grad_rel_err_vs_fp64', '.2e')} |")
+        lines += ["", parts.speed_targets(rows)]
     libs = run.results.get("libraries") or []
     if libs:
         lines += ["", "The linear as a user could run it instead (fwd+bwd; torch.compile rows on a GPU only):", "",

@@ -416,6 +416,29 @@ def ratio_problems(rows: list[dict]) -> list[str]:
     return out
 
 
+#: #42's speed targets on the linear of `ratios`, fwd+bwd against bf16: fp8 and int8 must pay at least this much,
+#: or the planner must never pick them on this device (it does not where a measured or calibrated fp8/int8 op is
+#: slower than bf16: instance_builder.drop_dominated).
+SPEED_TARGETS = {"fp8": 1.3, "int8": 1.15}
+
+
+def speed_targets(rows: list[dict]) -> str:
+    """One line: the best speed-up over bf16 of the fp8 rows (either backward) and of int8 on the linear of
+    `ratios`, each against SPEED_TARGETS."""
+    lin = [r for r in rows if r.get("shape", "").startswith("linear") and "speedup_vs_bf16" in r]
+    out = []
+    for fmt, target in SPEED_TARGETS.items():
+        got = [r for r in lin if r["precision"].startswith(fmt)]
+        if not got:
+            out.append(f"{fmt}: not measured")
+            continue
+        best = max(got, key=lambda r: r["speedup_vs_bf16"])
+        verdict = "met" if best["speedup_vs_bf16"] >= target else "not met (the planner must not pick it here)"
+        out.append(f"{fmt}: best {best['speedup_vs_bf16']:.2f}x bf16 ({best['precision']}, backward "
+                   f"{best.get('backward', '-')}; target {target}x): {verdict}")
+    return "Speed targets on the linear: " + "; ".join(out) + "."
+
+
 def library_problems(rows: list[dict]) -> list[str]:
     """Why the `libraries` step's numbers are wrong: every implementation must run (torchao's rows may say it is
     not installed: that is the machine's set-up, said in the row, not a failure of the code), be finite and lie

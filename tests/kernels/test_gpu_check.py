@@ -121,3 +121,17 @@ def test_an_fp8_gradient_beyond_e5m2s_tolerance_is_a_failed_ratio():
                    f"tolerance {REL_ERR_TOLERANCE['fp8_e5m2']:g}"]
     # the same gradient error under a bf16 backward is held to fp8_e4m3's own tolerance
     assert ratio_problems([{**row, "backward": "bf16", "grad_rel_err_vs_fp64": 0.1}])
+
+
+def test_the_speed_targets_line_takes_the_best_fp8_row_of_either_backward():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check_parts import speed_targets
+
+    rows = [{"shape": "linear 8192x4096->4096", "precision": "fp8_e4m3", "backward": "bf16", "speedup_vs_bf16": 0.63},
+            {"shape": "linear 8192x4096->4096", "precision": "fp8_e4m3", "backward": "fp8", "speedup_vs_bf16": 1.41},
+            {"shape": "linear 8192x4096->4096", "precision": "int8", "backward": "bf16", "speedup_vs_bf16": 0.59},
+            {"shape": "conv3x3 b64 256->256 28x28", "precision": "int8", "backward": "bf16", "speedup_vs_bf16": 2.0}]
+    line = speed_targets(rows)
+    assert "fp8: best 1.41x bf16 (fp8_e4m3, backward fp8; target 1.3x): met" in line
+    assert "int8: best 0.59x bf16 (int8, backward bf16; target 1.15x): not met" in line  # the conv row is not the target
+    assert "fp8: not measured" in speed_targets(rows[2:])
