@@ -17,6 +17,12 @@ A row measured with `backward_precision: fp8` (gpu_check's `backward: fp8` linea
 fp8 too) fits a factor of its own (`backward: fp8`), which prices only fp8 linears run that way
 (training/predictor/costs.fp8_grads); every other factor is of the module with its 16-bit backward.
 
+gpu_check's `gemm_choices` rows time one GEMM alone per implementation (the library op, the templated kernel):
+each fits a factor of op `gemm` (2·M·K·N FLOPs over its time, over the peak of its rate; the source's
+`fwd_bwd_ms` is then that GEMM's time). `gemm_factor` gives it to a GEMM the datasheet model prices where no
+module was measured (an fp8 linear with its backward in fp8), so that a kernel measured at 6% of peak is not
+priced at the catalog's 60%.
+
 Contract of `lookup`: a factor applies to ops of its kind (`linear`: linear, matmul, bmm;
 `conv`: conv1d, conv2d) at its precision on any device with its `sm` whose dispatch runs the
 implementation that was measured (same label, kernels/dispatch.py, under the device's
@@ -119,6 +125,17 @@ def lookup(device, precision: str, op: str | None, backward: str | None = None) 
             if f.implementation == label and f.rate in device.peak_tflops:
                 return f
     return None
+
+
+def gemm_factor(device, precision: str, impl) -> Factor | None:
+    """The measured GEMM factor (op 'gemm') of implementation `impl` (a kernels.dispatch.Impl) on `device`'s
+    architecture: the one timed at `precision`, else one timed at another precision of the same implementation and
+    rate (the e5m2 x e4m3 torch._scaled_mm of an fp8 backward takes the e4m3 one's: a model, said here), or None."""
+    if device.sm is None or device.kind != "gpu" or impl.kind == "emulation":
+        return None
+    same = [f for f in factors() if f.sm == device.sm and f.op == "gemm" and f.implementation == impl.label
+            and f.rate == impl.rate and f.rate in device.peak_tflops]
+    return next((f for f in same if f.precision == precision), same[0] if same else None)
 
 
 def sources_of(device) -> tuple[str, ...]:

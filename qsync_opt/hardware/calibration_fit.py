@@ -11,12 +11,16 @@ from pathlib import Path
 
 import yaml
 
+from qsync_opt.errors import SpecError
 from qsync_opt.hardware.calibration import HEADER, RESULTS_GLOB, CalibrationError, Factor, Source
 from qsync_opt.hardware.device import catalog, find_device
 from qsync_opt.kernels.dispatch import KERNELS, implementation
 from qsync_opt.precision import PRECISIONS
 
 _LINEAR = re.compile(r"^linear (\d+)x(\d+)->(\d+)$")
+_GEMM = re.compile(r"^(\S+) (\d+)x(\d+)x(\d+)$")
+#: gemm_choices timing field -> the `kernels` setting whose GEMM it timed (triton_ms: no dispatch runs it).
+_GEMM_TIMES = {"torch_ms": "torch", "templated_ms": "templated", "auto_ms": "auto"}
 _CONV = re.compile(r"^conv(\d+)x(\d+) b(\d+) (\d+)->(\d+) (\d+)x(\d+)$")
 
 
@@ -94,11 +98,41 @@ def fit_files(paths, root: Path) -> tuple[tuple[Factor, ...], list[str]]:
             key = (dev.sm, p, op, label, backward)
             meta[key] = impl.rate
             rows.setdefault(key, []).append(Source(rel, dev.name, row["shape"], _round(ms), _round(factor)))
+        for key, rate, src in _gemm_sources(record.get("gemm_choices") or [], dev, rel, skipped):
+            meta[key] = rate
+            rows.setdefault(key, []).append(src)
     order = lambda kv: (kv[0][0], kv[0][2], _order(kv[0][1]), kv[0][4] or "")  # noqa: E731
     out = tuple(Factor(sm, p, op, label, meta[(sm, p, op, label, bwd)],
                        _round(statistics.median(s.factor for s in srcs)), tuple(srcs), bwd)
                 for (sm, p, op, label, bwd), srcs in sorted(rows.items(), key=order))
     return out, skipped
+
+
+def _gemm_sources(rows: list[dict], dev, rel: str, skipped: list[str]):
+    """(key, rate, Source) of each GEMM gemm_choices timed alone ('<precision> MxKxN', per implementation):
+    op 'gemm', factor = 2·M·K·N / its time / the peak of its rate. The same implementation timed twice (fp8_e5m2's
+    'auto' is its templated kernel) gives two sources of one factor."""
+    for row in rows:
+        m = _GEMM.match(str(row.get("gemm", "")))
+        if m is None or m.group(1) not in PRECISIONS:
+            skipped.append(f"{rel}: gemm_choices row {row.get('gemm')!r}: not '<precision> MxKxN'")
+            continue
+        p, (mm, k, n) = m.group(1), map(int, m.groups()[1:])
+        for field, kernels in _GEMM_TIMES.items():
+            ms = row.get(field)
+            if not isinstance(ms, (int, float)) or not ms > 0:
+                continue
+            try:
+                impl = implementation(dev, p, kernels)
+            except SpecError as e:  # a setting this device's dispatch refuses
+                skipped.append(f"{rel}: {row['gemm']} {field}: {e}")
+                continue
+            if impl.kind == "emulation" or impl.rate not in dev.peak_tflops:
+                skipped.append(f"{rel}: {row['gemm']} {field}: {impl.label} is not a GEMM of its own rate here")
+                continue
+            factor = 2.0 * mm * k * n / (ms / 1e3) / (dev.peak_tflops[impl.rate] * 1e12)
+            yield ((dev.sm, p, "gemm", impl.label, None), impl.rate,
+                   Source(rel, dev.name, row["gemm"], _round(ms), _round(factor)))
 
 
 def _order(p: str) -> int:

@@ -103,7 +103,8 @@ def test_unknown_shapes_and_failed_rows(tmp_path):
                                                     "implementation": "library: torch.matmul"}]}))
     with pytest.raises(CalibrationError, match="attention 8x512"):
         fit_files([bad], tmp_path)
-    bad.write_text(json.dumps({**rec, "ratios": [{"shape": "linear 64x64->64", "precision": "int8", "error": "boom"}]}))
+    bad.write_text(json.dumps({**rec, "ratios": [{"shape": "linear 64x64->64", "precision": "int8", "error": "boom"}],
+                               "gemm_choices": []}))
     factors, skipped = fit_files([bad], tmp_path)
     assert factors == () and "boom" in skipped[0]
     assert render(factors).endswith("factors: []\n")
@@ -135,3 +136,22 @@ def test_a_module_measured_with_an_fp8_backward_fits_a_factor_of_its_own(tmp_pat
     assert selectable_cost(node, "fp8_e4m3", h100, "bf16", boundary="fp32").total_ms == pytest.approx(2.6, rel=0.02)
     assert h100.calibration("fp8_e4m3", "linear", "fp8").factor > h100.calibration("fp8_e4m3", "linear").factor
     assert "(backward fp8)" in h100.calibration("fp8_e4m3", "linear", "fp8").describe()
+
+
+def test_a_gemm_timed_alone_fits_a_gemm_factor_of_its_implementation():
+    """gemm_choices' rows: 2·M·K·N over the GEMM's time over its rate's peak, per implementation the device's dispatch
+    names; a mixed-format GEMM of the same implementation takes the one measured at another format."""
+    from qsync_opt.kernels.dispatch import Target, fp8_backward_impl, gemm_impl
+
+    h100 = find_device("H100-SXM")
+    choices = {r["gemm"]: r for r in json.loads(H200_RUN.read_text())["gemm_choices"]}
+    flops = 2 * 8192 * 4096 * 4096
+    lib = calibration.gemm_factor(h100, "fp8_e4m3", gemm_impl(Target("cuda", 90), "fp8_e4m3", "auto"))
+    assert lib.op == "gemm" and lib.implementation == "library: torch._scaled_mm"
+    assert lib.factor == pytest.approx(flops / (choices["fp8_e4m3 8192x4096x4096"]["auto_ms"] / 1e3) / 1979e12, rel=1e-3)
+    tpl = calibration.gemm_factor(h100, "int8", gemm_impl(Target("cuda", 90), "int8", "templated"))
+    assert tpl.factor == pytest.approx(flops / (choices["int8 8192x4096x4096"]["templated_ms"] / 1e3) / 1979e12,
+                                       rel=1e-3)
+    mixed = fp8_backward_impl(Target("cuda", 90), "fp8_e4m3")  # e5m2 x e4m3 through torch._scaled_mm
+    assert calibration.gemm_factor(h100, "fp8_e5m2", mixed) is lib
+    assert calibration.gemm_factor(find_device("A100-80GB"), "int8", gemm_impl(Target("cuda", 80), "int8")) is None

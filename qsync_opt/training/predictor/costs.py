@@ -59,7 +59,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from qsync_opt.errors import SpecError
-from qsync_opt.hardware.calibration import op_kind
+from qsync_opt.hardware.calibration import gemm_factor, op_kind
 from qsync_opt.hardware.device import DeviceSpec
 from qsync_opt.kernels.dispatch import (GRAD_FP8, SCALED_MM, Target, fp8_backward_impl, implementation,
                                         storage_bits)
@@ -92,10 +92,12 @@ def _bytes_per_ms(device: DeviceSpec) -> float:
 
 
 def kernel_ms(flops: float, nbytes: float, precision: str, device: DeviceSpec, launches: int = 1,
-              op_kind: str | None = None, backward: str | None = None) -> float:
-    """Roofline time of `launches` kernels doing `flops` at `precision` and moving `nbytes`
-    (at the calibrated rate of `op_kind`, and `backward`, where the device has one: DeviceSpec.achieved_flops)."""
-    compute = flops / device.achieved_flops(precision, op_kind, backward) * 1e3 if flops > 0 else 0.0
+              op_kind: str | None = None, backward: str | None = None, flops_per_s: float | None = None) -> float:
+    """Roofline time of `launches` kernels doing `flops` at `precision` and moving `nbytes` (at `flops_per_s`
+    when given, else at the calibrated rate of `op_kind`, and `backward`, where the device has one:
+    DeviceSpec.achieved_flops)."""
+    rate = flops_per_s or device.achieved_flops(precision, op_kind, backward)
+    compute = flops / rate * 1e3 if flops > 0 else 0.0
     memory = nbytes / _bytes_per_ms(device) if nbytes > 0 else 0.0
     return max(compute, memory) + launches * device.launch_overhead_us / 1e3
 
@@ -128,6 +130,13 @@ def has_bias(node: OpNode) -> bool:
     return node.param_count > w
 
 
+def gemm_rate(device: DeviceSpec, precision: str, impl) -> float:
+    """FLOP/s of one GEMM run by `impl` at `precision`: its measured GEMM factor on this architecture
+    (hardware/calibration.gemm_factor), else the catalog efficiency of `precision`'s rate."""
+    f = gemm_factor(device, precision, impl)
+    return device.peak_tflops[f.rate] * 1e12 * f.factor if f is not None else device.achieved_flops(precision)
+
+
 def fp8_grads(node: OpNode, p: str, backward_precision: str) -> bool:
     """Whether the op runs its backward GEMMs in fp8 (runtime/qfunctions.py: fp8 linears under 'fp8')."""
     return backward_precision == "fp8" and p.startswith("fp8_") and node.kind == "linear"
@@ -139,8 +148,9 @@ def fp8_backward_ms(node: OpNode, p: str, device: DeviceSpec) -> float:
     n_in, n_out, n_w = node.input_numel, node.output_numel, node.param_count
     quantize = cast_ms(n_out, "fp32", f"fp8_{GRAD_FP8}", device)
     transposes = kernel_ms(0, 2 * (n_out + n_in + n_w), "fp32", device, launches=3)
-    gemms = kernel_ms(node.bwd_flops, 2 * n_out + n_in + n_w + 4 * (n_in + n_w), p if impl.rate == "fp8" else "fp32",
-                      device, launches=2)
+    rate_p = p if impl.rate == "fp8" else "fp32"
+    gemms = kernel_ms(node.bwd_flops, 2 * n_out + n_in + n_w + 4 * (n_in + n_w), rate_p, device, launches=2,
+                      flops_per_s=gemm_rate(device, rate_p, impl))
     return quantize + transposes + gemms  # per-tensor scales: cuBLASLt's epilogue (cuda_ops.scaled_mm), no bias
 
 
@@ -188,7 +198,9 @@ def selectable_cost(
                         backward=cal_bwd) if backward else 0.0
         return OpCost(fwd, bwd)
     cast_out = cast_ms(n_out, out_fmt, "fp32", device) if boundary == "fp32" else 0.0
-    fwd = kernel_ms(node.fwd_flops, fwd_bytes, p, device) + cast_in + cast_out + gemm_extras_ms(node, p, device)
+    rate = gemm_rate(device, p, implementation(device, p, device.kernels)) if kind else None  # GEMM kinds
+    fwd = (kernel_ms(node.fwd_flops, fwd_bytes, p, device, flops_per_s=rate) + cast_in + cast_out
+           + gemm_extras_ms(node, p, device))
     bwd = 0.0
     if backward and fp8_bwd:
         bwd = fp8_backward_ms(node, p, device)
