@@ -49,6 +49,7 @@ WRITES = {
     "ddp_step_readings.py": ["ddp_step_readings.csv"],
     "emulated_hybrid.py": ["emulated_hybrid.csv"],
     "fit_calibration.py": ["calibration.yaml"],
+    "gpu_linear_prices.py": ["gpu_linear_prices.csv"],
     "gpu_check.py": ["ratios.csv", "summary.md", "results.json"],
     "hf_models.py": ["hf_models.csv"],
     "kernel_speed.py": ["kernels_gemm.csv", "kernels_quantize.csv"],
