@@ -49,6 +49,7 @@ sys.path[:0] = [str(HERE), str(ROOT)]
 
 import gpu_check_gpt2 as gpt2  # noqa: E402
 import gpu_check_parts as parts  # noqa: E402
+import gpu_check_verdicts as verdicts  # noqa: E402
 
 from qsync_opt.io import atomic_write_text  # noqa: E402
 from qsync_opt.kernels.dispatch import Target, format_table, gemm_impl  # noqa: E402
@@ -57,7 +58,7 @@ from qsync_opt.precision import PRECISIONS  # noqa: E402
 
 
 #: Step name -> the function that says why its result is wrong.
-CHECKS = {**parts.CHECKS, "gpt2": gpt2.gpt2_problems}
+CHECKS = {**verdicts.CHECKS, "gpt2": gpt2.gpt2_problems}
 
 
 class Run:
@@ -194,7 +195,7 @@ def summary(run: Run, device: torch.device, gpu: bool) -> str:
                          f"{f('fwd_bwd_ms', '.3f')} | {f('speedup_vs_fp32', '.2f')}x | "
                          f"{f('speedup_vs_bf16', '.2f')}x | "
                          f"{f('rel_err_vs_fp64', '.2e')} {err} | {f('grad_rel_err_vs_fp64', '.2e')} |")
-        lines += ["", parts.speed_targets(rows)]
+        lines += ["", verdicts.speed_targets(rows)]
     libs = run.results.get("libraries") or []
     if libs:
         lines += ["", "The linear as a user could run it instead (fwd+bwd; torch.compile rows on a GPU only):", "",

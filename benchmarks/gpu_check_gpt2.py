@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from calibration_heldout import counts, datasheet_only
-from gpu_check_parts import _bad_number
+from gpu_check_verdicts import _bad_number
 
 
 def catalog_gpu(torch_name: str, memory_gb: float) -> str:

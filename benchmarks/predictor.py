@@ -127,7 +127,7 @@ def measure(spec: dict, plans, job_dir: Path, *, warmup: int, blocks: int, repea
 
 def merge_profiles(paths: list[Path], out: Path) -> None:
     """Per-entry median over the rounds' profiles."""
-    from qsync_opt.training.predictor.profile import load_profile, runtime_tag
+    from qsync_opt.training.predictor.profile import load_profile
 
     profs = [load_profile(p) for p in paths]
     merged = copy.deepcopy(profs[0])
@@ -162,7 +162,7 @@ def profiled_fp32_ms(spec: dict, prepared, path: Path) -> float:
     """The fp32 plan's step as the profile read it: the one fp32 DDP step with every rank at once
     ('ddp'), or the group's whole fp32 step ('single'); uniform fp32 is predicted from it."""
     from qsync_opt.training.predictor.allreduce_profile import ddp_key
-    from qsync_opt.training.predictor.profile import load_profile
+    from qsync_opt.training.predictor.profile import load_profile, runtime_tag
     from qsync_opt.training.predictor.profiler import group_threads, local_ranks
     from qsync_opt.training.predictor.step_profile import steps_key
 

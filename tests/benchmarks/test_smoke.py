@@ -26,6 +26,7 @@ BENCH = ROOT / "benchmarks"
 HELPERS = {
     "results_table.py": "every rollout script's CSV writer",
     "gpu_check_parts.py": "gpu_check.py's measurements",
+    "gpu_check_verdicts.py": "what gpu_check.py's steps must satisfy",
     "gpu_check_gpt2.py": "gpu_check.py's GPT-2 step",
     "predictor_worker.py": "the worker process predictor.py starts",
     "accuracy_models.py": "accuracy.py's networks",

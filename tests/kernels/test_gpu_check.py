@@ -30,7 +30,7 @@ def test_gpu_check_runs_its_cpu_path(tmp_path):
     # every precision measured on both shapes, each with its error against float64
     rows = res["ratios"]
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gpu_check_parts import REL_ERR_TOLERANCE
+    from gpu_check_verdicts import REL_ERR_TOLERANCE
 
     assert len(rows) == 20 and all("fwd_bwd_ms" in r and "grad_rel_err_vs_fp64" in r for r in rows)
     assert [(r["precision"], r["backward"]) for r in rows[8:10]] == [("fp8_e4m3", "fp8"), ("fp8_e5m2", "fp8")]
@@ -112,7 +112,7 @@ def test_the_gpt2_steps_processes_keep_the_callers_pythonpath(monkeypatch, tmp_p
 
 def test_an_fp8_gradient_beyond_e5m2s_tolerance_is_a_failed_ratio():
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gpu_check_parts import REL_ERR_TOLERANCE, ratio_problems
+    from gpu_check_verdicts import REL_ERR_TOLERANCE, ratio_problems
 
     row = {"shape": "linear", "precision": "fp8_e4m3", "backward": "fp8", "fwd_bwd_ms": 1.0, "rel_err_vs_fp64": 0.03}
     assert ratio_problems([{**row, "grad_rel_err_vs_fp64": 0.06}]) == []  # e5m2 rounding: ~6e-2
@@ -125,7 +125,7 @@ def test_an_fp8_gradient_beyond_e5m2s_tolerance_is_a_failed_ratio():
 
 def test_the_speed_targets_line_takes_the_best_fp8_row_of_either_backward():
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gpu_check_parts import speed_targets
+    from gpu_check_verdicts import speed_targets
 
     rows = [{"shape": "linear 8192x4096->4096", "precision": "fp8_e4m3", "backward": "bf16", "speedup_vs_bf16": 0.63},
             {"shape": "linear 8192x4096->4096", "precision": "fp8_e4m3", "backward": "fp8", "speedup_vs_bf16": 1.41},

@@ -63,13 +63,13 @@ def test_relative_error_beyond_its_precisions_tolerance_fails(gpu_check, tmp_pat
 
 
 def test_each_precision_has_a_tolerance_tighter_than_the_old_blanket_half(gpu_check):
-    import gpu_check_parts as parts
+    import gpu_check_verdicts as verdicts
 
     from qsync_opt.precision import PRECISIONS
 
-    assert set(parts.REL_ERR_TOLERANCE) == set(PRECISIONS)
-    assert all(t < 0.5 for t in parts.REL_ERR_TOLERANCE.values())
-    assert parts.REL_ERR_TOLERANCE["fp32"] <= 1e-5 and parts.REL_ERR_TOLERANCE["int8"] <= 0.05
+    assert set(verdicts.REL_ERR_TOLERANCE) == set(PRECISIONS)
+    assert all(t < 0.5 for t in verdicts.REL_ERR_TOLERANCE.values())
+    assert verdicts.REL_ERR_TOLERANCE["fp32"] <= 1e-5 and verdicts.REL_ERR_TOLERANCE["int8"] <= 0.05
 
 
 @pytest.mark.parametrize("code, ok", [(0, True), (5, False), (1, False)])
