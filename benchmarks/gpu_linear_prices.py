@@ -39,7 +39,7 @@ COLS = ("device", "sm", "precision", "backward", "fwd_ms", "bwd_ms", "total_ms",
 
 def priced_by(device, p: str, backward: str) -> str:
     """'module', 'gemm' or 'datasheet' (module docstring)."""
-    fp8_bwd = fp8_grads(NODE, p, backward)
+    fp8_bwd = fp8_grads(NODE.kind, p, backward)
     if device.calibration(p, op_kind(NODE.kind), "fp8" if fp8_bwd else None) is not None:
         return "module"
     fwd = implementation(device, p, device.kernels)
@@ -55,7 +55,7 @@ def rows_for(name: str) -> list[dict]:
             continue
         c = selectable_cost(NODE, p, d, backward, boundary="fp32")
         base = c.total_ms if p == "bf16" else base
-        fp8_bwd = fp8_grads(NODE, p, backward)
+        fp8_bwd = fp8_grads(NODE.kind, p, backward)
         out.append({"device": name, "sm": d.sm, "precision": p, "backward": backward if p != "bf16" else "-",
                     "fwd_ms": f"{c.fwd_ms:.3f}", "bwd_ms": f"{c.bwd_ms:.3f}", "total_ms": f"{c.total_ms:.3f}",
                     "vs_bf16": f"{base / c.total_ms:.2f}" if base else "-", "priced_by": priced_by(d, p, backward),

@@ -153,7 +153,7 @@ def _int4_impl(target: Target, kernels: str) -> Impl:
 def _fp8_impl(target: Target, kernels: str, fmt: str) -> Impl:
     fast = target.kind == "cuda" and (target.sm or 0) >= FP8_SM
     if fast and kernels != "templated" and fmt in SCALED_MM_FORMATS:
-        return Impl("library", SCALED_MM, "fp8", note="cuBLASLt fp8; epilogue in torch")
+        return Impl("library", SCALED_MM, "fp8", note="cuBLASLt fp8; per-tensor scales in its epilogue, bias in torch")
     if fast and kernels != "torch" and "fp8" in cuda_gemm_kinds(target.sm):
         return Impl("templated", "qsync.cuda.fp8_mma", "fp8")
     if kernels == "templated" and target.kind == "cuda":
@@ -195,7 +195,7 @@ def fp8_mixed_impl(target: Target, kernels: str = "auto") -> Impl:
     both operands), else an fp32 GEMM on the fp8 values."""
     _check_kernels(kernels)
     if target.kind == "cuda" and (target.sm or 0) >= FP8_SM:
-        return Impl("library", SCALED_MM, "fp8", note="cuBLASLt fp8, e5m2 x e4m3; epilogue in torch")
+        return Impl("library", SCALED_MM, "fp8", note="cuBLASLt fp8, e5m2 x e4m3; scales in its epilogue")
     return Impl("emulation", "torch.matmul fp32 on fp8-rounded values", "fp32", via="fp32",
                 note="fp8 storage, fp32 arithmetic")
 

@@ -137,9 +137,10 @@ def gemm_rate(device: DeviceSpec, precision: str, impl) -> float:
     return device.peak_tflops[f.rate] * 1e12 * f.factor if f is not None else device.achieved_flops(precision)
 
 
-def fp8_grads(node: OpNode, p: str, backward_precision: str) -> bool:
-    """Whether the op runs its backward GEMMs in fp8 (runtime/qfunctions.py: fp8 linears under 'fp8')."""
-    return backward_precision == "fp8" and p.startswith("fp8_") and node.kind == "linear"
+def fp8_grads(kind: str, p: str, backward_precision: str) -> bool:
+    """Whether an op of graph kind `kind` at `p` runs its backward GEMMs in fp8 (runtime/qfunctions.py: fp8 linears
+    under backward_precision 'fp8')."""
+    return backward_precision == "fp8" and p.startswith("fp8_") and kind == "linear"
 
 
 def fp8_backward_ms(node: OpNode, p: str, device: DeviceSpec) -> float:
@@ -190,7 +191,7 @@ def selectable_cost(
         bwd_bytes = 2 * n_out * grad_b + n_w * store + n_in * grad_b + n_in * store + n_w * 4
         cast_in = cast_ms(n_in, in_fmt, p, device)  # quantisation for int/fp8; the input cast in 'fp32' mode
     kind = op_kind(node.kind)
-    fp8_bwd = fp8_grads(node, p, backward_precision)
+    fp8_bwd = fp8_grads(node.kind, p, backward_precision)
     cal_bwd = "fp8" if fp8_bwd else None
     if device.calibration(p, kind, cal_bwd) is not None:  # the measured module: casts and its backward inside
         fwd = kernel_ms(node.fwd_flops, fwd_bytes, p, device, op_kind=kind, backward=cal_bwd)

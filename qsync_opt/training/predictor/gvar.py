@@ -43,6 +43,7 @@ from qsync_opt.kernels.dispatch import GRAD_FP8
 from qsync_opt.models.graph import OpGraph, OpNode
 from qsync_opt.precision import BITS, INTEGER, MANTISSA_BITS
 from qsync_opt.runtime.recipe import FP8_BACKWARD_FALLBACK
+from qsync_opt.training.predictor.costs import fp8_grads
 from qsync_opt.training.predictor.sensitivity import GAMMA, Sensitivity, check_precisions, depth_loading, normalise
 
 
@@ -97,9 +98,9 @@ def gradient_format(kind: str, p: str, backward_precision: str) -> str:
     """The format an op of `kind` at `p` multiplies its output gradient in (runtime/qfunctions.py)."""
     if p in ("fp32", "tf32", "bf16", "fp16"):
         return p
-    if backward_precision == "fp8":
-        return f"fp8_{GRAD_FP8}" if p.startswith("fp8_") and kind == "linear" else FP8_BACKWARD_FALLBACK
-    return backward_precision
+    if fp8_grads(kind, p, backward_precision):
+        return f"fp8_{GRAD_FP8}"
+    return FP8_BACKWARD_FALLBACK if backward_precision == "fp8" else backward_precision
 
 
 def backward_error(st: OpStats, p: str, backward_precision: str, kind: str = "linear") -> float:

@@ -113,7 +113,7 @@ def roofline_source(dev, graph: OpGraph, offer: tuple[str, ...], why: str, backw
     """`why` ('roofline (<reason>)') saying whether the roofline is calibrated, for which op kinds and
     precisions of this graph and from which results files, or datasheet only. An fp8 linear whose backward runs in
     fp8 (costs.fp8_grads) counts as calibrated only where a factor was measured that way."""
-    asked = {(op_kind(n.kind), p, "fp8" if fp8_grads(n, p, backward_precision) else None)
+    asked = {(op_kind(n.kind), p, "fp8" if fp8_grads(n.kind, p, backward_precision) else None)
              for n in graph.selectable for p in offer}
     found = {(k, p) for k, p, bwd in asked if k and dev.calibration(p, k, bwd) is not None}
     cal = {k: [p for p in offer if (k, p) in found] for k in sorted({k for k, _ in found})}
