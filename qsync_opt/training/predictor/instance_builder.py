@@ -33,6 +33,7 @@ from dataclasses import replace
 
 from qsync_opt.errors import SpecError
 from qsync_opt.hardware.calibration import op_kind, sources_of
+from qsync_opt.kernels.dispatch import FP8_SM
 from qsync_opt.models.graph import OpGraph
 from qsync_opt.training.program.instance import Assignment, GroupInstance, TrainingInstance, row_ms
 from qsync_opt.training.predictor.lockstep import lockstep_rows
@@ -311,6 +312,8 @@ def build_instance(
             mem_capacity_bytes=gc.mem_capacity_bytes,
             sync_rows=rows[gc.name],
         ))
+    if spec.runtime.backward_precision == "fp8":
+        notes.append(fp8_backward_note(final))
     ops = {op for g in groups for op in g.allowed}
     instance = TrainingInstance(
         groups=tuple(groups),
@@ -325,6 +328,18 @@ def build_instance(
         notes=tuple(notes + [f"costs of {gc.name}: {gc.cost_source}" for gc in final]),
     )
     return instance, ctx
+
+
+def fp8_backward_note(gcs) -> str:
+    """What runtime.backward_precision 'fp8' does in these groups: which may run fp8 linears with fp8 gradients."""
+    takers = [gc.name for gc in gcs if any(fp8_grads(gc.graph.node(op).kind, p, "fp8")
+                                           for op, ps in gc.allowed.items() for p in ps)]
+    rest = "/".join(sorted({gc.backward_precision for gc in gcs}))  # each group's resolved 16-bit format
+    if not takers:
+        return ("runtime.backward_precision fp8 changes no op here: no group is offered an fp8 format on a linear "
+                f"(fp8 runs on sm_{FP8_SM}+); every quantized op's backward runs in {rest}")
+    return (f"runtime.backward_precision fp8: fp8 linears of {', '.join(takers)} run both backward GEMMs in fp8 "
+            f"(e5m2 gradients); every other quantized op's backward runs in {rest}")
 
 
 def _lockstep_floor(gc: GroupContext, rows) -> float:

@@ -124,3 +124,14 @@ def test_the_scaled_mm_epilogue_is_priced_as_it_runs():
     assert gemm_extras_ms(plain, "fp8_e4m3", h100) == 0.0
     assert gemm_extras_ms(BIG, "fp8_e4m3", h100) == pytest.approx(one_pass)
     assert gemm_extras_ms(plain, "int8", h100) == pytest.approx(kernel_ms(0, 16 * BIG.output_numel, "fp32", h100, 2))
+
+
+def test_the_plan_notes_say_what_an_fp8_backward_does_here():
+    _, ctx = _instance("L4", "fp8")
+    assert ("runtime.backward_precision fp8: fp8 linears of gpu run both backward GEMMs in fp8 (e5m2 gradients); "
+            "every other quantized op's backward runs in bf16") in ctx.notes
+    _, ctx = _instance("A100-80GB", "fp8")
+    assert any(n.startswith("runtime.backward_precision fp8 changes no op here: no group is offered an fp8 format")
+               for n in ctx.notes), ctx.notes
+    _, ctx = _instance("L4", "bf16")
+    assert not any("backward_precision" in n for n in ctx.notes)
