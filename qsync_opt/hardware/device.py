@@ -97,6 +97,18 @@ class DeviceSpec(BaseModel):
 
         return PEAK_KEY[precision] in self.peak_tflops and offer(self, precision, self._kernels)[0]
 
+    def backward_format(self, requested: str) -> str:
+        """The runtime.backward_precision a group on this device runs (and the planner prices): 'fp8' as requested
+        where the device runs an fp8 format (its fp8 linears take fp8 gradients, other quantized ops bf16);
+        otherwise the requested 16-bit format or fp32 if the device runs it, else the best 16-bit one it runs
+        (bf16, then fp16), else fp32 (a T4 runs fp16 where bf16 is asked)."""
+        if requested == "fp8" and any(self.supports(p) for p in ("fp8_e4m3", "fp8_e5m2")):
+            return "fp8"
+        for p in (requested, "bf16", "fp16"):
+            if p in ("bf16", "fp16", "fp32") and self.supports(p):
+                return p
+        return "fp32"
+
     @property
     def precisions(self) -> tuple[str, ...]:
         """Precisions this device runs natively, highest first."""

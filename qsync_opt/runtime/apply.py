@@ -227,7 +227,9 @@ def apply_plan(
     With dry_run=True nothing is modified and the list of `Change`s is returned instead.
     Modules absent from the plan are left as they are (unless strict=True, which is an error).
     A Plan whose graph fingerprint differs from the module's is refused unless force=True.
-    With `device` (a DeviceSpec), a precision that device's runtime cannot run is refused too.
+    With `device` (a DeviceSpec), a precision that device's runtime cannot run is refused too, and the backward
+    runs in `device.backward_format(backward_precision)`, the format the planner priced (a T4 runs fp16 where
+    bf16 is asked; 'fp8' falls to a 16-bit format where the device has no fp8).
     `op_kernels`: FQN -> kernels setting for the modules whose implementation a profile measured faster
     (a plan's GroupPlan.kernels, training/predictor/measured_dispatch.py); the others run `kernels`.
     """
@@ -247,6 +249,8 @@ def apply_plan(
     if device is not None:
         problems += [f"{fqn}: {why}" for fqn, p in mapping.items() if p in PRECISIONS
                      and (why := precision_refusal(device, p)) is not None]
+    if device is not None:
+        backward_precision = device.backward_format(backward_precision)
     if problems:
         raise RuntimeSetupError(f"cannot apply plan to {type(module).__name__} ({len(problems)} problem"
                                 f"{'s' * (len(problems) > 1)}):\n  - " + "\n  - ".join(problems))

@@ -230,6 +230,7 @@ def _make_plan(spec, prepared, instance, ctx, result, rounds, baselines, notes, 
         baselines=baselines,
         provenance=Provenance(spec_digest=spec.digest(), versions=_versions()),
         boundary=spec.runtime.boundary,
+        backward_precision=spec.runtime.backward_precision,
         fingerprint=graph_fingerprint(prepared.graph),
         indicator_used=prepared.indicator_note or f"indicator: {spec.indicator.method}",
     )

@@ -167,6 +167,9 @@ class Plan(BaseModel):
     provenance: Provenance
     boundary: Literal["edge", "fp32"] = "fp32"
     """The runtime.boundary the plan was costed for; the runtime refuses a plan made for another."""
+    backward_precision: Literal["bf16", "fp16", "fp32", "fp8"] | None = None
+    """The runtime.backward_precision the plan was costed for; training refuses it under another (None: a plan
+    written by hand or before plans recorded it, not checked)."""
     fingerprint: GraphFingerprint | None = None
     """The traced graph the plan was solved for; None in hand-written plans (then not checked)."""
     indicator_used: str = ""

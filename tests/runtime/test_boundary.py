@@ -60,3 +60,31 @@ def test_solve_records_the_spec_boundary():
             "training": {"global_batch": 8}, "solver": {"time_limit_s": 5}}
     assert solve(base).boundary == "fp32"
     assert solve({**base, "runtime": {"boundary": "edge"}}).boundary == "edge"
+
+
+def test_a_plan_costed_for_another_backward_precision_is_refused_before_any_rank_starts(tmp_path, capsys):
+    """Like the boundary: solve records runtime.backward_precision, and training under another refuses the plan,
+    naming both and the fix (its times were costed for the other); a plan that does not record it is not checked."""
+    import yaml
+
+    from qsync_opt import solve
+    from qsync_opt.cli.commands import main
+    from qsync_opt.training.runtime.trainer import check_backward_precision
+
+    base = {"cluster": {"groups": [{"name": "a", "device": "cpu-local"}]}, "model": {"name": "tiny-cnn"},
+            "training": {"global_batch": 8, "steps": 1}, "solver": {"time_limit_s": 5}}
+    plan = solve(base)
+    assert plan.backward_precision == "bf16"
+    assert solve({**base, "runtime": {"backward_precision": "fp32"}}).backward_precision == "fp32"
+    other = load_spec({**base, "runtime": {"backward_precision": "fp32"}})
+    with pytest.raises(RuntimeSetupError, match=r"costed for runtime.backward_precision='bf16', but the spec runs "
+                                                r"'fp32'.*re-solve the spec .* or set runtime.backward_precision: bf16"):
+        check_backward_precision(other, plan)
+    check_backward_precision(other, _plan())  # a plan that does not say: not checked
+    spec_path, plan_path = tmp_path / "spec.yaml", tmp_path / "plan.json"
+    spec_path.write_text(yaml.safe_dump({**base, "runtime": {"backward_precision": "fp32"}}))
+    plan.save(plan_path)
+    metrics = tmp_path / "metrics"
+    assert main(["train", str(spec_path), "--plan", str(plan_path), "--metrics-dir", str(metrics)]) == 2
+    assert "runtime.backward_precision='bf16'" in capsys.readouterr().err
+    assert not list(metrics.glob("rank*.jsonl"))  # no rank started

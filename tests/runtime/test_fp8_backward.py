@@ -128,3 +128,21 @@ def test_a_gradient_of_zeros_gives_zero_gradients(case):
     lin, x, gy = case
     gx, gw, gb = grads(swapped(lin, "fp8_e4m3", "fp8"), x, torch.zeros_like(gy))
     assert not gx.any() and not gw.any() and not gb.any()
+
+
+def test_the_runtime_backward_is_the_format_the_planner_priced_on_that_device():
+    """apply_plan given the group's device runs DeviceSpec.backward_format: a T4 runs fp16 where bf16 is asked (it
+    has no bf16; the planner priced fp16), 'fp8' stays fp8 only where the device runs fp8."""
+    from qsync_opt.hardware.device import find_device
+    from qsync_opt.training.predictor.casts import resolve_backward_precision
+
+    def recipe(device, precision, backward):
+        m = apply_plan(nn.Sequential(nn.Linear(8, 8)), {"0": precision}, backward_precision=backward,
+                       device=find_device(device))
+        return m[0].recipe
+
+    assert recipe("T4", "int8", "bf16").backward == "fp16" == resolve_backward_precision("bf16", find_device("T4"))
+    assert recipe("A100-80GB", "int8", "bf16").backward == "bf16"
+    assert recipe("H100-SXM", "fp8_e4m3", "fp8").fp8_backward
+    assert recipe("A100-80GB", "int8", "fp8").backward == "bf16"  # no fp8 here: the 16-bit backward
+    assert recipe("L4", "int8", "fp8").backward_dtype == torch.bfloat16

@@ -94,12 +94,10 @@ def cast_ms(n_elements: float, src: str, dst: str, device: DeviceSpec) -> float:
 
 
 def resolve_backward_precision(requested: str, device: DeviceSpec) -> str:
-    """The runtime's backward precision on `device`: as requested if the device runs it,
-    else the best 16-bit format it runs (bf16, then fp16), else fp32."""
-    for p in (requested, "bf16", "fp16"):
-        if p in ("bf16", "fp16", "fp32") and device.supports(p):
-            return p
-    return "fp32"
+    """The format quantized ops' backward runs in on `device` (the 16-bit format or fp32 of
+    DeviceSpec.backward_format; under 'fp8', what the ops without fp8 gradients run)."""
+    fmt = device.backward_format(requested)
+    return device.backward_format("bf16") if fmt == "fp8" else fmt
 
 
 def activation_format(precision: str, backward_precision: str) -> str:

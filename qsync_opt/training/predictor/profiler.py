@@ -268,6 +268,7 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
     with torch.enable_grad():
         vals.run(*on_dev)
     rt = spec.runtime
+    backward = g.device_spec.backward_format(rt.backward_precision)  # what the trainer runs on this device
     todo = distinct_todo(gg, g.allowed_precisions, sec.ops)
     skey = steps_key(spec, gg, group)
     step_ps = [] if skey in sec.steps else list(g.allowed_precisions)
@@ -287,7 +288,7 @@ def profile_group(spec: JobSpec, group: str, path: "str | Path", *, graph: OpGra
                     return m
                 # as the trainer: quantized on the CPU (runtime.apply_plan), then moved to the device
                 return SWAPPABLE[type(m)].from_float(copy.deepcopy(m).cpu(), Recipe(
-                    p, rt.backward_precision, rt.weight_granularity, rt.rounding, kernels)).to(device)
+                    p, backward, rt.weight_granularity, rt.rounding, kernels)).to(device)
 
             call, leaves, inplace = _op_callable(vals.module, n, vals, module_for)
             clone_ms = 0.0

@@ -99,8 +99,9 @@ def make_step(spec, module: nn.Module, rank: int, gg: OpGraph | None, p: str, op
     model = copy.deepcopy(module).train()
     if p != "fp32":
         model = apply_plan(model, {n.name: p for n in gg.selectable}, kernels=rt.kernels,
-                           weight_granularity=rt.weight_granularity,
-                           backward_precision=rt.backward_precision, rounding=rt.rounding, op_kernels=op_kernels)
+                           weight_granularity=rt.weight_granularity, backward_precision=rt.backward_precision,
+                           rounding=rt.rounding, op_kernels=op_kernels,
+                           device=spec.cluster.group_of_rank(rank).device_spec)
     model = model.to(device)
     opt = make_optimizer(spec.training, [q for q in model.parameters() if q.requires_grad])
     return loop_step(spec, rank, model, opt, device=device)

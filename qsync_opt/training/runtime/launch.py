@@ -41,7 +41,7 @@ from qsync_opt.runtime.data import build_model
 from qsync_opt.runtime.process_exit import Stopped, stop_on_signals
 from qsync_opt.runtime.spawn import Spawned, free_port, spawn_ranks
 from qsync_opt.runtime.support import precision_refusal
-from qsync_opt.training.runtime.trainer import EXIT_STOPPED, rank_batches
+from qsync_opt.training.runtime.trainer import EXIT_STOPPED, check_backward_precision, rank_batches
 from qsync_opt.data.check import check_data
 from qsync_opt.data.evaluation import read_eval
 from qsync_opt.runtime.emulation import check_emulation
@@ -146,6 +146,7 @@ def validate(spec: JobSpec, plan: Plan | None, nproc: int | None = None, *, forc
     local batch."""
     batches = check_job(spec, plan, nproc, plan_name=plan_name)
     if plan is not None:
+        check_backward_precision(spec, plan)
         with torch.device("meta"):
             model = build_model(spec)
         model = applicable_model(model, spec, plan)

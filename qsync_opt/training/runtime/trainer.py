@@ -55,12 +55,24 @@ def make_optimizer(training: TrainingSpec, params) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=lr)
 
 
+def check_backward_precision(spec: JobSpec, plan: Plan) -> None:
+    """Refuse a plan costed for another runtime.backward_precision than the spec runs (its times would not hold);
+    a plan that does not record it (hand-written, or older) is not checked."""
+    want, got = plan.backward_precision, spec.runtime.backward_precision
+    if want not in (None, got):
+        raise RuntimeSetupError(
+            f"plan for job {plan.job!r} was costed for runtime.backward_precision={want!r}, but the spec runs "
+            f"{got!r}, under which its times do not hold; re-solve the spec (`qsync-opt solve SPEC -o plan.json`) "
+            f"or set runtime.backward_precision: {want}")
+
+
 def build_rank_model(spec: JobSpec, plan: Plan | None, group: str, force: bool = False) -> nn.Module:
     """The model with identical initial weights on every rank, and `group`'s plan applied."""
     torch.manual_seed(spec.training.seed)
     model = build_model(spec)
     if plan is not None:
         rt = spec.runtime
+        check_backward_precision(spec, plan)
         model = applicable_model(model, spec, plan)  # functional GEMMs the plan names get their modules
         model = apply_plan(model, plan, group, kernels=rt.kernels, weight_granularity=rt.weight_granularity,
                            backward_precision=rt.backward_precision, rounding=rt.rounding, force=force,
