@@ -336,8 +336,10 @@ def fp8_backward_note(gcs) -> str:
                                            for op, ps in gc.allowed.items() for p in ps)]
     rest = "/".join(sorted({gc.backward_precision for gc in gcs}))  # each group's resolved 16-bit format
     if not takers:
-        return ("runtime.backward_precision fp8 changes no op here: no group is offered an fp8 format on a linear "
-                f"(fp8 runs on sm_{FP8_SM}+); every quantized op's backward runs in {rest}")
+        runs = [gc.name for gc in gcs if gc.device.backward_format("fp8") == "fp8"]
+        why = (f"{', '.join(runs)} run(s) fp8, but no linear is offered an fp8 format there (see the notes on what is "
+               "not offered)" if runs else f"no group's device runs fp8 (sm_{FP8_SM}+)")
+        return f"runtime.backward_precision fp8 changes no op here: {why}; every quantized op's backward runs in {rest}"
     return (f"runtime.backward_precision fp8: fp8 linears of {', '.join(takers)} run both backward GEMMs in fp8 "
             f"(e5m2 gradients); every other quantized op's backward runs in {rest}")
 
