@@ -39,6 +39,7 @@ HELPERS = {
 WRITES = {
     "accuracy.py": ["accuracy.csv", "summary.csv", "policies.json"],
     "accuracy_int4.py": ["accuracy_int4.csv"],
+    "accuracy_fp8_backward.py": ["accuracy_fp8_backward.csv"],
     "accuracy_slack.py": ["slack_maps.csv", "slack_ops.csv"],
     "accuracy_summary.py": ["accuracy_summary.csv"],
     "balance.py": ["balance.csv", "balance_planner.csv", "balance_memory.csv", "balance.png"],
