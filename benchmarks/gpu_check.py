@@ -8,23 +8,27 @@ On a machine with a CUDA device, within the budget (5.5 minutes by default), in 
   3. the CUDA tests: pytest -m cuda;
   4. fwd+bwd time of every precision's runtime module against fp32 and bf16 on a large linear
      and a large conv, with each output's and input gradient's error against float64; then fp8_e4m3 and
-     fp8_e5m2 again with `backward_precision: fp8` (the linear's backward GEMMs in fp8 too);
+     fp8_e5m2 again with `backward_precision: fp8` (the linear's backward GEMMs in fp8 too); where that
+     linear's time goes at bf16, fp8_e4m3 (either backward) and int8: torch.profiler's time per runtime step
+     (quantize, GEMM, casts, backward) and its busiest kernels (gpu_check_breakdown.py, DIR/breakdown.csv);
   5. the same linear as a user could run it instead of a plan: bf16, the runtime's fp8 module (both backwards),
      torchao's float8 training (tensorwise, rowwise; the `gpu` extra), eager and under torch.compile;
-     then templated kernel vs torch op for the int8/int4/fp8 GEMMs (speed ratio, agreement);
+     then one GEMM of that shape alone: fp32, tf32 and bf16 (the baselines), and templated kernel vs torch op
+     for the int8/int4/fp8 GEMMs (speed ratio, agreement), torch._scaled_mm also with fast accumulation and
+     with a bf16 output;
   6. GPT-2 small as a user runs it (examples/gpu_gpt2_small.yaml, the device detected from the catalog): `qsync-opt
      profile` from an empty profile cache, timed; `qsync-opt run` on measured costs (as fast as 5% of the
      uniform-lowest plan's indicator allows); its plan priced by the
      calibrated and the datasheet roofline; predicted against measured iteration (DIR/gpt2_run/, gpt2_*.log);
   7. a zoo model profiled per op and precision by this script's own timer (DIR/profile.json);
   8. examples/cpu_tiny.yaml's model trained 20 steps on the GPU with a mixed plan.
-Everything goes to DIR (summary.md, results.json, ratios.csv, profile.json, pytest_cuda.txt,
-dispatch.txt). A step that fails is recorded and the next one still runs; the exit code is 1 if
-any step failed on a GPU. A step fails when it raises or when its numbers are wrong
-(CHECKS: relative errors beyond the per-precision REL_ERR_TOLERANCE, integer
-GEMMs not bit-exact, non-finite times or losses); pytest's exit 5 (no tests ran) is a failure. Without a GPU (or with --cpu) it says so, checks that everything
-imports, runs steps 1 and 4-8 on CPU tensors at tiny sizes (step 6 on the zoo's 2-layer GPT-2) (so CI executes this script's code),
-and exits 0 unless one of those fails.
+Everything goes to DIR (summary.md, results.json, ratios.csv, breakdown.csv, libraries.csv,
+gemm_choices.csv, profile.json, pytest_cuda.txt, dispatch.txt). A step that fails is recorded and the next one
+still runs; the exit code is 1 if any step failed on a GPU. A step fails when it raises or when its numbers are
+wrong (CHECKS: relative errors beyond the per-precision REL_ERR_TOLERANCE, integer GEMMs not bit-exact,
+non-finite times or losses); pytest's exit 5 (no tests ran) is a failure. Without a GPU (or with --cpu) it says
+so, checks that everything imports, runs steps 1 and 4-8 on CPU tensors at tiny sizes (step 6 on the zoo's
+2-layer GPT-2) (so CI executes this script's code), and exits 0 unless one of those fails.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT)]
 
+import gpu_check_breakdown as breakdown  # noqa: E402
 import gpu_check_gpt2 as gpt2  # noqa: E402
 import gpu_check_parts as parts  # noqa: E402
 import gpu_check_verdicts as verdicts  # noqa: E402
@@ -58,7 +63,7 @@ from qsync_opt.precision import PRECISIONS  # noqa: E402
 
 
 #: Step name -> the function that says why its result is wrong.
-CHECKS = {**verdicts.CHECKS, "gpt2": gpt2.gpt2_problems}
+CHECKS = {**verdicts.CHECKS, "gpt2": gpt2.gpt2_problems, "breakdown": breakdown.problems}
 
 
 class Run:
@@ -196,6 +201,9 @@ def summary(run: Run, device: torch.device, gpu: bool) -> str:
                          f"{f('speedup_vs_bf16', '.2f')}x | "
                          f"{f('rel_err_vs_fp64', '.2e')} {err} | {f('grad_rel_err_vs_fp64', '.2e')} |")
         lines += ["", verdicts.speed_targets(rows)]
+    if run.results.get("breakdown"):
+        lines += ["", "Where the linear's fwd+bwd time goes (torch.profiler: device time on a GPU, CPU time on a CPU; "
+                      "per step):", ""] + breakdown.table(run.results["breakdown"])
     libs = run.results.get("libraries") or []
     if libs:
         lines += ["", "The linear as a user could run it instead (fwd+bwd; torch.compile rows on a GPU only):", "",
@@ -252,6 +260,7 @@ def main(argv=None) -> int:
         run.step("build", lambda: build_extension(device), need_s=60)
         run.step("cuda_tests", lambda: cuda_tests(out, min(120.0, run.left() - 200)), need_s=90)
     run.step("ratios", lambda: parts.ratios(device, gpu, reps), need_s=20 if gpu else 0)
+    run.step("breakdown", lambda: breakdown.breakdown(device, gpu), need_s=10 if gpu else 0)
     run.step("libraries", lambda: parts.library_linears(device, gpu, reps, compile_=gpu and run.left() > 150),
              need_s=30 if gpu else 0)  # the compiled rows only with time for three compiles and the steps after
     run.step("gemm_choices", lambda: parts.gemm_choices(device, gpu, reps), need_s=15 if gpu else 0)
@@ -263,8 +272,9 @@ def main(argv=None) -> int:
              need_s=15 if gpu else 0)
     if run.results.get("ratios"):
         write_csv(out / "ratios.csv", run.results["ratios"])
-    if run.results.get("libraries"):
-        write_csv(out / "libraries.csv", run.results["libraries"])
+    for name in ("libraries", "breakdown", "gemm_choices"):
+        if run.results.get(name):
+            write_csv(out / f"{name}.csv", run.results[name])
     if run.results.get("profile"):
         prof = {**run.results["profile"], "device": torch.cuda.get_device_name(device) if gpu else "cpu",
                 "torch": torch.__version__, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

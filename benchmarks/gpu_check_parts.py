@@ -220,13 +220,60 @@ def library_linears(device: torch.device, big: bool, repeats: int, compile_: boo
     return rows
 
 
+def float_gemms(x: torch.Tensor, w: torch.Tensor, repeats: int) -> list[dict]:
+    """The baselines of `gemm_choices`: x @ w.T in fp32, tf32 (TF32 tensor cores for this call only) and bf16
+    (operands and output in bf16), each with its error against float64 on the operands it multiplied."""
+    device = x.device
+    (m, k), n = x.shape, w.shape[0]
+    rows = []
+    for p, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32, True),
+                           ("bf16", torch.bfloat16, False)):
+        row = {"gemm": f"{p} {m}x{k}x{n}"}
+        a, b = x.to(dtype), w.to(dtype)
+        before = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        try:
+            ref = a.double() @ b.double().t()
+            row["torch_rel_err"] = float((F.linear(a, b).double() - ref).norm() / ref.norm())
+            row["torch_ms"] = time_ms(lambda: F.linear(a, b), device, repeats)
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = before
+        rows.append(row)
+    return rows
+
+
+def scaled_mm_variants(xq, sx, wq, sw, ref: torch.Tensor, repeats: int, row: dict) -> None:
+    """torch._scaled_mm on the e4m3 codes as the runtime does not (yet) call it, into `row`: with fast accumulation
+    (torchao's setting for the forward GEMM; on Hopper it skips the periodic promotion of the tensor cores'
+    accumulator to fp32) and with a bf16 output (half the bytes written), each timed with its error against float64
+    and whether that stays within the library GEMM's accumulation bound (reference.fp8_gemm_tolerance)."""
+    from qsync_opt.kernels.reference import fp8_gemm_tolerance
+
+    device, k = xq.device, xq.shape[1]
+    s_a, s_b = sx.float().reshape(()), sw.float().reshape(())
+    for name, kw in (("fast_accum", {"out_dtype": torch.float32, "use_fast_accum": True}),
+                     ("bf16_out", {"out_dtype": torch.bfloat16})):
+        try:
+            call = lambda kw=kw: torch._scaled_mm(xq, wq.t(), scale_a=s_a, scale_b=s_b, **kw)  # noqa: E731
+            err = float((call().double() - ref).norm() / ref.norm())
+            row[f"{name}_rel_err"] = err
+            row[f"{name}_within_bound"] = err <= fp8_gemm_tolerance(k, "auto") + (2.0 ** -8 if name == "bf16_out"
+                                                                                   else 0.0)
+            row[f"{name}_ms"] = time_ms(call, device, repeats)
+        except Exception as e:  # what this torch or device refuses is a fact of it, recorded
+            row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:200]
+
+
 def gemm_choices(device: torch.device, big: bool, repeats: int) -> list[dict]:
-    """Templated kernel vs torch op for the same GEMM: speed ratio and agreement. What
-    dispatch.CUDA_INT8_AUTO (and the fp8 choice) should follow on this architecture."""
+    """One GEMM alone (the `ratios` linear's, 8192x4096x4096 on a GPU): the float baselines (`float_gemms`), then
+    templated kernel vs torch op for the int8/int4/fp8 GEMMs (speed ratio and agreement: what dispatch's choices
+    should follow on this architecture), and torch._scaled_mm's variants (`scaled_mm_variants`)."""
     m, k, n = (8192, 4096, 4096) if big else (64, 96, 80)
     g = torch.Generator(device="cpu").manual_seed(1)
     x, w = torch.randn(m, k, generator=g).to(device), torch.randn(n, k, generator=g).to(device)
-    rows = []
+    rows = float_gemms(x, w, repeats)
     for bits, fn in ((8, ops.int8_linear), (4, ops.int4_linear)):
         xq, sx = ops.quantize_symmetric(x, bits=bits)
         wq, sw = ops.quantize_symmetric(w, bits=bits, axis=0)
@@ -260,6 +307,8 @@ def gemm_choices(device: torch.device, big: bool, repeats: int) -> list[dict]:
                 y = ops.fp8_linear(xq, sx, wq, sw, None, impl=impl)
                 row[f"{impl}_rel_err"] = float((y.double() - ref).norm() / ref.norm())
                 row[f"{impl}_ms"] = time_ms(lambda: ops.fp8_linear(xq, sx, wq, sw, None, impl=impl), device, repeats)
+            if fmt == "e4m3" and (m, k, n) == tuple(-(-d // 16) * 16 for d in (m, k, n)):  # _scaled_mm's multiples
+                scaled_mm_variants(xq, sx, wq, sw, ref, repeats, row)
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {e}"[:300]
         rows.append(row)

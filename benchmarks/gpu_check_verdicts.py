@@ -94,7 +94,8 @@ def library_problems(rows: list[dict]) -> list[str]:
 
 def gemm_problems(rows: list[dict]) -> list[str]:
     """The integer GEMMs must be bit-exact (templated and Triton vs torch); fp8 within the accumulation bound
-    of its implementation (kernels.reference.fp8_gemm_tolerance)."""
+    of its implementation (kernels.reference.fp8_gemm_tolerance); the float baselines within their precision's
+    REL_ERR_TOLERANCE. torch._scaled_mm's variants are facts to read, not checked: the runtime does not call them."""
     from qsync_opt.kernels.reference import fp8_gemm_tolerance
 
     out = []
@@ -102,6 +103,10 @@ def gemm_problems(rows: list[dict]) -> list[str]:
         name = r.get("gemm")
         if "error" in r:
             out.append(f"{name}: {r['error']}")
+        elif str(name).split()[0] in ("fp32", "tf32", "bf16"):  # float_gemms' baselines
+            err, tol = r.get("torch_rel_err"), REL_ERR_TOLERANCE[str(name).split()[0]]
+            if _bad_number(err) or err > tol or _bad_number(r.get("torch_ms")):
+                out.append(f"{name}: relative error {err} above {tol:g}, or time {r.get('torch_ms')} not finite")
         elif str(name).startswith("int"):
             for key in ("bit_exact", "triton_bit_exact"):
                 if (key == "bit_exact" and "note" not in r or key in r) and r.get(key) is not True:

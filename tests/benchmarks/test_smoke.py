@@ -28,6 +28,7 @@ HELPERS = {
     "gpu_check_parts.py": "gpu_check.py's measurements",
     "gpu_check_verdicts.py": "what gpu_check.py's steps must satisfy",
     "gpu_check_gpt2.py": "gpu_check.py's GPT-2 step",
+    "gpu_check_breakdown.py": "gpu_check.py's breakdown step",
     "predictor_worker.py": "the worker process predictor.py starts",
     "accuracy_models.py": "accuracy.py's networks",
     "accuracy_policies.py": "accuracy.py's planned policies",

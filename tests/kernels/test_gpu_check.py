@@ -24,7 +24,7 @@ def test_gpu_check_runs_its_cpu_path(tmp_path):
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["gpu"] is False
     assert [(s[0], s[1]) for s in res["steps"]] == [(n, "ok") for n in
-                                                    ("imports", "dispatch", "ratios", "libraries", "gemm_choices",
+                                                    ("imports", "dispatch", "ratios", "breakdown", "libraries", "gemm_choices",
                                                      "gpt2", "profile", "train")]
     assert "qsync_opt.kernels.dispatch" in res["imports"]
     # every precision measured on both shapes, each with its error against float64
@@ -50,6 +50,19 @@ def test_gpu_check_runs_its_cpu_path(tmp_path):
             continue
         assert r["rel_err_vs_fp64"] <= REL_ERR_TOLERANCE[r["precision"]] and r["fwd_bwd_ms"] > 0, r
         assert r["rel_err_vs_fp64"] > 1e-4, r  # a lower precision really ran (fp32 would give ~1e-7)
+    # where the time goes, per runtime step: each configuration's ranges and what is outside them make its total
+    bd = res["breakdown"]
+    for config in ("bf16, backward -", "fp8_e4m3, backward bf16", "fp8_e4m3, backward fp8", "int8, backward bf16"):
+        mine = [r for r in bd if r["config"] == config]
+        total = next(r["ms"] for r in mine if r["kind"] == "total")
+        assert total > 0 and abs(sum(r["ms"] for r in mine if r["kind"] in ("range", "outside")) - total) < 1e-6 * total
+    names = {r["name"] for r in bd if r["config"] == "fp8_e4m3, backward fp8" and r["kind"] == "range"}
+    assert {"quantize[fp8_e4m3]", "backward[fp8_e4m3@fp8]", "quantize[grad->fp8_e5m2]"} <= names, names
+    # one GEMM alone: the float baselines beside the low-precision ones, torch._scaled_mm's variants recorded
+    gc = {r["gemm"].split()[0]: r for r in res["gemm_choices"]}
+    assert {"fp32", "tf32", "bf16", "int8", "int4", "fp8_e4m3", "fp8_e5m2"} <= set(gc)
+    assert gc["bf16"]["torch_rel_err"] > 1e-4 > gc["fp32"]["torch_rel_err"]  # bf16 really rounded, fp32 did not
+    assert {"fast_accum_ms", "bf16_out_ms"} <= set(gc["fp8_e4m3"]) or "fast_accum_error" in gc["fp8_e4m3"]
     # the templated and torch GEMMs agree bit for bit on CPU
     assert all(r.get("bit_exact") or "not exact on this CPU" in r.get("note", "") for r in res["gemm_choices"]
                if r["gemm"].startswith("int"))
@@ -68,7 +81,7 @@ def test_gpu_check_runs_its_cpu_path(tmp_path):
     assert (tmp_path / "gpt2_run" / "report.md").exists()
     assert res["train"]["finite"] and len(res["train"]["losses"]) == 2
     assert len(set(res["train"]["precisions"])) >= 4  # a mixed plan
-    for f in ("summary.md", "ratios.csv", "dispatch.txt"):
+    for f in ("summary.md", "ratios.csv", "breakdown.csv", "gemm_choices.csv", "dispatch.txt"):
         assert (tmp_path / f).stat().st_size > 0
     assert "int4       templated: qsync.cuda.int4_wmma" in (tmp_path / "dispatch.txt").read_text()
     summary = (tmp_path / "summary.md").read_text()

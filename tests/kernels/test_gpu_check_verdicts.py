@@ -95,3 +95,37 @@ def test_fp8_gemm_is_judged_by_its_implementations_accumulation_bound(gpu_check,
     assert status == "FAILED" and "templated" in note
     status, _ = verdict(gpu_check, tmp_path, "gemm_choices", [{**row, "auto_rel_err": 2e-2}])  # a wrong scale or operand
     assert status == "FAILED"
+
+
+def test_float_baseline_gemms_are_judged_by_their_precisions_tolerance(gpu_check, tmp_path):
+    """fp32/tf32/bf16 rows of one GEMM are the baselines the low-precision GEMMs are read against: a bf16 GEMM off by
+    more than bf16's tolerance, or an fp32 one that ran in TF32 (~5e-4), fails the step."""
+    rows = [{"gemm": "fp32 8x8x8", "torch_rel_err": 2e-7, "torch_ms": 0.1},
+            {"gemm": "tf32 8x8x8", "torch_rel_err": 5e-4, "torch_ms": 0.1},
+            {"gemm": "bf16 8x8x8", "torch_rel_err": 2e-3, "torch_ms": 0.1}]
+    assert verdict(gpu_check, tmp_path, "gemm_choices", rows)[0] == "ok"
+    status, note = verdict(gpu_check, tmp_path, "gemm_choices", [{**rows[0], "torch_rel_err": 5e-4}])
+    assert status == "FAILED" and "fp32 8x8x8" in note
+    status, _ = verdict(gpu_check, tmp_path, "gemm_choices", [{**rows[2], "torch_ms": float("nan")}])
+    assert status == "FAILED"
+
+
+def test_breakdown_needs_every_configuration_and_its_gemm(gpu_check, tmp_path):
+    import gpu_check_breakdown as breakdown
+
+    def rows(config, gemm):
+        return [{"config": config, "kind": "total", "name": "all", "ms": 1.0, "share": 1.0},
+                {"config": config, "kind": "range", "name": gemm, "ms": 0.6, "share": 0.6},
+                {"config": config, "kind": "outside", "name": "outside", "ms": 0.4, "share": 0.4}]
+
+    good = (rows("bf16, backward -", "cast[fp32->bf16]") + rows("fp8_e4m3, backward bf16", "gemm[fp8_e4m3]")
+            + rows("fp8_e4m3, backward fp8", "gemm[fp8_e4m3]") + rows("int8, backward bf16", "gemm[int8]"))
+    assert verdict(gpu_check, tmp_path, "breakdown", good)[0] == "ok"
+    status, note = verdict(gpu_check, tmp_path, "breakdown", good[:9])  # int8 missing
+    assert status == "FAILED" and "int8" in note
+    renamed = [{**r, "name": "gemm"} if r["name"] == "gemm[int8]" else r for r in good]
+    status, note = verdict(gpu_check, tmp_path, "breakdown", renamed)
+    assert status == "FAILED" and "no gemm[int8] range" in note
+    negative = [{**r, "ms": -0.2} if r["name"] == "gemm[fp8_e4m3]" else r for r in good]
+    assert verdict(gpu_check, tmp_path, "breakdown", negative)[0] == "FAILED"
+    assert len(breakdown.table(good)) == 2 + 4
