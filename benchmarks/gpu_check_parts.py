@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qsync_opt.kernels import ops, reference
-from qsync_opt.kernels.dispatch import Target, fp8_backward_impl, gemm_impl
+from qsync_opt.kernels.dispatch import SCALED_MM_FAST, Target, fp8_backward_impl, fp8_training_forward_impl, gemm_impl
 from qsync_opt.precision import PRECISIONS
 from qsync_opt.runtime.qmodules import SWAPPABLE
 from qsync_opt.runtime.recipe import Recipe
@@ -140,6 +140,8 @@ def ratios(device: torch.device, big: bool, repeats: int) -> list[dict]:
             impl = gemm_impl(target, p).label
             if bwd == "fp8" and isinstance(base, nn.Linear):
                 impl += f"; backward {fp8_backward_impl(target, p).label}"
+                if fp8_training_forward_impl(target, p).op == SCALED_MM_FAST:
+                    impl += "; forward use_fast_accum"
             row = {"shape": label, "precision": p, "backward": bwd or ("-" if p in ("fp32", "tf32", "bf16", "fp16")
                                                                        else backward_precision(device)),
                    "implementation": impl}

@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.results_table import load_now, write_table  # noqa: E402
 from qsync_opt.hardware.calibration import gemm_factor, op_kind  # noqa: E402
 from qsync_opt.hardware.device import find_device  # noqa: E402
-from qsync_opt.kernels.dispatch import Target, fp8_backward_impl, implementation  # noqa: E402
+from qsync_opt.kernels.dispatch import Target, fp8_backward_impl  # noqa: E402
 from qsync_opt.models.graph import OpNode  # noqa: E402
-from qsync_opt.training.predictor.costs import fp8_grads, selectable_cost  # noqa: E402
+from qsync_opt.training.predictor.costs import forward_gemm_impl, fp8_grads, selectable_cost  # noqa: E402
 
 M, K, N = 8192, 4096, 4096
 NODE = OpNode("linear", "linear", True, ((M, K),), (M, N), 2 * M * K * N + M * N, 2 * (2 * M * K * N + M * N),
@@ -42,7 +42,7 @@ def priced_by(device, p: str, backward: str) -> str:
     fp8_bwd = fp8_grads(NODE.kind, p, backward)
     if device.calibration(p, op_kind(NODE.kind), "fp8" if fp8_bwd else None) is not None:
         return "module"
-    fwd = implementation(device, p, device.kernels)
+    fwd = forward_gemm_impl(NODE.kind, p, device, backward)
     bwd = fp8_backward_impl(Target.of_device_spec(device), p, device.kernels) if fp8_bwd else None
     return "gemm" if gemm_factor(device, p, fwd) or (bwd and gemm_factor(device, p, bwd)) else "datasheet"
 
@@ -59,7 +59,7 @@ def rows_for(name: str) -> list[dict]:
         out.append({"device": name, "sm": d.sm, "precision": p, "backward": backward if p != "bf16" else "-",
                     "fwd_ms": f"{c.fwd_ms:.3f}", "bwd_ms": f"{c.bwd_ms:.3f}", "total_ms": f"{c.total_ms:.3f}",
                     "vs_bf16": f"{base / c.total_ms:.2f}" if base else "-", "priced_by": priced_by(d, p, backward),
-                    "forward_gemm": implementation(d, p, d.kernels).label,
+                    "forward_gemm": forward_gemm_impl(NODE.kind, p, d, backward).label,
                     "backward_gemm": fp8_backward_impl(Target.of_device_spec(d), p, d.kernels).label if fp8_bwd
                     else f"{backward} (torch.matmul)"})
     return out

@@ -39,7 +39,7 @@ from importlib import resources
 
 import yaml
 
-from qsync_opt.kernels.dispatch import implementation
+from qsync_opt.kernels.dispatch import SCALED_MM, SCALED_MM_FAST, Impl, implementation
 
 #: Graph op kind -> calibrated op kind.
 OP_KINDS: dict[str, str] = {"linear": "linear", "matmul": "linear", "bmm": "linear",
@@ -130,11 +130,15 @@ def lookup(device, precision: str, op: str | None, backward: str | None = None) 
 def gemm_factor(device, precision: str, impl) -> Factor | None:
     """The measured GEMM factor (op 'gemm') of implementation `impl` (a kernels.dispatch.Impl) on `device`'s
     architecture: the one timed at `precision`, else one timed at another precision of the same implementation and
-    rate (the e5m2 x e4m3 torch._scaled_mm of an fp8 backward takes the e4m3 one's: a model, said here), or None."""
+    rate (the e5m2 x e4m3 torch._scaled_mm of an fp8 backward takes the e4m3 one's: a model, said here), or None.
+    torch._scaled_mm with fast accumulation, where not measured itself, takes torch._scaled_mm's factor: it does
+    the same work with fewer promotions of its accumulator, so that factor is a floor of its rate."""
     if device.sm is None or device.kind != "gpu" or impl.kind == "emulation":
         return None
     same = [f for f in factors() if f.sm == device.sm and f.op == "gemm" and f.implementation == impl.label
             and f.rate == impl.rate and f.rate in device.peak_tflops]
+    if not same and impl.op == SCALED_MM_FAST:
+        return gemm_factor(device, precision, Impl(impl.kind, SCALED_MM, impl.rate))
     return next((f for f in same if f.precision == precision), same[0] if same else None)
 
 

@@ -14,13 +14,14 @@ import yaml
 from qsync_opt.errors import SpecError
 from qsync_opt.hardware.calibration import HEADER, RESULTS_GLOB, CalibrationError, Factor, Source
 from qsync_opt.hardware.device import catalog, find_device
-from qsync_opt.kernels.dispatch import KERNELS, implementation
+from qsync_opt.kernels.dispatch import KERNELS, SCALED_MM_FAST, Target, fp8_training_forward_impl, implementation
 from qsync_opt.precision import PRECISIONS
 
 _LINEAR = re.compile(r"^linear (\d+)x(\d+)->(\d+)$")
 _GEMM = re.compile(r"^(\S+) (\d+)x(\d+)x(\d+)$")
-#: gemm_choices timing field -> the `kernels` setting whose GEMM it timed (triton_ms: no dispatch runs it).
-_GEMM_TIMES = {"torch_ms": "torch", "templated_ms": "templated", "auto_ms": "auto"}
+#: gemm_choices timing field -> the `kernels` setting whose GEMM it timed (triton_ms, bf16_out_ms: no dispatch runs
+#: them); fast_accum_ms: the forward GEMM of fp8 training (dispatch.fp8_training_forward_impl).
+_GEMM_TIMES = {"torch_ms": "torch", "templated_ms": "templated", "auto_ms": "auto", "fast_accum_ms": "auto"}
 _CONV = re.compile(r"^conv(\d+)x(\d+) b(\d+) (\d+)->(\d+) (\d+)x(\d+)$")
 
 
@@ -124,6 +125,11 @@ def _gemm_sources(rows: list[dict], dev, rel: str, skipped: list[str]):
                 continue
             try:
                 impl = implementation(dev, p, kernels)
+                if field == "fast_accum_ms":
+                    impl = fp8_training_forward_impl(Target.of_device_spec(dev), p, kernels)
+                    if impl.op != SCALED_MM_FAST:
+                        skipped.append(f"{rel}: {row['gemm']} {field}: fp8 training's forward here is {impl.label}")
+                        continue
             except SpecError as e:  # a setting this device's dispatch refuses
                 skipped.append(f"{rel}: {row['gemm']} {field}: {e}")
                 continue

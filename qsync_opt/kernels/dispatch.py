@@ -187,6 +187,13 @@ def gemm_impl(target: Target, precision: str, kernels: str = "auto") -> Impl:
 #: The fp8 format of output gradients when fp8 operators run their backward in fp8 (`backward_precision: fp8`):
 #: e5m2's range, as in torchao's float8 training.
 GRAD_FP8 = "e5m2"
+#: Under `backward_precision: fp8`, an fp8 linear's forward GEMM on torch._scaled_mm accumulates fast (use_fast_accum:
+#: on Hopper, no periodic promotion of the tensor cores' accumulator to fp32) and its two gradient GEMMs do not:
+#: torchao's Float8LinearConfig defaults. Its error stays within reference.fp8_gemm_tolerance's library bound, which
+#: already models that accumulator; the templated and emulated GEMMs accumulate in fp32 either way.
+FP8_TRAINING_FAST_ACCUM = True
+#: Impl.op of torch._scaled_mm with use_fast_accum: an implementation of its own, timed and calibrated apart.
+SCALED_MM_FAST = "torch._scaled_mm (use_fast_accum)"
 
 
 def fp8_mixed_impl(target: Target, kernels: str = "auto") -> Impl:
@@ -198,6 +205,15 @@ def fp8_mixed_impl(target: Target, kernels: str = "auto") -> Impl:
         return Impl("library", SCALED_MM, "fp8", note="cuBLASLt fp8, e5m2 x e4m3; scales in its epilogue")
     return Impl("emulation", "torch.matmul fp32 on fp8-rounded values", "fp32", via="fp32",
                 note="fp8 storage, fp32 arithmetic")
+
+
+def fp8_training_forward_impl(target: Target, precision: str, kernels: str = "auto") -> Impl:
+    """The forward GEMM of an fp8 linear under `backward_precision: fp8`: gemm_impl's, accumulating fast where that
+    is torch._scaled_mm (FP8_TRAINING_FAST_ACCUM)."""
+    impl = gemm_impl(target, precision, kernels)
+    if FP8_TRAINING_FAST_ACCUM and impl.op == SCALED_MM:
+        return Impl(impl.kind, SCALED_MM_FAST, impl.rate, note=f"{impl.note}; fast accumulation")
+    return impl
 
 
 def fp8_backward_impl(target: Target, precision: str, kernels: str = "auto") -> Impl:

@@ -309,11 +309,12 @@ def quantize_fp8(x: Tensor, fmt: Literal["e4m3", "e5m2"], *, scale: Tensor | Non
 
 
 def fp8_linear(xq: Tensor, sx: Tensor, wq: Tensor, sw: Tensor, bias: Tensor | None, *,
-               impl: Impl = "auto") -> Tensor:
+               impl: Impl = "auto", fast_accum: bool = False) -> Tensor:
     """y = (xq @ wq.T) * sx * sw (+ bias) in fp32 for fp8 codes xq (M, K) and wq (N, K): fp8 tensor cores
     (torch._scaled_mm or the templated mma kernel) where dispatch names them, else an fp32 GEMM on the fp8 values
     (exact products, fp32 accumulation). Both of one format, or e5m2 with e4m3 (fp8 training's gradient GEMMs:
-    dispatch.fp8_mixed_impl); e5m2 with e5m2 never goes to torch._scaled_mm, which refuses it."""
+    dispatch.fp8_mixed_impl); e5m2 with e5m2 never goes to torch._scaled_mm, which refuses it. `fast_accum`:
+    torch._scaled_mm's use_fast_accum (dispatch.FP8_TRAINING_FAST_ACCUM); the other paths accumulate in fp32."""
     for field, t in (("xq", xq), ("wq", wq)):
         if not isinstance(t, Tensor) or _fmt_of(t.dtype) is None or t.dim() != 2:
             raise SpecError(f"{field}: expected a 2-d float8 tensor, got {getattr(t, 'dtype', type(t).__name__)} "
@@ -328,7 +329,7 @@ def fp8_linear(xq: Tensor, sx: Tensor, wq: Tensor, sw: Tensor, bias: Tensor | No
     target = Target.of_tensor(xq)
     choice = gemm_impl(target, f"fp8_{fmt}", impl) if xq.dtype == wq.dtype else fp8_mixed_impl(target, impl)
     if choice.kind == "library" and xq.shape[0] > 0:
-        return cuda_ops.scaled_mm(xq, sx, wq, sw, bias)
+        return cuda_ops.scaled_mm(xq, sx, wq, sw, bias, fast_accum=fast_accum)
     if choice.kind == "templated":
         mod = _cuda_module_or_none(impl, xq.shape[0] > 0, "M must be > 0", xq.device, fmt)
         if mod is not None:

@@ -20,7 +20,8 @@ fp32 master weight by autograd. The bias gradient is always summed in fp32.
 Under `recipe.backward == 'fp8'` an fp8 linear runs both backward GEMMs in fp8 instead (torchao's float8
 training recipe, tensorwise): the output gradient is quantized to e5m2 with a per-tensor scale and multiplied with
 the saved codes as they are (kernels.ops.fp8_linear on transposed copies; kernels.dispatch.fp8_backward_impl
-names the GEMM), nothing dequantised; fp8 convolutions and matmuls run theirs in the fallback 16-bit format.
+names the GEMM), nothing dequantised; its forward GEMM accumulates fast as torchao's does
+(dispatch.fp8_training_forward_impl); fp8 convolutions and matmuls run their backward in the fallback 16-bit format.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from qsync_opt.kernels import ops as kops
-from qsync_opt.kernels.dispatch import GRAD_FP8, Target, gemm_impl
+from qsync_opt.kernels.dispatch import GRAD_FP8, SCALED_MM_FAST, Target, fp8_training_forward_impl, gemm_impl
 from qsync_opt.kernels.reference import qmax_of
 from qsync_opt.runtime.casts import Quantized, cast, quantize, scope, tf32_enabled
 from qsync_opt.runtime.recipe import INT_BITS, Recipe
@@ -179,16 +180,17 @@ class MatMulOp:
         raise NotImplementedError
 
 
-def quantized_gemm(recipe: Recipe, x: torch.Tensor):
+def quantized_gemm(recipe: Recipe, x: torch.Tensor, fast_accum: bool = False):
     """The 2-d GEMM (codes, scale, codes, scale, bias) -> fp32 for an int/fp8 recipe on x's device,
-    or None where kernels/dispatch.py says the format is emulated by an fp32 GEMM (fp8 without fp8 units)."""
+    or None where kernels/dispatch.py says the format is emulated by an fp32 GEMM (fp8 without fp8 units).
+    `fast_accum`: an fp8 GEMM on torch._scaled_mm accumulates fast (dispatch.fp8_training_forward_impl)."""
     impl = recipe.kernels
     if recipe.path == "int":
         f = kops.int4_linear if recipe.precision == "int4" else kops.int8_linear
         return lambda a, sa, b, sb, bias: f(a, sa, b, sb, bias, out_dtype=torch.float32, impl=impl)
     if gemm_impl(Target.of_tensor(x), recipe.precision, impl).kind == "emulation":
         return None
-    return lambda a, sa, b, sb, bias: kops.fp8_linear(a, sa, b, sb, bias, impl=impl)
+    return lambda a, sa, b, sb, bias: kops.fp8_linear(a, sa, b, sb, bias, impl=impl, fast_accum=fast_accum)
 
 
 class QuantizedGemm(torch.autograd.Function):
@@ -212,7 +214,9 @@ class QuantizedGemm(torch.autograd.Function):
         xq = quantize(x, recipe)
         wq = quantize(op.weight_matrix(w), recipe, per_channel=per_channel)
         b32 = cast(bias, torch.float32)
-        gemm = quantized_gemm(recipe, x)
+        fast = recipe.fp8_backward and isinstance(op, LinearOp) and \
+            fp8_training_forward_impl(Target.of_tensor(x), recipe.precision, recipe.kernels).op == SCALED_MM_FAST
+        gemm = quantized_gemm(recipe, x, fast_accum=fast)  # torchao's float8 recipe, forward and backward
         if gemm is not None:
             with scope(f"gemm[{recipe.precision}]"):
                 qmax = qmax_of(INT_BITS.get(recipe.precision, 8))  # fp8 codes never take the integer convolution

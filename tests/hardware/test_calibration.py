@@ -117,7 +117,8 @@ def test_a_module_measured_with_an_fp8_backward_fits_a_factor_of_its_own(tmp_pat
     lin, conv = "linear 8192x4096->4096", "conv3x3 b64 256->256 28x28"
     lib = "library: torch._scaled_mm"
     rows = [{"shape": lin, "precision": "fp8_e4m3", "backward": "bf16", "implementation": lib, "fwd_bwd_ms": 2.6},
-            {"shape": lin, "precision": "fp8_e4m3", "backward": "fp8", "implementation": f"{lib}; backward {lib}",
+            {"shape": lin, "precision": "fp8_e4m3", "backward": "fp8",
+             "implementation": f"{lib}; backward {lib}; forward use_fast_accum",  # gpu_check labels it so on sm_90
              "fwd_bwd_ms": 1.2},
             {"shape": conv, "precision": "fp8_e4m3", "backward": "bf16", "implementation": lib, "fwd_bwd_ms": 3.2},
             {"shape": conv, "precision": "fp8_e4m3", "backward": "fp8", "implementation": lib, "fwd_bwd_ms": 3.4}]
@@ -155,3 +156,37 @@ def test_a_gemm_timed_alone_fits_a_gemm_factor_of_its_implementation():
     mixed = fp8_backward_impl(Target("cuda", 90), "fp8_e4m3")  # e5m2 x e4m3 through torch._scaled_mm
     assert calibration.gemm_factor(h100, "fp8_e5m2", mixed) is lib
     assert calibration.gemm_factor(find_device("A100-80GB"), "int8", gemm_impl(Target("cuda", 80), "int8")) is None
+
+
+def test_fp8_trainings_fast_accumulating_forward_gemm_is_calibrated_apart(tmp_path, monkeypatch):
+    """gemm_choices' fast_accum_ms fits a factor of torch._scaled_mm with use_fast_accum, which prices the forward GEMM
+    of fp8 linears under backward_precision 'fp8' (what the runtime runs there) and nothing else; unmeasured, that
+    GEMM takes torch._scaled_mm's own factor. The float baselines fit GEMM factors of torch.matmul per format."""
+    from qsync_opt.kernels.dispatch import SCALED_MM_FAST, Target, fp8_training_forward_impl, gemm_impl
+    from qsync_opt.training.predictor.costs import forward_gemm_impl
+
+    h100 = find_device("H100-SXM")
+    fast = fp8_training_forward_impl(Target("cuda", 90), "fp8_e4m3")
+    assert fast.op == SCALED_MM_FAST and forward_gemm_impl("linear", "fp8_e4m3", h100, "fp8") == fast
+    assert forward_gemm_impl("linear", "fp8_e4m3", h100, "bf16").op == "torch._scaled_mm"
+    assert forward_gemm_impl("conv2d", "fp8_e4m3", h100, "fp8").op == "torch._scaled_mm"  # convs keep 16-bit grads
+    plain = calibration.gemm_factor(h100, "fp8_e4m3", gemm_impl(Target("cuda", 90), "fp8_e4m3"))
+    assert calibration.gemm_factor(h100, "fp8_e4m3", fast) is plain  # not measured yet: the plain GEMM's factor
+    flops = 2 * 8192 * 4096 * 4096
+    row = {"gemm": "fp8_e4m3 8192x4096x4096", "auto_ms": 0.55, "fast_accum_ms": 0.35, "bf16_out_ms": 0.5}
+    path = tmp_path / "h100-sxm-gpu-check-results.json"
+    path.write_text(json.dumps({"ratios": [], "gemm_choices": [row, {"gemm": "bf16 8192x4096x4096", "torch_ms": 0.6}]}))
+    fs, skipped = fit_files([path], tmp_path)
+    by = {(f.precision, f.implementation): f.factor for f in fs}
+    assert by == {("bf16", "library: torch.matmul"): pytest.approx(flops / 0.6e-3 / 989e12, rel=1e-3),
+                  ("fp8_e4m3", "library: torch._scaled_mm"): pytest.approx(flops / 0.55e-3 / 1979e12, rel=1e-3),
+                  ("fp8_e4m3", fast.label): pytest.approx(flops / 0.35e-3 / 1979e12, rel=1e-3)}, (by, skipped)
+    monkeypatch.setattr(calibration, "factors", lambda: fs)
+    assert calibration.gemm_factor(h100, "fp8_e4m3", fast).factor == by[("fp8_e4m3", fast.label)]
+    assert calibration.gemm_factor(h100, "fp8_e4m3", gemm_impl(Target("cuda", 90), "fp8_e4m3")).factor == \
+        by[("fp8_e4m3", "library: torch._scaled_mm")]
+    m, k, n = 8192, 4096, 4096
+    node = OpNode("l", "linear", True, ((m, k),), (m, n), 2 * m * k * n, 4 * m * k * n, k * n, 0, 0, (n, k))
+    fwd = {b: selectable_cost(node, "fp8_e4m3", h100, b, boundary="fp32").fwd_ms for b in ("fp8", "bf16")}
+    # the same forward but for its GEMM: 0.35 ms against 0.55 ms at the two factors
+    assert fwd["bf16"] - fwd["fp8"] == pytest.approx(0.55 - 0.35, rel=0.02), fwd

@@ -146,7 +146,7 @@ def test_fp8_mixed_formats_take_scaled_mm_on_fp8_tensor_cores(monkeypatch, stand
     cpu = ops.fp8_linear(gq, sg, wq, sw, None)  # no fp8 units: emulated
     assert torch.allclose(cpu.double(), exact, rtol=0, atol=1e-6 * float(exact.abs().max()))
     calls, real = [], cuda_ops.scaled_mm
-    monkeypatch.setattr(cuda_ops, "scaled_mm", lambda *a: calls.append("scaled_mm") or real(*a))
+    monkeypatch.setattr(cuda_ops, "scaled_mm", lambda *a, **k: calls.append("scaled_mm") or real(*a, **k))
     _as_sm(monkeypatch, 90)
     for impl in ("auto", "torch", "templated"):
         lib = ops.fp8_linear(gq, sg, wq, sw, None, impl=impl)
@@ -198,3 +198,24 @@ def test_scaled_mm_hands_per_tensor_scales_to_the_gemm(monkeypatch):
     assert used == [1]
     exact = (xq.double() @ wq.double().t()) * sx.double() * per_channel.double()
     assert torch.allclose(y.double(), exact, rtol=0, atol=1e-6 * float(exact.abs().max()))
+
+
+@pytest.mark.parametrize("backward,expect", [("fp8", [True, False, False]), ("bf16", [False])])
+def test_fp8_training_forward_accumulates_fast_and_its_gradients_do_not(monkeypatch, standin, backward, expect):
+    """Under backward_precision 'fp8' an fp8 linear is torchao's float8 recipe on sm_90: torch._scaled_mm with
+    use_fast_accum for the forward GEMM, without it for the two gradient GEMMs (dispatch.FP8_TRAINING_FAST_ACCUM);
+    with a 16-bit backward the forward keeps the full accumulation. Checked by the calls the runtime makes (a CPU's
+    torch._scaled_mm ignores the flag, so the numbers cannot show it)."""
+    from qsync_opt.runtime.qmodules import SWAPPABLE
+    from qsync_opt.runtime.recipe import Recipe
+
+    _as_sm(monkeypatch, 90)
+    fast, real = [], cuda_ops.scaled_mm
+    monkeypatch.setattr(cuda_ops, "scaled_mm",
+                        lambda *a, fast_accum=False: fast.append(fast_accum) or real(*a, fast_accum=fast_accum))
+    torch.manual_seed(0)
+    m = SWAPPABLE[torch.nn.Linear].from_float(torch.nn.Linear(32, 48), Recipe("fp8_e4m3", backward, "per_tensor",
+                                                                              "nearest", "auto"))
+    x = torch.randn(16, 32, requires_grad=True)
+    m(x).backward(torch.randn(16, 48))
+    assert fast == expect and torch.isfinite(x.grad).all() and standin.calls == []

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from qsync_opt.kernels import ops, reference
+from qsync_opt.kernels import dispatch, ops, reference
 from qsync_opt.kernels.dispatch import Target, cuda_gemm_kinds, gemm_impl
 
 pytestmark = [pytest.mark.cuda,
@@ -74,6 +74,10 @@ def test_fp8_quantize_and_linear(target, fmt):
         # ('auto' on sm_90 is torch._scaled_mm, whose tensor cores accumulate in fewer bits than fp32)
         rel = float((y.double() - ref).norm() / ref.norm())
         assert rel <= reference.fp8_gemm_tolerance(x.shape[1], impl), (impl, rel)
+    if fmt == "e4m3" and gemm_impl(target, "fp8_e4m3").op == dispatch.SCALED_MM:  # fp8 training's forward GEMM
+        y = ops.fp8_linear(xq, sx, wq, sw, None, fast_accum=True)
+        rel = float((y.double() - ref).norm() / ref.norm())
+        assert rel <= reference.fp8_gemm_tolerance(x.shape[1], "auto"), ("fast accumulation", rel)
 
 
 @pytest.mark.parametrize("precision", ["int8", "int4", "fp8_e4m3", "bf16"])

@@ -31,7 +31,8 @@ Bytes of a selectable op at precision p (see casts.py for activation formats):
             of what dispatch.fp8_backward_impl runs (fp8 tensor cores, or fp32 where emulated), writing
             fp32 gradients with the scales applied in the GEMM; `fp8_backward_ms`. Calibrated only by a
             factor measured that way (hardware/calibration.py's `backward: fp8`), never by the factor of
-            the module with its 16-bit backward.
+            the module with its 16-bit backward. Its forward GEMM is dispatch.fp8_training_forward_impl
+            (torch._scaled_mm with fast accumulation, torchao's setting), priced at its own GEMM factor.
   weight    an op below fp32/tf32 casts its FP32 master weight every iteration:
             `weight_cast_ms`, part of the op's total.
 Embedding reads int64 indices and gathers only the rows it outputs.
@@ -61,8 +62,8 @@ from dataclasses import dataclass
 from qsync_opt.errors import SpecError
 from qsync_opt.hardware.calibration import gemm_factor, op_kind
 from qsync_opt.hardware.device import DeviceSpec
-from qsync_opt.kernels.dispatch import (GRAD_FP8, SCALED_MM, Target, fp8_backward_impl, implementation,
-                                        storage_bits)
+from qsync_opt.kernels.dispatch import (GRAD_FP8, SCALED_MM, Impl, Target, fp8_backward_impl,
+                                        fp8_training_forward_impl, implementation, storage_bits)
 from qsync_opt.models.graph import OpGraph, OpNode
 from qsync_opt.precision import BITS, PRECISIONS, sort_high_to_low
 from qsync_opt.training.predictor.casts import SCALED, activation_format, cast_ms, resolve_backward_precision, storage_format
@@ -143,6 +144,15 @@ def fp8_grads(kind: str, p: str, backward_precision: str) -> bool:
     return backward_precision == "fp8" and p.startswith("fp8_") and kind == "linear"
 
 
+def forward_gemm_impl(kind: str, p: str, device: DeviceSpec, backward_precision: str) -> Impl:
+    """The forward GEMM an op of graph kind `kind` runs at `p` on `device`: fp8 training's (fast accumulation on
+    torch._scaled_mm: dispatch.fp8_training_forward_impl) for an fp8 linear under backward_precision 'fp8', else
+    what dispatch names for `p`."""
+    if fp8_grads(kind, p, backward_precision):
+        return fp8_training_forward_impl(Target.of_device_spec(device), p, device.kernels)
+    return implementation(device, p, device.kernels)
+
+
 def fp8_backward_ms(node: OpNode, p: str, device: DeviceSpec) -> float:
     """Backward of an fp8 linear whose GEMMs run in fp8 (module docstring, 'fp8 grads')."""
     impl = fp8_backward_impl(Target.of_device_spec(device), p, device.kernels)
@@ -199,7 +209,7 @@ def selectable_cost(
                         backward=cal_bwd) if backward else 0.0
         return OpCost(fwd, bwd)
     cast_out = cast_ms(n_out, out_fmt, "fp32", device) if boundary == "fp32" else 0.0
-    rate = gemm_rate(device, p, implementation(device, p, device.kernels)) if kind else None  # GEMM kinds
+    rate = gemm_rate(device, p, forward_gemm_impl(node.kind, p, device, backward_precision)) if kind else None
     fwd = (kernel_ms(node.fwd_flops, fwd_bytes, p, device, flops_per_s=rate) + cast_in + cast_out
            + gemm_extras_ms(node, p, device))
     bwd = 0.0
