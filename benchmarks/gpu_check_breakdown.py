@@ -22,10 +22,17 @@ TOP = 6
 PREFIX = "qsync::"
 
 
+def _own_kernels_us(e) -> float:
+    """Device time of the kernels op `e` itself launched. A range's GPU-side annotation, which kineto may link to it
+    like a kernel (named as the range), is not a kernel: counting it would count the range's kernels twice."""
+    return sum(k.duration for k in e.kernels if not k.name.startswith(PREFIX))
+
+
 def _time(e, gpu: bool, own: bool) -> float:
-    """An event's time in us: device time of the kernels it (own: it alone) launched on a GPU, CPU time on a CPU."""
+    """An event's time in us: device time of the kernels it (own: it alone; else with its children's) launched on a
+    GPU, CPU time on a CPU."""
     if gpu:
-        return e.self_device_time_total if own else e.device_time_total
+        return _own_kernels_us(e) + (0.0 if own else sum(_time(c, gpu, own=False) for c in e.cpu_children))
     return e.self_cpu_time_total if own else e.cpu_time_total
 
 
@@ -52,7 +59,8 @@ def attribute(events, steps: int, gpu: bool) -> list[dict]:
     busiest: dict[str, float] = {}
     if gpu:
         for e in events:
-            if e.device_type == torch.autograd.DeviceType.CUDA:
+            if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation \
+                    and not e.name.startswith(PREFIX):
                 busiest[e.name] = busiest.get(e.name, 0.0) + e.time_range.elapsed_us()
     else:
         for e in cpu_events:
