@@ -11,9 +11,7 @@ On a machine with a CUDA device, within the budget (5.5 minutes by default), in 
      fp8_e5m2 again with `backward_precision: fp8` (the linear's backward GEMMs in fp8 too); where that
      linear's time goes at bf16, fp8_e4m3 (either backward) and int8: torch.profiler's time per runtime step
      (quantize, GEMM, casts, backward) and its busiest kernels (gpu_check_breakdown.py, DIR/breakdown.csv);
-  5. the same linear as a user could run it instead of a plan: bf16, the runtime's fp8 module (both backwards),
-     torchao's float8 training (tensorwise, rowwise; the `gpu` extra), eager and under torch.compile;
-     then one GEMM of that shape alone: fp32, tf32 and bf16 (the baselines), and templated kernel vs torch op
+  5. one GEMM of that linear's shape alone: fp32, tf32 and bf16 (the baselines), and templated kernel vs torch op
      for the int8/int4/fp8 GEMMs (speed ratio, agreement), torch._scaled_mm also with fast accumulation and
      with a bf16 output;
   6. GPT-2 small as a user runs it (examples/gpu_gpt2_small.yaml, the device detected from the catalog): `qsync-opt
@@ -21,13 +19,16 @@ On a machine with a CUDA device, within the budget (5.5 minutes by default), in 
      uniform-lowest plan's indicator allows); its plan priced by the
      calibrated and the datasheet roofline; predicted against measured iteration (DIR/gpt2_run/, gpt2_*.log);
   7. a zoo model profiled per op and precision by this script's own timer (DIR/profile.json);
-  8. examples/cpu_tiny.yaml's model trained 20 steps on the GPU with a mixed plan.
+  8. examples/cpu_tiny.yaml's model trained 20 steps on the GPU with a mixed plan;
+  9. the step-4 linear as a user could run it instead of a plan: bf16, the runtime's fp8 module (both backwards),
+     torchao's float8 training (tensorwise, rowwise; the `gpu` extra), eager and, with the budget for three
+     compiles left, under torch.compile. Last: the steps #42 is judged by come first.
 Everything goes to DIR (summary.md, results.json, ratios.csv, breakdown.csv, libraries.csv,
 gemm_choices.csv, profile.json, pytest_cuda.txt, dispatch.txt). A step that fails is recorded and the next one
 still runs; the exit code is 1 if any step failed on a GPU. A step fails when it raises or when its numbers are
 wrong (CHECKS: relative errors beyond the per-precision REL_ERR_TOLERANCE, integer GEMMs not bit-exact,
 non-finite times or losses); pytest's exit 5 (no tests ran) is a failure. Without a GPU (or with --cpu) it says
-so, checks that everything imports, runs steps 1 and 4-8 on CPU tensors at tiny sizes (step 6 on the zoo's
+so, checks that everything imports, runs steps 1 and 4-9 on CPU tensors at tiny sizes (step 6 on the zoo's
 2-layer GPT-2) (so CI executes this script's code), and exits 0 unless one of those fails.
 """
 
@@ -261,15 +262,16 @@ def main(argv=None) -> int:
         run.step("cuda_tests", lambda: cuda_tests(out, min(120.0, run.left() - 200)), need_s=90)
     run.step("ratios", lambda: parts.ratios(device, gpu, reps), need_s=20 if gpu else 0)
     run.step("breakdown", lambda: breakdown.breakdown(device, gpu), need_s=10 if gpu else 0)
-    run.step("libraries", lambda: parts.library_linears(device, gpu, reps, compile_=gpu and run.left() > 150),
-             need_s=30 if gpu else 0)  # the compiled rows only with time for three compiles and the steps after
     run.step("gemm_choices", lambda: parts.gemm_choices(device, gpu, reps), need_s=15 if gpu else 0)
     run.step("gpt2", lambda: gpt2.gpt2_small(str(ROOT / "examples" / "gpu_gpt2_small.yaml"), out, device,
-                                              min(180.0, run.left()) if gpu else 300.0), need_s=100 if gpu else 0)
+                                              min(180.0, run.left() - 50) if gpu else 300.0),
+             need_s=150 if gpu else 0)  # leaves ~50 s for the steps after
     run.step("profile", lambda: parts.profile_model("resnet18" if gpu else "tiny-cnn", 32 if gpu else 2, device,
                                                     reps), need_s=20 if gpu else 0)
     run.step("train", lambda: parts.train_tiny(str(ROOT / "examples" / "cpu_tiny.yaml"), 20 if gpu else 2, device),
              need_s=15 if gpu else 0)
+    run.step("libraries", lambda: parts.library_linears(device, gpu, reps, compile_=gpu and run.left() > 100),
+             need_s=30 if gpu else 0)  # the compiled rows only with time for three compiles
     if run.results.get("ratios"):
         write_csv(out / "ratios.csv", run.results["ratios"])
     for name in ("libraries", "breakdown", "gemm_choices"):

@@ -24,8 +24,8 @@ def test_gpu_check_runs_its_cpu_path(tmp_path):
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["gpu"] is False
     assert [(s[0], s[1]) for s in res["steps"]] == [(n, "ok") for n in
-                                                    ("imports", "dispatch", "ratios", "breakdown", "libraries", "gemm_choices",
-                                                     "gpt2", "profile", "train")]
+                                                    ("imports", "dispatch", "ratios", "breakdown", "gemm_choices",
+                                                     "gpt2", "profile", "train", "libraries")]
     assert "qsync_opt.kernels.dispatch" in res["imports"]
     # every precision measured on both shapes, each with its error against float64
     rows = res["ratios"]
