@@ -127,7 +127,8 @@ def scaled_mm(xq, sx, wq, sw, bias, fast_accum: bool = False) -> Tensor:
     """fp8 GEMM on cuBLASLt through torch._scaled_mm (fp32 out), zero-padded to the multiples of 16 it requires
     (exact). Per-tensor scales go to cuBLASLt, whose epilogue multiplies the accumulator by sx * sw as
     reference.epilogue does, so no pass over the output follows but the bias's; per-channel weight scales get
-    reference.epilogue after unit scales. `fast_accum`: cuBLASLt's fast accumulation (dispatch.FP8_TRAINING_FAST_ACCUM)."""
+    reference.epilogue after unit scales. `fast_accum`: cuBLASLt's fast accumulation
+    (dispatch.FP8_TRAINING_FAST_ACCUM)."""
     (m, k), n = xq.shape, wq.shape[0]
     mp, kp, np_ = -(-m // 16) * 16, -(-k // 16) * 16, -(-n // 16) * 16
     a, b = _pad_bytes(xq, mp, kp), _pad_bytes(wq, np_, kp)
@@ -137,5 +138,6 @@ def scaled_mm(xq, sx, wq, sw, bias, fast_accum: bool = False) -> Tensor:
         y = y[:m, :n].contiguous() if (mp, np_) != (m, n) else y
         return y if bias is None else y.add_(bias.float())
     one = torch.ones((), dtype=torch.float32, device=xq.device)
-    acc = torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.float32, use_fast_accum=fast_accum)[:m, :n]
+    acc = torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.float32,
+                           use_fast_accum=fast_accum)[:m, :n]
     return reference.epilogue(acc, sx, sw, bias, torch.float32)
