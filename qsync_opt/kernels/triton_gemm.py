@@ -23,8 +23,20 @@ try:  # optional dependency: importing this module without triton gives a clear 
 except ImportError:  # pragma: no cover - exercised where triton is absent
     triton = tl = None
 
-#: Tile shape: tl.dot needs every dimension >= 16.
-BLOCK_M, BLOCK_N, BLOCK_K = 32, 32, 32
+#: Tiles (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by where the kernel runs; tl.dot needs every block
+#: dimension >= 16. The interpreter takes small tiles (it runs one program at a time on the CPU); a GPU takes the
+#: large, multi-stage tiles of Triton's matmul tutorials, within the shared memory of its architecture: 16 KiB of
+#: int8 A and B per stage at 128x128x64 (sm_80 on: 4 stages), 4 KiB at 64x64x32 (sm_75's 64 KiB: 2 stages).
+INTERPRETER_TILES = (32, 32, 32, 4, 1)
+CUDA_TILES = {80: (128, 128, 64, 8, 4), 75: (64, 64, 32, 4, 2)}
+
+
+def tiles_for(device: torch.device) -> tuple[int, int, int, int, int]:
+    """The tiles int8_linear launches with on `device` (module constants)."""
+    if device.type != "cuda":
+        return INTERPRETER_TILES
+    sm = torch.cuda.get_device_capability(device)
+    return CUDA_TILES[80] if sm[0] * 10 + sm[1] >= 80 else CUDA_TILES[75]
 
 
 def available() -> bool:
@@ -62,9 +74,10 @@ if triton is not None:
 
 
 def int8_linear(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
+                bias: torch.Tensor | None = None, tiles: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """y = (xq @ wq.T) * sx * sw (+ bias) in fp32; xq (M, K) and wq (N, K) int8, sw scalar or (N,).
-    Arguments are assumed checked (ops._check_linear does it for the ops API)."""
+    Arguments are assumed checked (ops._check_linear does it for the ops API). `tiles`: tiles_for(device) unless
+    given (the result does not depend on them: integer sums are exact, the epilogue is per element)."""
     if triton is None:
         raise KernelBuildError("the Triton GEMM needs triton: pip install triton (or qsync-opt[triton])")
     (m, k), n = xq.shape, wq.shape[0]
@@ -73,8 +86,9 @@ def int8_linear(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.
     sw = sw.to(dev, torch.float32).reshape(-1).contiguous()
     b = bias.to(dev, torch.float32).contiguous() if bias is not None else sw  # unused when HAS_BIAS is False
     c = torch.empty(m, n, dtype=torch.float32, device=dev)
-    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))
+    bm, bn, bk, warps, stages = tiles or tiles_for(dev)
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     _int8_gemm_kernel[grid](xq, wq, c, sx, sw, b, m, n, k, xq.stride(0), xq.stride(1), wq.stride(0), wq.stride(1),
                             c.stride(0), c.stride(1), PER_CHANNEL=sw.numel() > 1, HAS_BIAS=bias is not None,
-                            BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K, enable_fp_fusion=False)
+                            BM=bm, BN=bn, BK=bk, enable_fp_fusion=False, num_warps=warps, num_stages=stages)
     return c
