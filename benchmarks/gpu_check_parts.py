@@ -247,18 +247,20 @@ def float_gemms(x: torch.Tensor, w: torch.Tensor, repeats: int) -> list[dict]:
 
 
 def scaled_mm_variants(xq, sx, wq, sw, ref: torch.Tensor, repeats: int, row: dict) -> None:
-    """torch._scaled_mm on the e4m3 codes as the runtime does not (yet) call it, into `row`: with fast accumulation
-    (torchao's setting for the forward GEMM; on Hopper it skips the periodic promotion of the tensor cores'
-    accumulator to fp32) and with a bf16 output (half the bytes written), each timed with its error against float64
-    and whether that stays within the library GEMM's accumulation bound (reference.fp8_gemm_tolerance)."""
+    """torch._scaled_mm on the e4m3 codes in two variants, into `row`: with fast accumulation as fp8 training's
+    forward runs it (cuda_ops.scaled_mm with fast_accum; on Hopper it skips the periodic promotion of the tensor
+    cores' accumulator to fp32), and with a bf16 output (half the bytes written; the runtime does not call it), each
+    timed with its error against float64 and whether that stays within the library GEMM's accumulation bound
+    (reference.fp8_gemm_tolerance; the bf16 output's rounding on top)."""
+    from qsync_opt.kernels import cuda_ops
     from qsync_opt.kernels.reference import fp8_gemm_tolerance
 
     device, k = xq.device, xq.shape[1]
     s_a, s_b = sx.float().reshape(()), sw.float().reshape(())
-    for name, kw in (("fast_accum", {"out_dtype": torch.float32, "use_fast_accum": True}),
-                     ("bf16_out", {"out_dtype": torch.bfloat16})):
+    variants = (("fast_accum", lambda: cuda_ops.scaled_mm(xq, sx, wq, sw, None, fast_accum=True)),
+                ("bf16_out", lambda: torch._scaled_mm(xq, wq.t(), scale_a=s_a, scale_b=s_b, out_dtype=torch.bfloat16)))
+    for name, call in variants:
         try:
-            call = lambda kw=kw: torch._scaled_mm(xq, wq.t(), scale_a=s_a, scale_b=s_b, **kw)  # noqa: E731
             err = float((call().double() - ref).norm() / ref.norm())
             row[f"{name}_rel_err"] = err
             row[f"{name}_within_bound"] = err <= fp8_gemm_tolerance(k, "auto") + (2.0 ** -8 if name == "bf16_out"
@@ -309,7 +311,7 @@ def gemm_choices(device: torch.device, big: bool, repeats: int) -> list[dict]:
                 y = ops.fp8_linear(xq, sx, wq, sw, None, impl=impl)
                 row[f"{impl}_rel_err"] = float((y.double() - ref).norm() / ref.norm())
                 row[f"{impl}_ms"] = time_ms(lambda: ops.fp8_linear(xq, sx, wq, sw, None, impl=impl), device, repeats)
-            if fmt == "e4m3" and (m, k, n) == tuple(-(-d // 16) * 16 for d in (m, k, n)):  # _scaled_mm's multiples
+            if fmt == "e4m3":
                 scaled_mm_variants(xq, sx, wq, sw, ref, repeats, row)
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {e}"[:300]

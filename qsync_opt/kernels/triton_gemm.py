@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from qsync_opt.errors import KernelBuildError
+from qsync_opt.kernels.dispatch import Target
 
 try:  # optional dependency: importing this module without triton gives a clear error on use
     import triton
@@ -33,10 +34,10 @@ CUDA_TILES = {80: (128, 128, 64, 8, 4), 75: (64, 64, 32, 4, 2)}
 
 def tiles_for(device: torch.device) -> tuple[int, int, int, int, int]:
     """The tiles int8_linear launches with on `device` (module constants)."""
-    if device.type != "cuda":
+    target = Target.of_device(device)
+    if target.kind != "cuda":
         return INTERPRETER_TILES
-    sm = torch.cuda.get_device_capability(device)
-    return CUDA_TILES[80] if sm[0] * 10 + sm[1] >= 80 else CUDA_TILES[75]
+    return CUDA_TILES[80] if target.sm >= 80 else CUDA_TILES[75]
 
 
 def available() -> bool:
